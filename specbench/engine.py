@@ -1,0 +1,247 @@
+"""The decoding loops: autoregressive baseline and speculative decoding on the same machinery.
+
+Tensors in, tokens and timings out; no I/O. Both loops run a static batch of prompts of different
+lengths through a RaggedKVCache, emit up to `max_new_tokens` per request (EOS ignored unless
+`stop_at_eos`), drop finished rows from the batch, and record what every step did and when every
+token was emitted. On CUDA the clock synchronises the device before it is read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from specbench.drafters import Drafter, Proposal, SequenceBatch
+from specbench.forward import CausalLM
+from specbench.rejection import Acceptance, accept_greedy, accept_rejection_sampling
+from specbench.sampling import SamplingParams, choose_next_tokens, logits_to_probs
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+    stop_at_eos: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class StepRecord:
+    """One decoding step over the active rows (one target forward)."""
+
+    step: int
+    request_ids: list[int]
+    drafted: list[int]  # tokens drafted per row (0 in autoregressive steps)
+    accepted: list[int]  # drafts kept per row
+    emitted: list[int]  # tokens appended per row (accepted + 1, cut at the budget or EOS)
+    draft_s: float
+    verify_s: float  # target forward + acceptance (the whole step in autoregressive decoding)
+    overhead_s: float  # bookkeeping: cache commits, appends, finished-row removal
+    end_s: float  # seconds since the run started
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per request, in input order
+    emission_s: list[list[float]]  # when each of those tokens was emitted, seconds since start
+    prompt_lengths: list[int]
+    steps: list[StepRecord]
+    prefill_s: float  # target prefill, ends with the first token
+    draft_prefill_s: float
+    total_s: float
+    num_draft_tokens: int = 0  # K; 0 for autoregressive
+    drafter: str = ""
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+AcceptFn = Callable[[Proposal, torch.Tensor, SamplingParams, torch.Generator | None], Acceptance]
+
+
+def exact_acceptance(
+    proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Acceptance:
+    width = target_logits.shape[1] - 1
+    drafts = proposal.tokens[:, :width]
+    if params.greedy:
+        return accept_greedy(drafts, proposal.lengths, target_logits)
+    draft_probs = None if proposal.probs is None else proposal.probs[:, :width]
+    return accept_rejection_sampling(
+        drafts, proposal.lengths, draft_probs, logits_to_probs(target_logits, params), generator
+    )
+
+
+class _Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.synchronize()
+        self.origin = time.perf_counter()
+
+    def now(self) -> float:
+        self.synchronize()
+        return time.perf_counter() - self.origin
+
+
+class _Run:
+    """State shared by both loops: committed tokens, per-request outputs, finishing rows."""
+
+    def __init__(self, target: CausalLM, prompts: Sequence[Sequence[int]], config: GenerationConfig, extra: int):
+        if not prompts:
+            raise ValueError("no prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        self.config = config
+        prompt_lists = [list(map(int, p)) for p in prompts]
+        self.capacity = max(map(len, prompt_lists)) + config.max_new_tokens + extra
+        self.batch = SequenceBatch(prompt_lists, self.capacity, target.device)
+        self.prompt_lengths = [len(p) for p in prompt_lists]
+        self.outputs: list[list[int]] = [[] for _ in prompt_lists]
+        self.emission_s: list[list[float]] = [[] for _ in prompt_lists]
+        self.eos = set(config.eos_token_ids)
+        self.generator = torch.Generator(device=target.device).manual_seed(config.seed)
+
+    def emit(self, new_tokens: list[list[int]], at: float) -> tuple[list[int], list[int]]:
+        """Give each active row its new tokens, cut at the budget (and EOS); returns the
+        emitted count per row and the rows that are still active."""
+        emitted, still_active = [], []
+        for row, tokens in enumerate(new_tokens):
+            request = self.batch.request_ids[row]
+            room = self.config.max_new_tokens - len(self.outputs[request])
+            kept = tokens[:room]
+            finished = len(kept) == room
+            if self.config.stop_at_eos:
+                for i, token in enumerate(kept):
+                    if token in self.eos:
+                        kept, finished = kept[: i + 1], True
+                        break
+            self.outputs[request].extend(kept)
+            self.emission_s[request].extend([at] * len(kept))
+            emitted.append(len(kept))
+            if not finished:
+                still_active.append(row)
+        return emitted, still_active
+
+    def result(self, steps, prefill_s, draft_prefill_s, total_s, k=0, drafter="") -> GenerationResult:
+        return GenerationResult(self.outputs, self.emission_s, self.prompt_lengths, steps,
+                                prefill_s, draft_prefill_s, total_s, k, drafter)
+
+
+def _prefill(target: CausalLM, run: _Run) -> torch.Tensor:
+    """Target prefill of the right-padded prompts; returns the first token of each row."""
+    cache = target.new_cache(run.batch.size, run.capacity)
+    width = max(run.prompt_lengths)
+    logits = target.forward(cache, run.batch.tokens[:, :width], logits_at="last",
+                            num_valid=torch.tensor(run.prompt_lengths, device=target.device))
+    cache.set_lengths(run.prompt_lengths)
+    run.target_cache = cache
+    return choose_next_tokens(logits, run.config.sampling, run.generator)
+
+
+@torch.inference_mode()
+def generate_autoregressive(
+    target: CausalLM | torch.nn.Module, prompts: Sequence[Sequence[int]], config: GenerationConfig
+) -> GenerationResult:
+    target = CausalLM.wrap(target)
+    run = _Run(target, prompts, config, extra=2)
+    clock = _Clock(target.device)
+    batch = run.batch
+
+    next_tokens = _prefill(target, run)
+    host_next = next_tokens.tolist()
+    prefill_s = clock.now()
+    emitted, active = run.emit([[t] for t in host_next], prefill_s)
+    batch.append(next_tokens[:, None], [[t] for t in host_next])
+
+    steps: list[StepRecord] = []
+    while active:
+        if len(active) < batch.size:
+            batch.select_rows(active)
+            run.target_cache.select_rows(active)
+        started = clock.now()
+        cache = run.target_cache
+        logits = target.forward(cache, batch.last_tokens()[:, None], logits_at="last")
+        next_tokens = choose_next_tokens(logits, config.sampling, run.generator)
+        host_next = next_tokens.tolist()
+        verified = clock.now()
+        cache.set_lengths([n + 1 for n in cache.lengths])
+        request_ids = list(batch.request_ids)
+        emitted, active = run.emit([[t] for t in host_next], verified)
+        batch.append(next_tokens[:, None], [[t] for t in host_next])
+        ended = clock.now()
+        zeros = [0] * len(request_ids)
+        steps.append(StepRecord(len(steps), request_ids, zeros, zeros, emitted, 0.0,
+                                verified - started, ended - verified, ended))
+    return run.result(steps, prefill_s, 0.0, clock.now())
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: CausalLM | torch.nn.Module,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    num_draft_tokens: int,
+    accept: AcceptFn = exact_acceptance,
+) -> GenerationResult:
+    if num_draft_tokens < 1:
+        raise ValueError(f"K (draft tokens per step) must be >= 1, got {num_draft_tokens}")
+    target = CausalLM.wrap(target)
+    drafter.check_compatible(target)
+    run = _Run(target, prompts, config, extra=2 * num_draft_tokens + 4)
+    clock = _Clock(target.device)
+    batch = run.batch
+
+    next_tokens = _prefill(target, run)
+    host_next = next_tokens.tolist()
+    prefill_s = clock.now()
+    emitted, active = run.emit([[t] for t in host_next], prefill_s)
+    batch.append(next_tokens[:, None], [[t] for t in host_next])
+    drafter.prefill(batch, run.capacity + num_draft_tokens)
+    draft_prefill_s = clock.now() - prefill_s
+
+    steps: list[StepRecord] = []
+    while active:
+        if len(active) < batch.size:
+            batch.select_rows(active)
+            run.target_cache.select_rows(active)
+            drafter.select_rows(active)
+        started = clock.now()
+        proposal = drafter.propose(batch, num_draft_tokens, config.sampling, run.generator)
+        drafted_at = clock.now()
+
+        # Verify: the pending last token and the drafts in one target forward. Only as many
+        # positions as the longest proposal (an n-gram lookup may find fewer than K).
+        width = max(proposal.host_lengths)
+        cache = run.target_cache
+        verify_input = torch.cat([batch.last_tokens()[:, None], proposal.tokens[:, :width]], dim=1)
+        target_logits = target.forward(cache, verify_input, logits_at="all")
+        acceptance = accept(proposal, target_logits, config.sampling, run.generator)
+        # Row b's new tokens: its first accepted drafts, then the correction or bonus token.
+        candidates = torch.cat([proposal.tokens[:, :width], proposal.tokens[:, :1]], dim=1)
+        rows = torch.arange(batch.size, device=target.device)
+        candidates[rows, acceptance.accepted_counts] = acceptance.next_tokens
+        host = torch.cat([acceptance.accepted_counts[:, None], candidates], dim=1).tolist()
+        verified = clock.now()
+
+        accepted = [row[0] for row in host]
+        new_tokens = [row[1 : 2 + a] for row, a in zip(host, accepted)]
+        # The target cache now holds the pending token and all drafts; keep pending + accepted.
+        cache.set_lengths([n + a + 1 for n, a in zip(cache.lengths, accepted)])
+        drafter.commit(accepted)
+        request_ids = list(batch.request_ids)
+        emitted, active = run.emit(new_tokens, verified)
+        batch.append(candidates, new_tokens)
+        ended = clock.now()
+        steps.append(StepRecord(len(steps), request_ids, list(proposal.host_lengths), accepted, emitted,
+                                drafted_at - started, verified - drafted_at, ended - verified, ended))
+    return run.result(steps, prefill_s, draft_prefill_s, clock.now(), num_draft_tokens, drafter.name)

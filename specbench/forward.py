@@ -1,0 +1,136 @@
+"""One forward pass of a causal LM over a RaggedKVCache.
+
+`CausalLM` holds a transformers decoder and its output head. Calling the decoder and the head
+separately lets a pass compute logits only where they are needed (the last real token of each
+ragged row in a prefill or a draft step; all positions in a verify step).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import torch
+
+from specbench.kvcache import RaggedKVCache
+
+# Architectures whose logits are exactly head(decoder(x)) with full causal attention everywhere.
+# Others may work; `check_forward_matches` tells.
+KNOWN_GOOD_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "granite"}
+
+
+class CausalLM:
+    def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, config, name: str = "") -> None:
+        self.decoder = decoder
+        self.head = head
+        self.config = config
+        self.name = name or getattr(config, "_name_or_path", "") or config.model_type
+        self.attention = getattr(config, "_attn_implementation", None) or "sdpa"
+
+    @classmethod
+    def from_hf(cls, model: torch.nn.Module, name: str = "") -> "CausalLM":
+        model.eval()
+        return cls(model.get_decoder(), model.get_output_embeddings(), model.config, name=name)
+
+    @classmethod
+    def wrap(cls, model: "CausalLM | torch.nn.Module") -> "CausalLM":
+        return model if isinstance(model, CausalLM) else cls.from_hf(model)
+
+    def truncated(self, num_layers: int) -> "CausalLM":
+        """The first `num_layers` decoder layers with the final norm and head: an early-exit
+        draft sharing every weight with this model (no extra memory)."""
+        total = self.config.num_hidden_layers
+        if not 1 <= num_layers < total:
+            raise ValueError(f"self-draft needs 1 <= N < {total} layers (the target has {total}), got {num_layers}")
+        config = copy.deepcopy(self.config)
+        config.num_hidden_layers = num_layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = list(config.layer_types)[:num_layers]
+        decoder = copy.copy(self.decoder)
+        decoder._modules = dict(self.decoder._modules)
+        decoder.layers = torch.nn.ModuleList(list(self.decoder.layers)[:num_layers])
+        decoder.config = config
+        return CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.head.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
+    def parameter_bytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for module in (self.decoder, self.head):
+            for parameter in module.parameters():
+                if id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    total += parameter.numel() * parameter.element_size()
+        return total
+
+    def new_cache(self, batch_size: int, max_length: int) -> RaggedKVCache:
+        config = self.config
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        return RaggedKVCache(
+            num_layers=config.num_hidden_layers,
+            batch_size=batch_size,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            max_length=max_length,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def forward(
+        self,
+        cache: RaggedKVCache,
+        input_ids: torch.Tensor,  # [B, T]
+        logits_at: Literal["all", "last"] = "all",
+        num_valid: torch.Tensor | None = None,  # [B]: real tokens per row (right-padded input)
+    ) -> torch.Tensor:
+        """Append input_ids to every row of the cache (the caller then commits lengths) and
+        return logits: [B, T, V] for "all", [B, V] at each row's last real token for "last"."""
+        positions, mask = cache.prepare(input_ids.shape[1], self.attention)
+        hidden = self.decoder(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        if logits_at == "last":
+            if num_valid is None:
+                hidden = hidden[:, -1]
+            else:
+                rows = torch.arange(hidden.shape[0], device=hidden.device)
+                hidden = hidden[rows, num_valid - 1]
+        return self.head(hidden)
+
+
+def check_forward_matches(model: CausalLM, reference: torch.nn.Module, tokens: int = 12, atol: float = 1e-3) -> float:
+    """Largest |logit| difference between our cached ragged path and transformers' own forward
+    on a short sequence; raises when it exceeds atol (an architecture this engine cannot run)."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.vocab_size, (1, tokens), generator=generator).to(model.device)
+    with torch.inference_mode():
+        expected = reference(input_ids=ids, use_cache=False).logits.float()
+        cache = model.new_cache(1, tokens + 4)
+        first = model.forward(cache, ids[:, : tokens // 2])
+        cache.set_lengths([tokens // 2])
+        second = model.forward(cache, ids[:, tokens // 2 :])
+        ours = torch.cat([first, second], dim=1).float()
+    error = (ours - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    if error > atol * max(1.0, scale):
+        raise ValueError(
+            f"{model.name}: cached forward differs from transformers by {error:.3g} "
+            f"(model_type={model.config.model_type}); this architecture is not supported"
+        )
+    return error

@@ -1,0 +1,117 @@
+"""A preallocated KV cache in which every row of the batch has its own length.
+
+Speculative decoding with batch > 1 accepts a different number of tokens in every row, so the
+rows' sequences grow raggedly. Rather than padding the batch to its slowest row, compacting the
+cache every step, or leaving masked holes where rejected drafts were, each row is kept contiguous
+and left-aligned: row b's token at position t lives in column t, columns [0, lengths[b]) are
+valid. A forward pass writes its T new keys/values at columns lengths[b] .. lengths[b] + T - 1 of
+each row (a scatter), and a rollback after rejection is only a smaller lengths[b]: the rejected
+columns are overwritten by the next write. Attention sees columns [0, max(lengths) + T) under a
+per-row causal mask, and positions (RoPE) are per row, so a row's output does not depend on the
+other rows.
+
+The object is duck-typed to what transformers' attention layers call, `update(k, v, layer_idx)`,
+so any decoder that takes `past_key_values`, `position_ids` and a 4-D mask can use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RaggedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (batch_size, num_kv_heads, max_length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_length = max_length
+        self.device = torch.device(device)
+        # Host copy of the lengths: the loop needs them on the host anyway (slicing, bookkeeping).
+        self.lengths: list[int] = [0] * batch_size
+        self._write_index: torch.Tensor | None = None
+        self._visible_length = 0
+
+    @classmethod
+    def for_model(
+        cls, model: torch.nn.Module, batch_size: int, max_length: int
+    ) -> "RaggedKVCache":
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        parameter = next(model.parameters())
+        return cls(
+            num_layers=config.num_hidden_layers,
+            batch_size=batch_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            max_length=max_length,
+            dtype=parameter.dtype,
+            device=parameter.device,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def prepare(self, num_new: int, attention: str = "sdpa") -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a forward pass that appends `num_new` tokens to every row.
+
+        Returns (position_ids [B, T], attention mask [B, 1, T, visible]) for the model call.
+        """
+        if max(self.lengths) + num_new > self.max_length:
+            raise ValueError(
+                f"KV cache overflow: {max(self.lengths)} + {num_new} > {self.max_length} columns"
+            )
+        lengths = torch.tensor(self.lengths, device=self.device, dtype=torch.long)
+        offsets = torch.arange(num_new, device=self.device)
+        positions = lengths[:, None] + offsets[None, :]  # [B, T]
+        self._write_index = positions[:, None, :, None]
+        self._visible_length = max(self.lengths) + num_new
+        columns = torch.arange(self._visible_length, device=self.device)
+        mask = columns[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, visible]
+        if attention == "eager":
+            dtype = self.keys[0].dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill_(
+                ~mask, torch.finfo(dtype).min
+            )
+        return positions, mask
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self._write_index.expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        self.keys[layer_idx].scatter_(2, index, key_states)
+        self.values[layer_idx].scatter_(2, index, value_states)
+        visible = self._visible_length
+        return self.keys[layer_idx][:, :, :visible], self.values[layer_idx][:, :, :visible]
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Commit: row b keeps its first lengths[b] columns (an advance or a rollback)."""
+        self.lengths = list(lengths)
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only `rows` (finished rows leave the batch)."""
+        index = torch.tensor(rows, device=self.device, dtype=torch.long)
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.lengths = [self.lengths[r] for r in rows]
+
+    # transformers calls these on some paths; they describe the longest row.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths) if self.lengths else 0
+
+    def __len__(self) -> int:
+        return len(self.keys)

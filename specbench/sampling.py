@@ -1,0 +1,61 @@
+"""Turning logits into tokens: temperature, top-k and top-p warping, seeded sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Warped probabilities over the last dimension, in float32.
+
+    Draft and target go through this same function so that speculative sampling reproduces the
+    target's *warped* distribution exactly.
+    """
+    logits = logits.float() / max(params.temperature, 1e-6)
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens strictly more likely than it already cover top_p.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = drop_sorted.scatter(-1, sorted_index, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of a [N, V] probability matrix."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def choose_next_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Greedy argmax at temperature 0, else a sample from the warped distribution. [N, V] -> [N]."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return sample_from_probs(logits_to_probs(logits, params), generator)

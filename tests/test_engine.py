@@ -1,0 +1,142 @@
+import pytest
+import torch
+
+from conftest import random_prompts, tiny_model
+from specbench.drafters import ModelDrafter, NGramDrafter, SelfDrafter, VocabMismatchError
+from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
+from specbench.forward import CausalLM, check_forward_matches
+from specbench.sampling import SamplingParams
+
+PROMPT_LENGTHS = {1: [11], 3: [5, 23, 12], 8: [3, 17, 9, 30, 6, 14, 21, 8]}
+
+
+def repetitive_prompts(lengths, seed=0):
+    """Prompts that repeat themselves, so that an n-gram lookup finds matches."""
+    prompts = random_prompts([max(2, n // 3) for n in lengths], seed=seed)
+    return [(p * 4)[:n] for p, n in zip(prompts, lengths)]
+
+
+def make_drafter(kind, target, draft):
+    if kind == "model":
+        return ModelDrafter(draft)
+    if kind == "self":
+        return SelfDrafter(target, 2)
+    return NGramDrafter(max_ngram=3)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_cached_forward_matches_transformers(family):
+    model = tiny_model(family, layers=3)
+    assert check_forward_matches(CausalLM.from_hf(model), model) < 1e-9
+
+
+def test_autoregressive_matches_transformers_generate(llama_target):
+    prompts = random_prompts([4, 19, 10])
+    ours = generate_autoregressive(llama_target, prompts, GenerationConfig(max_new_tokens=24))
+    for prompt, tokens in zip(prompts, ours.tokens):
+        expected = llama_target.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24,
+                                         do_sample=False)[0, len(prompt):].tolist()
+        assert tokens == expected
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "self", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 5])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_greedy_speculative_equals_autoregressive(llama_target, llama_draft, drafter_kind, k, batch_size):
+    prompts = repetitive_prompts(PROMPT_LENGTHS[batch_size], seed=batch_size)
+    config = GenerationConfig(max_new_tokens=25)
+    autoregressive = generate_autoregressive(llama_target, prompts, config)
+    drafter = make_drafter(drafter_kind, llama_target, llama_draft)
+    speculative = generate_speculative(llama_target, drafter, prompts, config, num_draft_tokens=k)
+    assert speculative.tokens == autoregressive.tokens
+    assert all(len(t) == 25 for t in speculative.tokens)
+    for step in speculative.steps:
+        assert all(0 <= a <= d <= k for a, d in zip(step.accepted, step.drafted))
+
+
+def test_greedy_lossless_on_qwen2():
+    target, draft = tiny_model("qwen2", layers=3, seed=3), tiny_model("qwen2", layers=1, seed=4)
+    prompts = random_prompts([7, 15, 4, 22])
+    config = GenerationConfig(max_new_tokens=20)
+    expected = generate_autoregressive(target, prompts, config).tokens
+    assert generate_speculative(target, ModelDrafter(draft), prompts, config, 3).tokens == expected
+
+
+def test_identical_draft_accepts_everything(llama_target):
+    prompts = random_prompts([6, 13, 9])
+    k = 4
+    result = generate_speculative(llama_target, ModelDrafter(llama_target), prompts,
+                                  GenerationConfig(max_new_tokens=31), num_draft_tokens=k)
+    for step in result.steps:
+        assert step.accepted == [k] * len(step.request_ids)  # tau = K + 1 on every step
+    # 1 token from the prefill, then 30 more in steps of K + 1 = 5.
+    assert len(result.steps) == 6
+
+
+def test_different_draft_accepts_fewer(llama_target, llama_draft):
+    prompts = random_prompts([6, 13, 9])
+    result = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts,
+                                  GenerationConfig(max_new_tokens=30), num_draft_tokens=4)
+    accepted = sum(sum(s.accepted) for s in result.steps)
+    drafted = sum(sum(s.drafted) for s in result.steps)
+    assert accepted < drafted
+
+
+def test_row_output_does_not_depend_on_other_rows(llama_target, llama_draft):
+    prompts = random_prompts([9, 4, 27, 15, 6])
+    config = GenerationConfig(max_new_tokens=20)
+    together = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3).tokens
+    for row, prompt in enumerate(prompts):
+        alone = generate_speculative(llama_target, ModelDrafter(llama_draft), [prompt], config, 3).tokens[0]
+        assert alone == together[row]
+
+
+def test_stop_at_eos(llama_target, llama_draft):
+    prompts = random_prompts([5, 12])
+    free_run = generate_autoregressive(llama_target, prompts, GenerationConfig(max_new_tokens=30)).tokens
+    eos = free_run[0][6]
+    config = GenerationConfig(max_new_tokens=30, stop_at_eos=True, eos_token_ids=(eos,))
+    for result in (generate_autoregressive(llama_target, prompts, config),
+                   generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3)):
+        for free, stopped in zip(free_run, result.tokens):
+            cut = free.index(eos) + 1 if eos in free else len(free)
+            assert stopped == free[:cut]
+
+
+def test_records_and_timings(llama_target, llama_draft):
+    prompts = random_prompts([5, 12, 8])
+    result = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts,
+                                  GenerationConfig(max_new_tokens=16), 3)
+    assert result.prefill_s > 0 and result.total_s >= result.steps[-1].end_s
+    for tokens, times in zip(result.tokens, result.emission_s):
+        assert len(times) == len(tokens) == 16
+        assert times == sorted(times) and times[0] == pytest.approx(result.prefill_s)
+    for step in result.steps:
+        assert step.draft_s > 0 and step.verify_s > 0
+        assert all(e <= a + 1 for e, a in zip(step.emitted, step.accepted))
+    assert sum(sum(s.emitted) for s in result.steps) + len(prompts) == result.num_generated
+
+
+def test_vocab_mismatch_is_a_clear_error(llama_target):
+    other = tiny_model("llama", vocab=101)
+    with pytest.raises(VocabMismatchError, match="101.*97"):
+        generate_speculative(llama_target, ModelDrafter(other), [[1, 2, 3]], GenerationConfig(max_new_tokens=4), 2)
+
+
+def test_invalid_arguments(llama_target):
+    with pytest.raises(ValueError, match="K"):
+        generate_speculative(llama_target, NGramDrafter(), [[1, 2]], GenerationConfig(max_new_tokens=4), 0)
+    with pytest.raises(ValueError):
+        GenerationConfig(max_new_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        SelfDrafter(llama_target, 4)  # as deep as the target
+
+
+def test_sampled_runs_are_seeded(llama_target, llama_draft):
+    prompts = random_prompts([5, 12])
+    config = GenerationConfig(max_new_tokens=12, sampling=SamplingParams(temperature=0.8, top_p=0.9), seed=7)
+    first = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3).tokens
+    second = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3).tokens
+    assert first == second

@@ -26,6 +26,8 @@ class CausalLM:
         self.config = config
         self.name = name or getattr(config, "_name_or_path", "") or config.model_type
         self.attention = getattr(config, "_attn_implementation", None) or "sdpa"
+        # Set when draft and target share a tokenizer but pad their output layers differently.
+        self.vocab_limit: int | None = None
 
     @classmethod
     def from_hf(cls, model: torch.nn.Module, name: str = "") -> "CausalLM":
@@ -50,11 +52,13 @@ class CausalLM:
         decoder._modules = dict(self.decoder._modules)
         decoder.layers = torch.nn.ModuleList(list(self.decoder.layers)[:num_layers])
         decoder.config = config
-        return CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
+        draft = CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
+        draft.vocab_limit = self.vocab_limit
+        return draft
 
     @property
     def vocab_size(self) -> int:
-        return self.head.weight.shape[0]
+        return self.vocab_limit or self.head.weight.shape[0]
 
     @property
     def device(self) -> torch.device:
@@ -111,7 +115,8 @@ class CausalLM:
             else:
                 rows = torch.arange(hidden.shape[0], device=hidden.device)
                 hidden = hidden[rows, num_valid - 1]
-        return self.head(hidden)
+        logits = self.head(hidden)
+        return logits[..., : self.vocab_limit] if self.vocab_limit else logits
 
 
 def check_forward_matches(model: CausalLM, reference: torch.nn.Module, tokens: int = 12, atol: float = 1e-3) -> float:

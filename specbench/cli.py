@@ -1,0 +1,454 @@
+"""`specbench` command line: a thin layer over specbench.sweep, .fit, .report and .gate."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+                  help="Measure whether speculative decoding pays off on your models, traffic and hardware.")
+console = Console()
+errors = Console(stderr=True)
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _quiet_libraries(allow_download: bool = False) -> None:
+    if not allow_download:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def split_list(text: str, cast, name: str) -> list:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise UsageError(f"{name} needs a comma-separated list, got {text!r}")
+    try:
+        return [cast(item) for item in items]
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a list of {cast.__name__}s") from None
+
+
+def _known_errors():
+    from specbench.models import IncompatibleModels, ModelNotAvailable
+    from specbench.results import RunNotFound
+    from specbench.workloads import WorkloadError
+
+    return (UsageError, ModelNotAvailable, IncompatibleModels, WorkloadError, RunNotFound, ValueError)
+
+
+def _fmt(value, spec: str = ".2f", empty: str = "–") -> str:
+    try:
+        if value is None or value != value:
+            return empty
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
+    """The key columns of a cells table: one row per cell."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column, justify in (("workload", "left"), ("B", "right"), ("T", "right"), ("draft", "left"), ("K", "right"),
+                            ("tok/s", "right"), ("speed-up", "right"), ("α", "right"), ("τ", "right"),
+                            ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
+        table.add_column(column, justify=justify)
+    rows = cells.to_dict("records") if hasattr(cells, "to_dict") else list(cells)
+    for row in rows[-limit:] if limit else rows:
+        baseline = row.get("draft") == "autoregressive"
+        speedup = row.get("speedup")
+        speed_text = "–"
+        if baseline:
+            speed_text = "1×"
+        elif speedup is not None and speedup == speedup:
+            speed_text = f"[green]{speedup:.2f}×[/]" if speedup >= 1 else f"[red]{speedup:.2f}×[/]"
+        lossless = _text(row.get("lossless")).replace("n/a (sampled)", "n/a")
+        if lossless == "MISMATCH":
+            lossless = f"[bold red]{lossless}[/]"
+        status = _text(row.get("status"))
+        tpot = row.get("tpot_p50_s")
+        table.add_row(
+            _text(row.get("workload")), _text(row.get("batch_size")), _fmt(row.get("temperature"), "g"),
+            "AR" if baseline else _text(row.get("draft")), "" if baseline else _text(row.get("k")),
+            _fmt(row.get("tokens_per_s"), ".1f"), speed_text, _fmt(row.get("alpha")), _fmt(row.get("tau")),
+            _fmt(tpot * 1e3 if tpot is not None else None, ".1f"), lossless,
+            status if status == "ok" else f"[red]{status}[/]",
+        )
+    return table
+
+
+@app.command()
+def sweep(
+    target: str = typer.Option("smollm2-135m", help="Target model: alias, local dir, .gguf file or hub id."),
+    drafts: str = typer.Option("ngram,smollm2-135m@bf16",
+                               help="Comma list: model alias/path (bare sizes like 1b resolve in the target's "
+                                    "family), ALIAS@DTYPE, ngram[:N] (prompt lookup), self:N (first N layers)."),
+    k: str = typer.Option("2,4", "--k", help="Draft tokens per step, comma list."),
+    batch_sizes: str = typer.Option("1,4", help="Comma list."),
+    temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
+    workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
+    max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
+    num_prompts: int = typer.Option(4, help="Prompts per cell (rounded up to whole batches)."),
+    repeats: int = typer.Option(1, help="Measured repeats per cell; tokens/s is their median."),
+    seed: int = typer.Option(0),
+    dtype: Optional[str] = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    top_p: float = typer.Option(1.0, help="Top-p for sampled cells."),
+    top_k: int = typer.Option(0, help="Top-k for sampled cells (0 = off)."),
+    chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
+    output: Optional[Path] = typer.Option(None, help="Run directory (default: results/<time>_<target>)."),
+    resume: bool = typer.Option(False, help="Skip cells already finished in --output (default: the latest run)."),
+    dry_run: bool = typer.Option(False, help="Print the plan and exit."),
+    download: bool = typer.Option(False, help="Allow downloading models from the hub."),
+    trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
+) -> None:
+    """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
+    from specbench.sweep import SweepConfig
+
+    try:
+        config = SweepConfig(
+            target=target, drafts=split_list(drafts, str, "--drafts"), ks=split_list(k, int, "--k"),
+            batch_sizes=split_list(batch_sizes, int, "--batch-sizes"),
+            temperatures=split_list(temperatures, float, "--temperatures"),
+            workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
+            num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
+            top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code)
+        config.validate()
+    except _known_errors() as error:
+        fail(str(error))
+    _run_sweep(config, output, resume, dry_run)
+
+
+def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None:
+    from specbench.results import latest_run
+    from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, run_sweep
+
+    _quiet_libraries(config.allow_download)
+    if dry_run:
+        plan = describe_plan(config)
+        table = Table(title="plan", title_justify="left")
+        for column in ("workload", "B", "T", "cells", "requests/cell", "output tokens/cell"):
+            table.add_column(column)
+        groups: dict = {}
+        for cell in plan_cells(config):
+            groups.setdefault((cell.workload, cell.batch_size, cell.temperature), []).append(cell)
+        for (workload, batch, temperature), cells in groups.items():
+            requests = requests_per_cell(config, batch) * config.repeats
+            table.add_row(workload, str(batch), f"{temperature:g}", f"{len(cells)} (1 AR + {len(cells) - 1} SD)",
+                          str(requests), str(requests * config.max_new_tokens))
+        console.print(table)
+        console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
+                      f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
+                      f"target {config.target}, drafts {', '.join(config.drafts)}")
+        try:
+            preflight(config)
+        except _known_errors() as error:
+            fail(str(error))
+        return
+
+    resume_dir = None
+    if resume:
+        try:
+            resume_dir = output or latest_run()
+        except _known_errors() as error:
+            fail(str(error))
+        if not (resume_dir / "run.json").exists():
+            fail(f"--resume: {resume_dir} is not a specbench run")
+    elif output is not None:
+        if output.exists() and any(output.iterdir()):
+            fail(f"--output {output} exists and is not empty (add --resume to continue it)")
+        output.mkdir(parents=True, exist_ok=True)
+        resume_dir = output
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
+    total = len(plan_cells(config))
+    task = progress.add_task("loading models", total=total)
+    finished: list[dict] = []
+    live = Live(Group(progress), console=console, refresh_per_second=4, transient=False)
+
+    def on_event(event) -> None:
+        if event.kind == "loaded":
+            console.print(event.message)
+        elif event.kind == "start":
+            progress.update(task, description=f"{event.cell.id}", completed=event.index)
+        elif event.kind == "done":
+            finished.append(event.row)
+            progress.update(task, completed=event.index + 1)
+            live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
+            if event.row.get("lossless") == "MISMATCH":
+                errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {event.row.get('lossless_detail')}")
+
+    run_dir = None
+    try:
+        with live:
+            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event)
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted:[/] finished cells are saved; continue with --resume")
+        raise typer.Exit(130)
+    except _known_errors() as error:
+        fail(str(error))
+    _print_summary(run_dir)
+
+
+def _print_summary(run_dir: Path) -> None:
+    from specbench.results import load_run
+
+    run = load_run(run_dir)
+    console.print(cells_table(run.cells, f"sweep results ({len(run.cells)} cells)"))
+    failed = run.cells[run.cells["status"] != "ok"]
+    mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
+    for row in failed.to_dict("records"):
+        errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {_text(row.get('message'))}", highlight=False)
+    console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
+    console.print(f"next:    specbench report {run_dir}")
+    if len(mismatches):
+        errors.print(f"[bold red]{len(mismatches)} greedy cell(s) failed the lossless check[/]")
+        raise typer.Exit(1)
+
+
+@app.command()
+def models() -> None:
+    """Model aliases, their sizes, and where each is available on this machine."""
+    _quiet_libraries()
+    from specbench.models import REGISTRY, local_availability
+
+    table = Table(title="model aliases", title_justify="left", header_style="bold")
+    for column in ("alias", "family", "size", "params", "hub id", "available here"):
+        table.add_column(column)
+    for spec in REGISTRY.values():
+        where = local_availability(spec)
+        table.add_row(spec.alias, spec.family, spec.size, f"{spec.params_b:g}B", spec.hub_id,
+                      f"[green]{where}[/]" if where else "[dim]no[/]")
+    console.print(table)
+    console.print("Drafts: an alias, a bare size in the target's family (llama3-70b + 1b -> llama3.2-1b), "
+                  "ALIAS@DTYPE, ngram[:N], self:N. Missing models: `hf download HUB_ID` on an online machine.")
+
+
+@app.command()
+def workloads(
+    tokenizer: str = typer.Option("smollm2-135m", help="Model whose tokenizer measures prompt lengths."),
+    chat_template: bool = typer.Option(True),
+) -> None:
+    """Prompt sets, their sizes and prompt-length statistics."""
+    _quiet_libraries()
+    from specbench.models import ModelNotAvailable, load_tokenizer
+    from specbench.workloads import WorkloadError, available_workloads, encode_prompt, length_stats, load_workload
+
+    try:
+        tok = load_tokenizer(tokenizer)
+    except ModelNotAvailable as error:
+        errors.print(f"[yellow]{error}; prompt lengths in characters instead[/]")
+        tok = None
+    unit = "tokens" if tok is not None else "chars"
+    table = Table(title=f"workloads (prompt lengths in {unit})", title_justify="left", header_style="bold")
+    for column in ("name", "prompts", "categories", "mean", "p50", "max", "source"):
+        table.add_column(column)
+    for name in available_workloads():
+        try:
+            workload = load_workload(name)
+        except WorkloadError as error:
+            table.add_row(name, "–", "–", "–", "–", "–", f"[dim]{error}[/]")
+            continue
+        lengths = [len(encode_prompt(r, tok, chat_template)) if tok else len(r.text) for r in workload.records]
+        stats = length_stats(lengths)
+        categories = len({r.category.split("/")[0] for r in workload.records})
+        table.add_row(name, str(stats["count"]), str(categories), f"{stats['mean']:.0f}", str(stats["p50"]),
+                      str(stats["max"]), workload.source)
+    console.print(table)
+    console.print("Also: any .jsonl/.csv/.parquet file (FILE::COLUMN to pick the column) or hf:ORG/NAME[:SPLIT[:COLUMN]].")
+
+
+def _resolve_run(run_dir: Optional[Path]):
+    from specbench.results import load_run
+
+    return load_run(run_dir)
+
+
+@app.command()
+def report(
+    run_dir: Optional[Path] = typer.Argument(None, help="Run directory (default: the latest under results/)."),
+    gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (per machine-hour on a CPU run)."),
+    gpus: int = typer.Option(1, help="Devices the deployment uses (multiplies the hourly price)."),
+    output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
+) -> None:
+    """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
+    from specbench.gate import evaluate
+    from specbench.report import write_report
+
+    try:
+        run = _resolve_run(run_dir)
+        if gpus < 1:
+            raise UsageError("--gpus must be >= 1")
+        measured = sorted(run.cells["batch_size"].unique().tolist()) if not run.cells.empty else []
+        verdict = evaluate(run.cells, measured) if measured else None
+        gate_text = _gate_text(verdict) if verdict else ""
+        out_dir, analysis = write_report(run, output, gpu_price, gpus, {"rollout check at every measured batch size": gate_text})
+    except _known_errors() as error:
+        fail(str(error))
+    _print_analysis(analysis)
+    if gate_text:
+        console.print(gate_text, highlight=False)
+    console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
+                  f"summary.md)")
+
+
+def _frame_table(frame, title: str, columns: list[str], formats: dict[str, str] | None = None) -> Table:
+    formats = formats or {}
+    table = Table(title=title, title_justify="left", header_style="bold")
+    present = [c for c in columns if c in frame]
+    for column in present:
+        table.add_column(column, justify="left" if frame[column].dtype == object else "right")
+    for row in frame[present].itertuples(index=False):
+        table.add_row(*[_fmt(v, formats.get(c, ".3g")) if isinstance(v, float) else _text(v) for c, v in zip(present, row)])
+    return table
+
+
+def _print_analysis(analysis) -> None:
+    if not analysis.alphas.empty:
+        console.print(_frame_table(analysis.alphas, "α fit (i.i.d. MLE, 95% interval)",
+                                   ["draft", "workload", "temperature", "alpha_iid", "alpha_low", "alpha_high",
+                                    "acceptance_rate"], {"alpha_iid": ".3f", "alpha_low": ".3f", "alpha_high": ".3f",
+                                                         "acceptance_rate": ".3f", "temperature": "g"}))
+    if not analysis.predicted.empty:
+        p = analysis.predicted
+        console.print(_frame_table(p, "cost model: predicted vs measured",
+                                   ["draft", "workload", "temperature", "batch_size", "k", "tau_measured",
+                                    "tau_predicted", "speedup_measured", "speedup_predicted", "speedup_error"],
+                                   {"speedup_error": "+.1%", "temperature": "g"}))
+        console.print(f"speed-up prediction error: median |error| {p['speedup_error'].abs().median():.1%}, "
+                      f"max {p['speedup_error'].abs().max():.1%} over {len(p)} cells")
+    if not analysis.crossovers.empty:
+        console.print(_frame_table(analysis.crossovers, "crossover batch size B* (best K per B below 1×)",
+                                   ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
+
+
+def _gate_text(result) -> str:
+    lines = []
+    for v in result.verdicts:
+        state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
+        speedups = ", ".join(f"B={b}: {s:.2f}× (K={v.best_k[b]})" for b, s in v.speedups.items()) or "none measured"
+        missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
+        lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
+    lines.append(f"verdict: {result.message} (exit {result.exit_code})")
+    return "\n".join(lines)
+
+
+@app.command()
+def check(
+    run_dir: Optional[Path] = typer.Argument(None, help="Run directory (default: the latest under results/)."),
+    batch_sizes: str = typer.Option("32,64", help="Batch sizes that must meet the bar."),
+    min_speedup: float = typer.Option(1.0, help="The bar: speed-up at least this."),
+    draft: Optional[str] = typer.Option(None, help="Judge this draft (default: the best one at those batch sizes)."),
+    workloads: Optional[str] = typer.Option(None, help="Only these workloads (default: all; the worst counts)."),
+    temperatures: Optional[str] = typer.Option(None, help="Only these temperatures (default: all; the worst counts)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+) -> None:
+    """Rollout gate: exit 0 if speculation meets the bar at every named batch size, 1 if not,
+    2 if the run lacks the cells to answer."""
+    import json
+
+    from specbench.gate import UNANSWERABLE, evaluate
+
+    try:
+        sizes = split_list(batch_sizes, int, "--batch-sizes")
+        run = _resolve_run(run_dir)
+        result = evaluate(run.cells, sizes, min_speedup, draft,
+                          split_list(workloads, str, "--workloads") if workloads else None,
+                          split_list(temperatures, float, "--temperatures") if temperatures else None)
+    except _known_errors() as error:
+        if json_output:
+            print(json.dumps({"exit_code": UNANSWERABLE, "message": str(error)}))
+            raise typer.Exit(UNANSWERABLE)
+        fail(str(error))
+    if json_output:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        console.print(f"does speculation keep ≥ {min_speedup:g}× at batch size(s) {', '.join(map(str, sizes))}? "
+                      f"(run {run.path})", highlight=False)
+        console.print(_gate_text(result), highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def plan(
+    run_dir: Optional[Path] = typer.Argument(None, help="Run whose step times (hardware) to use (default: latest)."),
+    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: the same run)."),
+    k: str = typer.Option("1,2,3,4,6,8", "--k", help="K values to predict."),
+    batch_sizes: str = typer.Option("1,2,4,8,16,32,64", help="Batch sizes to predict."),
+    gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
+    gpus: int = typer.Option(1, help="Devices the deployment uses."),
+    json_output: bool = typer.Option(False, "--json", help="Print the predictions as JSON records."),
+) -> None:
+    """What-if: predicted speed-up, tokens/s, B* and cost for K and batch sizes not measured."""
+    from specbench.fit import alpha_table, cost_models, crossover, default_gpu_price, plan_table
+
+    try:
+        ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
+        if any(x < 1 for x in ks) or any(x < 1 for x in sizes) or gpus < 1:
+            raise UsageError("--k, --batch-sizes and --gpus must be >= 1")
+        timings = _resolve_run(run_dir)
+        accept_run = _resolve_run(acceptance) if acceptance else timings
+        alphas = alpha_table(accept_run.cells, accept_run.steps)
+        models = cost_models(timings.cells, timings.steps)
+        if alphas.empty or not models:
+            raise UsageError("the runs lack finished cells to fit (need autoregressive and speculative cells)")
+        drafts = sorted(set(alphas["draft"]) & {d for m in models.values() for d, _ in m.draft_per_token})
+        if not drafts:
+            raise UsageError(f"no draft is in both runs (acceptance: {', '.join(sorted(set(alphas['draft'])))})")
+        price, note = (gpu_price, "given") if gpu_price is not None else default_gpu_price(timings.meta.get("hardware", {}))
+        table = plan_table(models, alphas, drafts, ks, sizes, price, gpus)
+    except _known_errors() as error:
+        fail(str(error))
+    unit = "$/1M tok" if price is not None else "device-h/1M tok"
+    if json_output:
+        print(table.to_json(orient="records", indent=2))
+        return
+    console.print(f"[bold yellow]PREDICTIONS[/] from step times of {timings.path} and α of {accept_run.path} "
+                  f"(not measurements; {note})", highlight=False)
+    for (workload, temperature), group in table.groupby(["workload", "temperature"]):
+        best = group[group["draft"] != "autoregressive"].sort_values("speedup", ascending=False) \
+            .drop_duplicates(["draft", "batch_size"]).sort_values(["draft", "batch_size"])
+        shown = Table(title=f"predicted best K per batch size: {workload}, T={temperature:g}", title_justify="left",
+                      header_style="bold")
+        for column in ("draft", "B", "best K", "α", "τ", "speed-up", "tok/s", unit):
+            shown.add_column(column)
+        for row in best.itertuples():
+            shown.add_row(row.draft, str(row.batch_size), str(row.k), f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
+                          f"{row.speedup:.2f}×", f"{row.tokens_per_s:.1f}", f"{row.cost_per_1m:.3g}")
+        console.print(shown)
+        for draft, rows in best.groupby("draft"):
+            found = crossover(rows["batch_size"].tolist(), rows["speedup"].tolist())
+            console.print(f"  {draft}: predicted {found.text}", highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""From a sweep's tables to a model of it: alpha, tau, step costs, speed-up, crossover, dollars.
+
+- alpha (i.i.d.): each draft position is accepted with probability alpha, independently, until the
+  first rejection. A step that drafted k tokens and kept a is a run of a successes followed by one
+  failure when a < k (none when a = k): the likelihood over steps is alpha^S (1 - alpha)^F with
+  S = accepted tokens and F = steps with a rejection, so the MLE is S / (S + F), with a Wilson
+  interval. (The sweep's `alpha` column, accepted / drafted, is vLLM's acceptance rate; it counts
+  positions after a rejection as failures and is lower.)
+- tau(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha), tokens per target forward.
+- speed-up(K, B) = tau * T_ar(B) / (K * T_draft(B) + T_verify(B, K + 1)) from per-step times
+  measured in the sweep (T_verify includes acceptance and bookkeeping, T_ar likewise); the
+  end-to-end prediction adds the prefills, as the measured tokens/s include them.
+- crossover B*: the batch size where the best speed-up over K falls below 1, interpolated
+  between measured batch sizes on a log2 scale.
+- $ per 1M output tokens = price per hour x devices / (tokens/s x 3600) x 1e6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+AR = "autoregressive"
+Z95 = 1.959964
+
+# On-demand $/GPU-hour defaults, to override with --gpu-price: H100 and A100 from Vidur's table
+# (early 2024); the others are typical cloud list prices of 2024-2025. Prices move; pass yours.
+GPU_PRICES_PER_HOUR = {"H200": 5.00, "H100": 4.25, "A100-80GB": 2.21, "A100": 2.21, "L40S": 1.80,
+                       "L4": 0.80, "A10G": 1.01}
+
+
+# --- acceptance ------------------------------------------------------------------------------
+
+@dataclass
+class AlphaFit:
+    alpha: float
+    low: float
+    high: float
+    accepted: int
+    rejections: int
+
+    @property
+    def trials(self) -> int:
+        return self.accepted + self.rejections
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    if trials == 0:
+        return float("nan"), float("nan")
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fit_alpha(drafted: np.ndarray, accepted: np.ndarray) -> AlphaFit:
+    """MLE of the i.i.d. acceptance probability from per-step (drafted, accepted) counts."""
+    drafted, accepted = np.asarray(drafted), np.asarray(accepted)
+    used = drafted > 0
+    successes = int(accepted[used].sum())
+    rejections = int((accepted[used] < drafted[used]).sum())
+    trials = successes + rejections
+    alpha = successes / trials if trials else float("nan")
+    low, high = wilson_interval(successes, trials)
+    return AlphaFit(alpha, low, high, successes, rejections)
+
+
+def expected_tau(alpha: float, k: int | np.ndarray) -> float | np.ndarray:
+    """E[tokens per target forward] with K drafts at i.i.d. acceptance alpha."""
+    k = np.asarray(k, dtype=float)
+    if alpha >= 1 - 1e-12:
+        return k + 1
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def tokens_per_step_moments(alpha: float, k: int, coverage: float = 1.0) -> tuple[float, float]:
+    """Mean and variance of tokens a row gains per step: 1 + accepted, where accepted is a
+    geometric count truncated at K (P(a) = alpha^a (1 - alpha) for a < K, alpha^K at K); with
+    probability 1 - coverage the row drafted nothing and gains exactly 1."""
+    accepted = np.arange(k + 1)
+    probs = alpha ** accepted * np.where(accepted < k, 1 - alpha, 1.0)
+    mean = float((probs * (1 + accepted)).sum())
+    second = float((probs * (1 + accepted) ** 2).sum())
+    mixed_mean = coverage * mean + (1 - coverage)
+    mixed_second = coverage * second + (1 - coverage)
+    return mixed_mean, mixed_second - mixed_mean ** 2
+
+
+def expected_max_normal(count: int) -> float:
+    """E[max of `count` standard normals] (Blom's approximation); 0 for one."""
+    if count <= 1:
+        return 0.0
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+
+
+def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), c = T_draft / T_target (Leviathan et al. 2023)."""
+    return float(expected_tau(alpha, k)) / (k * cost_ratio + 1)
+
+
+def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (draft, workload, temperature): fitted alpha with its interval, pooling K and B."""
+    speculative = _ok_real(cells)
+    speculative = speculative[speculative["mode"] != AR]
+    if speculative.empty or steps.empty:
+        return pd.DataFrame()
+    merged = steps.merge(speculative[["cell_id", "draft", "workload", "temperature"]], on="cell_id")
+    rows = []
+    for (draft, workload, temperature), group in merged.groupby(["draft", "workload", "temperature"]):
+        fit = fit_alpha(group["drafted"].to_numpy(), group["accepted"].to_numpy())
+        rows.append({"draft": draft, "workload": workload, "temperature": temperature, "alpha_iid": fit.alpha,
+                     "alpha_low": fit.low, "alpha_high": fit.high, "accepted": fit.accepted,
+                     "rejections": fit.rejections,
+                     "acceptance_rate": group["accepted"].sum() / max(1, group["drafted"].sum())})
+    return pd.DataFrame(rows)
+
+
+def _ok_real(cells: pd.DataFrame) -> pd.DataFrame:
+    if cells.empty:
+        return cells
+    keep = cells["status"] == "ok"
+    if "synthetic" in cells:
+        keep &= ~cells["synthetic"].fillna(False).astype(bool)
+    return cells[keep]
+
+
+def _ok(cells: pd.DataFrame) -> pd.DataFrame:
+    return cells[cells["status"] == "ok"] if not cells.empty else cells
+
+
+# --- cost model --------------------------------------------------------------------------------
+
+def _interp_log2(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """Piecewise-linear in log2(x) through the measured points, extrapolated with the end slopes."""
+    order = np.argsort(xs)
+    xs, ys = np.log2(np.asarray(xs, dtype=float)[order]), np.asarray(ys, dtype=float)[order]
+    lx = math.log2(x)
+    if len(xs) == 1:
+        return float(ys[0])
+    if lx <= xs[0]:
+        i = 0
+    elif lx >= xs[-1]:
+        i = len(xs) - 2
+    else:
+        i = int(np.searchsorted(xs, lx)) - 1
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return float(ys[i] + slope * (lx - xs[i]))
+
+
+@dataclass
+class CostModel:
+    """Per-step times (seconds) measured in a run, for one workload and temperature.
+
+    Step times come from full-batch steps (every row still active) of the steps table, so that
+    verify time is keyed by how many positions the target really verified (an n-gram step
+    verifies only as many as its longest proposal)."""
+
+    ar_step: dict[int, float]  # B -> T_ar (decode step incl. bookkeeping)
+    draft_per_token: dict[tuple[str, int], float]  # (draft, B) -> T_draft per proposed token
+    verify: dict[tuple[int, int], float]  # (B, positions) -> T_verify incl. acceptance and bookkeeping
+    prefill: dict[int, float]  # B -> target prefill
+    draft_prefill: dict[tuple[str, int], float]
+    coverage: dict[str, float]  # draft -> share of row-steps that drafted anything (1 for models)
+    step_coverage: dict[tuple[str, int], float]  # (draft, B) -> share of steps where any row drafted
+    new_tokens: int
+
+    def _by_batch(self, table: dict[int, float], batch_size: int) -> float:
+        sizes = sorted(table)
+        if not sizes:
+            return float("nan")
+        return _interp_log2(np.array(sizes), np.array([table[b] for b in sizes]), batch_size)
+
+    def t_ar(self, batch_size: int) -> float:
+        return self._by_batch(self.ar_step, batch_size)
+
+    def t_draft(self, draft: str, batch_size: int) -> float:
+        return self._by_batch({b: t for (d, b), t in self.draft_per_token.items() if d == draft}, batch_size)
+
+    def t_verify(self, batch_size: int, positions: int) -> float:
+        """Measured at (B, positions) when available; else a least-squares line in positions at
+        each measured B (the autoregressive step counts as 1 position), interpolated in log2 B."""
+        per_batch = {}
+        for b in sorted({b for b, _ in self.verify} | set(self.ar_step)):
+            if (b, positions) in self.verify:
+                per_batch[b] = self.verify[(b, positions)]
+                continue
+            points = {n: t for (bb, n), t in self.verify.items() if bb == b}
+            if b in self.ar_step:
+                points.setdefault(1, self.ar_step[b])
+            if len(points) > 1:
+                slope, intercept = np.polyfit(list(points), list(points.values()), 1)
+                per_batch[b] = intercept + slope * positions
+            elif points:
+                per_batch[b] = next(iter(points.values()))
+        return self._by_batch(per_batch, batch_size)
+
+    def decode_speedup(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
+        """The steady-state formula tau * T_ar / (K T_draft + T_verify(K+1)), with the share of
+        steps a partial drafter (n-gram) leaves empty verifying a single position."""
+        tokens, step = self._step(alpha, draft, k, batch_size)
+        return tokens * self.t_ar(batch_size) / step
+
+    def _step(self, alpha: float, draft: str, k: int, batch_size: int) -> tuple[float, float]:
+        tokens, _ = tokens_per_step_moments(alpha, k, self.coverage.get(draft, 1.0))
+        return tokens, self._step_time(draft, k, batch_size)
+
+    def _step_time(self, draft: str, k: int, batch_size: int) -> float:
+        any_row = self.step_coverage.get((draft, batch_size), self.coverage.get(draft, 1.0))
+        verify = any_row * self.t_verify(batch_size, k + 1) + (1 - any_row) * self.t_verify(batch_size, 1)
+        return k * self.t_draft(draft, batch_size) + verify
+
+    def speculative_steps(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
+        """Steps until the slowest of B rows has its new_tokens - 1 decoded tokens: a row needs
+        about n / mean steps with variance n var / mean^3 (renewal theory), and a static batch
+        runs until its slowest row is done."""
+        mean, variance = tokens_per_step_moments(alpha, k, self.coverage.get(draft, 1.0))
+        decoded = self.new_tokens - 1
+        return decoded / mean + expected_max_normal(batch_size) * math.sqrt(decoded * variance / mean ** 3)
+
+    def speedup(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
+        """End to end, as measured: prefill, draft prefill and the decode steps of the slowest row
+        (the tail steps, with rows already finished, are costed at the full-batch step time)."""
+        decoded = self.new_tokens - 1
+        prefill = self._by_batch(self.prefill, batch_size)
+        draft_prefill = self._by_batch({b: t for (d, b), t in self.draft_prefill.items() if d == draft}, batch_size)
+        autoregressive = prefill + decoded * self.t_ar(batch_size)
+        steps = self.speculative_steps(alpha, draft, k, batch_size)
+        speculative = prefill + (0 if np.isnan(draft_prefill) else draft_prefill) + steps * self._step_time(draft, k, batch_size)
+        return autoregressive / speculative
+
+
+def cost_models(cells: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, float], CostModel]:
+    """One cost model per (workload, temperature) from the ok cells and their steps."""
+    cells = _ok(cells)
+    models: dict = {}
+    if cells.empty or steps.empty:
+        return models
+    columns = ["cell_id", "mode", "draft", "k", "batch_size", "workload", "temperature"]
+    merged = steps.merge(cells[columns], on="cell_id")
+    full = merged[merged["batch_rows"] == merged["batch_size"]]
+    per_step = full.drop_duplicates(["cell_id", "repeat", "batch_index", "step"])
+    for (workload, temperature), group in cells.groupby(["workload", "temperature"]):
+        mine = per_step[(per_step["workload"] == workload) & (per_step["temperature"] == temperature)]
+        rows = merged[(merged["workload"] == workload) & (merged["temperature"] == temperature)]
+        ar = mine[mine["mode"] == AR]
+        sd = mine[mine["mode"] != AR]
+        ar_step = {int(b): float((g["verify_s"] + g["overhead_s"]).median()) for b, g in ar.groupby("batch_size")}
+        if not ar_step:
+            continue
+        verify = {(int(b), int(n)): float((g["verify_s"] + g["overhead_s"]).median())
+                  for (b, n), g in sd.groupby(["batch_size", "verify_tokens"])}
+        draft_per_token = {(d, int(b)): float((g["draft_s"] / g["k"]).median()) for (d, b), g in sd.groupby(["draft", "batch_size"])}
+        sd_rows = rows[rows["mode"] != AR]
+        coverage = {d: float((g["drafted"] > 0).mean()) for d, g in sd_rows.groupby("draft")}
+        step_coverage = {(d, int(b)): float((g["verify_tokens"] > 1).mean()) for (d, b), g in sd.groupby(["draft", "batch_size"])}
+        ar_cells, sd_cells = group[group["mode"] == AR], group[group["mode"] != AR]
+        prefill = {int(b): float(g["prefill_s"].median()) for b, g in ar_cells.groupby("batch_size")} \
+            if "prefill_s" in group else {}
+        draft_prefill = {(d, int(b)): float(g["draft_prefill_s"].median())
+                         for (d, b), g in sd_cells.groupby(["draft", "batch_size"])} if "draft_prefill_s" in group else {}
+        models[(workload, temperature)] = CostModel(ar_step, draft_per_token, verify, prefill, draft_prefill,
+                                                    coverage, step_coverage, int(group["max_new_tokens"].max()))
+    return models
+
+
+def predictions(cells: pd.DataFrame, steps: pd.DataFrame, alphas: pd.DataFrame) -> pd.DataFrame:
+    """Every ok speculative cell with its predicted tau and speed-up next to the measured ones."""
+    models = cost_models(cells, steps)
+    rows = []
+    for row in _ok_real(cells).to_dict("records"):
+        if row["mode"] == AR:
+            continue
+        fit = alphas[(alphas["draft"] == row["draft"]) & (alphas["workload"] == row["workload"])
+                     & (alphas["temperature"] == row["temperature"])]
+        model = models.get((row["workload"], row["temperature"]))
+        if fit.empty or model is None:
+            continue
+        alpha, k, b = float(fit["alpha_iid"].iloc[0]), int(row["k"]), int(row["batch_size"])
+        predicted = model.speedup(alpha, row["draft"], k, b)
+        rows.append({
+            "cell_id": row["cell_id"], "draft": row["draft"], "workload": row["workload"],
+            "temperature": row["temperature"], "k": k, "batch_size": b,
+            "tau_measured": row["tau"], "tau_predicted": float(expected_tau(alpha, k)),
+            "speedup_measured": row["speedup"], "speedup_predicted": predicted,
+            "speedup_decode_predicted": model.decode_speedup(alpha, row["draft"], k, b),
+            "speedup_error": predicted / row["speedup"] - 1 if row["speedup"] else float("nan"),
+        })
+    return pd.DataFrame(rows)
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, workload, temperature, B): the measured best K and its speed-up."""
+    sd = _ok(cells)
+    sd = sd[(sd["mode"] != AR) & sd["speedup"].notna()] if not sd.empty else sd
+    if sd.empty:
+        return pd.DataFrame()
+    index = sd.groupby(["draft", "workload", "temperature", "batch_size"])["speedup"].idxmax()
+    return sd.loc[index, ["draft", "workload", "temperature", "batch_size", "k", "speedup"]].reset_index(drop=True)
+
+
+@dataclass
+class Crossover:
+    batch_size: float | None  # interpolated B* where best speed-up falls below 1
+    text: str
+
+
+def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 1.0) -> Crossover:
+    points = sorted(zip(batch_sizes, speedups))
+    if not points:
+        return Crossover(None, "no data")
+    if points[0][1] < threshold:
+        return Crossover(float(points[0][0]), f"below {threshold:g}× already at B = {points[0][0]}")
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if s0 >= threshold > s1:
+            fraction = (s0 - threshold) / (s0 - s1)
+            at = 2 ** (math.log2(b0) + fraction * (math.log2(b1) - math.log2(b0)))
+            return Crossover(at, f"B* ≈ {at:.1f} (between {b0} and {b1})")
+    return Crossover(None, f"not reached up to B = {points[-1][0]}")
+
+
+def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame:
+    best = best_k_by_batch(cells)
+    rows = []
+    if best.empty:
+        return pd.DataFrame()
+    for (draft, workload, temperature), group in best.groupby(["draft", "workload", "temperature"]):
+        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
+        rows.append({"draft": draft, "workload": workload, "temperature": temperature,
+                     "crossover_batch_size": found.batch_size, "crossover": found.text})
+    return pd.DataFrame(rows)
+
+
+def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
+    """`{1-8: 5, 9-32: 2, 33+: off}`: each measured B covers the sizes above the previous one."""
+    points = sorted(zip(batch_sizes, best_k))
+    ranges: list[tuple[int, int, str]] = []
+    low = 1
+    for b, k in points:
+        value = "off" if k is None else str(k)
+        if ranges and ranges[-1][2] == value:
+            ranges[-1] = (ranges[-1][0], b, value)
+        else:
+            ranges.append((low, b, value))
+        low = b + 1
+    parts = [f"{lo}-{hi}: {v}" if lo != hi else f"{lo}: {v}" for lo, hi, v in ranges]
+    last_lo, last_hi, last_v = ranges[-1]
+    parts[-1] = f"{last_lo}+: {last_v}"
+    return "{" + ", ".join(parts) + "}"
+
+
+# --- money -------------------------------------------------------------------------------------
+
+def default_gpu_price(hardware: dict) -> tuple[float | None, str]:
+    """(price per GPU-hour, which GPU) from run.json's hardware, or (None, reason) on a CPU."""
+    gpus = hardware.get("gpus") or []
+    if not gpus:
+        return None, "CPU run: pass --gpu-price (price per machine-hour) for dollars"
+    name = gpus[0]["name"].upper().replace(" ", "")
+    for key, price in GPU_PRICES_PER_HOUR.items():
+        if key.replace("-", "") in name.replace("-", ""):
+            return price, key
+    return None, f"no default price for {gpus[0]['name']}: pass --gpu-price"
+
+
+def cost_per_million(tokens_per_s: float | np.ndarray, price_per_hour: float | None, devices: int = 1):
+    """$ per 1M output tokens, or device-hours per 1M tokens when no price is known."""
+    hours = 1e6 / (np.asarray(tokens_per_s, dtype=float) * 3600) * devices
+    return hours * price_per_hour if price_per_hour is not None else hours
+
+
+# --- what-if -----------------------------------------------------------------------------------
+
+def plan_table(models: dict[tuple[str, float], CostModel], alphas: pd.DataFrame, drafts: list[str],
+               ks: list[int], batch_sizes: list[int], price_per_hour: float | None = None,
+               devices: int = 1) -> pd.DataFrame:
+    """Predicted speed-up, tokens/s and cost for every (workload, temperature, draft, K, B),
+    measured or not: alpha from `alphas`, step times from `models`. Labelled predictions."""
+    rows = []
+    for (workload, temperature), model in models.items():
+        for b in batch_sizes:
+            decoded = model.new_tokens - 1
+            ar_time = model._by_batch(model.prefill, b) + decoded * model.t_ar(b)
+            ar_tokens_per_s = b * model.new_tokens / ar_time
+            rows.append({"workload": workload, "temperature": temperature, "draft": AR, "k": 0, "batch_size": b,
+                         "alpha_iid": float("nan"), "tau": 1.0, "speedup": 1.0, "tokens_per_s": ar_tokens_per_s})
+            for draft in drafts:
+                fit = alphas[(alphas["draft"] == draft) & (alphas["workload"] == workload)
+                             & (alphas["temperature"] == temperature)]
+                if fit.empty or not any(d == draft for d, _ in model.draft_per_token):
+                    continue
+                alpha = float(fit["alpha_iid"].iloc[0])
+                for k in ks:
+                    speedup = model.speedup(alpha, draft, k, b)
+                    rows.append({"workload": workload, "temperature": temperature, "draft": draft, "k": k,
+                                 "batch_size": b, "alpha_iid": alpha, "tau": float(expected_tau(alpha, k)),
+                                 "speedup": speedup, "tokens_per_s": ar_tokens_per_s * speedup})
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        table["cost_per_1m"] = cost_per_million(table["tokens_per_s"], price_per_hour, devices)
+        table["predicted"] = True
+    return table

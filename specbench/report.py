@@ -1,0 +1,408 @@
+"""Charts, one self-contained HTML page and a Markdown summary for a run."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from specbench.fit import (  # noqa: E402
+    AR, alpha_table, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, expected_tau, predictions,
+)
+from specbench.results import Run  # noqa: E402
+
+CHARTS = {
+    "speedup_vs_batch": "Speed-up against autoregressive vs batch size",
+    "tau_vs_k": "Tokens per target forward (τ) vs K: measured and fitted",
+    "acceptance": "Acceptance by workload and temperature, and by draft position",
+    "throughput_latency": "Throughput and inter-token latency vs batch size",
+    "cost": "Cost per 1M output tokens",
+    "memory": "Memory with and without the draft",
+    "predicted_vs_measured": "Cost model: predicted vs measured speed-up",
+}
+
+
+@dataclass
+class Analysis:
+    run: Run
+    cells: pd.DataFrame  # ok, non-synthetic cells
+    alphas: pd.DataFrame
+    predicted: pd.DataFrame
+    best: pd.DataFrame
+    crossovers: pd.DataFrame
+    costs: pd.DataFrame
+    cost_unit: str
+    price_note: str
+
+
+def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
+    cells = run.cells[run.cells["status"] == "ok"].copy() if not run.cells.empty else run.cells
+    if "synthetic" in cells:
+        cells = cells[~cells["synthetic"].fillna(False).astype(bool)]
+    alphas = alpha_table(cells, run.steps)
+    predicted = predictions(cells, run.steps, alphas) if not alphas.empty else pd.DataFrame()
+    price, note = (gpu_price, "price given") if gpu_price is not None else default_gpu_price(run.meta.get("hardware", {}))
+    unit = "$ per 1M tokens" if price is not None else "device-hours per 1M tokens"
+    if price is not None and gpu_price is None:
+        note = f"default {note} price ${price:.2f}/GPU-hour (override with --gpu-price)"
+    costs = cells[["cell_id", "mode", "draft", "k", "workload", "temperature", "batch_size", "tokens_per_s"]].copy() \
+        if not cells.empty else pd.DataFrame()
+    if not costs.empty:
+        costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
+    return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
+                    note + (f"; {gpus} devices" if gpus != 1 else ""))
+
+
+# --- charts ------------------------------------------------------------------------------------
+
+def _facets(cells: pd.DataFrame) -> list[tuple[str, float]]:
+    return sorted({(w, t) for w, t in zip(cells["workload"], cells["temperature"])})
+
+
+def _drafts(cells: pd.DataFrame) -> list[str]:
+    return sorted(d for d in cells["draft"].unique() if d != AR)
+
+
+def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2):
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    return fig, axes
+
+
+def _batch_axis(ax, sizes) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(s) for s in sizes])
+    ax.set_xlabel("batch size")
+
+
+def chart_speedup(a: Analysis, path: Path) -> None:
+    cells, facets, drafts = a.cells, _facets(a.cells), _drafts(a.cells)
+    sizes = sorted(cells["batch_size"].unique())
+    fig, axes = _grid(len(facets), max(1, len(drafts)))
+    for i, (workload, temperature) in enumerate(facets):
+        for j, draft in enumerate(drafts):
+            ax = axes[i][j]
+            sub = cells[(cells["draft"] == draft) & (cells["workload"] == workload) & (cells["temperature"] == temperature)]
+            for k, group in sub.groupby("k"):
+                group = group.sort_values("batch_size")
+                ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
+            found = a.crossovers[(a.crossovers["draft"] == draft) & (a.crossovers["workload"] == workload)
+                                 & (a.crossovers["temperature"] == temperature)] if not a.crossovers.empty else []
+            if len(found) and found["crossover_batch_size"].notna().iloc[0]:
+                b_star = float(found["crossover_batch_size"].iloc[0])
+                ax.axvline(b_star, color="red", linestyle=":", label=f"B* ≈ {b_star:.1f}")
+            _batch_axis(ax, sizes)
+            ax.set_ylabel("speed-up (×)")
+            ax.set_title(f"{draft} · {workload} · T={temperature:g}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(CHARTS["speedup_vs_batch"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_tau(a: Analysis, path: Path) -> None:
+    cells, drafts = a.cells, _drafts(a.cells)
+    sd = cells[cells["mode"] != AR]
+    fig, axes = _grid(1, max(1, len(drafts)))
+    for j, draft in enumerate(drafts):
+        ax = axes[0][j]
+        ks = sorted(sd["k"].unique())
+        grid = np.arange(1, max(ks) + 1) if ks else np.arange(1, 2)
+        for n, ((workload, temperature), group) in enumerate(sd[sd["draft"] == draft].groupby(["workload", "temperature"])):
+            color = f"C{n}"
+            measured = group.groupby("k")["tau"].mean()
+            ax.plot(measured.index, measured.values, "o", color=color, label=f"{workload} T={temperature:g} measured")
+            fit = a.alphas[(a.alphas["draft"] == draft) & (a.alphas["workload"] == workload)
+                           & (a.alphas["temperature"] == temperature)]
+            if len(fit):
+                alpha = float(fit["alpha_iid"].iloc[0])
+                ax.plot(grid, expected_tau(alpha, grid), "-", color=color, alpha=0.7, label=f"fit α={alpha:.2f}")
+        ax.plot(grid, grid + 1, color="grey", linestyle=":", label="K+1 (all accepted)")
+        ax.set_xlabel("K (draft tokens per step)")
+        ax.set_ylabel("τ (tokens per target forward)")
+        ax.set_title(draft, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(CHARTS["tau_vs_k"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_acceptance(a: Analysis, path: Path) -> None:
+    fig, axes = _grid(1, 2, width=5.5)
+    ax = axes[0][0]
+    alphas = a.alphas
+    if not alphas.empty:
+        labels = [f"{w}\nT={t:g}" for w, t in sorted({(w, t) for w, t in zip(alphas["workload"], alphas["temperature"])})]
+        keys = sorted({(w, t) for w, t in zip(alphas["workload"], alphas["temperature"])})
+        drafts = sorted(alphas["draft"].unique())
+        width = 0.8 / max(1, len(drafts))
+        for n, draft in enumerate(drafts):
+            rows = [alphas[(alphas["draft"] == draft) & (alphas["workload"] == w) & (alphas["temperature"] == t)]
+                    for w, t in keys]
+            values = [float(r["alpha_iid"].iloc[0]) if len(r) else np.nan for r in rows]
+            low = [v - float(r["alpha_low"].iloc[0]) if len(r) else 0 for v, r in zip(values, rows)]
+            high = [float(r["alpha_high"].iloc[0]) - v if len(r) else 0 for v, r in zip(values, rows)]
+            x = np.arange(len(keys)) + n * width
+            ax.bar(x, values, width, yerr=[low, high], capsize=3, label=draft)
+        ax.set_xticks(np.arange(len(keys)) + width * (len(drafts) - 1) / 2)
+        ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("α (fitted, i.i.d., 95% CI)")
+    ax.set_title("acceptance probability per token", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+
+    ax = axes[0][1]
+    sd = a.cells[a.cells["mode"] != AR]
+    for n, (draft, group) in enumerate(sd.groupby("draft")):
+        deepest = group[group["k"] == group["k"].max()]
+        rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]), axis=0)
+        positions = np.arange(1, len(rates) + 1)
+        ax.plot(positions, rates, "o-", color=f"C{n}", label=f"{draft} measured")
+        fit = a.alphas[a.alphas["draft"] == draft]
+        if len(fit):
+            alpha = float(np.average(fit["alpha_iid"], weights=fit["accepted"] + fit["rejections"]))
+            ax.plot(positions, alpha ** positions, "--", color=f"C{n}", label=f"{draft} α^i, α={alpha:.2f}")
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("accepted at i / drafted at i")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("per-position acceptance vs the i.i.d. α^i", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(CHARTS["acceptance"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _best_rows(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, workload, temperature, B): the measured best-K speculative cell; and AR cells."""
+    sd = cells[cells["mode"] != AR]
+    if sd.empty:
+        return cells[cells["mode"] == AR]
+    index = sd.groupby(["draft", "workload", "temperature", "batch_size"])["tokens_per_s"].idxmax()
+    return pd.concat([cells[cells["mode"] == AR], sd.loc[index]])
+
+
+def chart_throughput(a: Analysis, path: Path) -> None:
+    rows = _best_rows(a.cells)
+    facets = _facets(a.cells)
+    sizes = sorted(a.cells["batch_size"].unique())
+    fig, axes = _grid(len(facets), 2)
+    for i, (workload, temperature) in enumerate(facets):
+        sub = rows[(rows["workload"] == workload) & (rows["temperature"] == temperature)]
+        for n, (draft, group) in enumerate(sub.groupby("draft")):
+            group = group.sort_values("batch_size")
+            label = "autoregressive" if draft == AR else f"{draft} (best K)"
+            style = dict(color="black") if draft == AR else dict(color=f"C{n}")
+            axes[i][0].plot(group["batch_size"], group["tokens_per_s"], "o-", label=label, **style)
+            axes[i][1].plot(group["batch_size"], group["itl_p50_s"] * 1e3, "o-", label=f"{label} p50", **style)
+            axes[i][1].plot(group["batch_size"], group["itl_p99_s"] * 1e3, "s--", label=f"{label} p99", **style)
+        for ax, ylabel in ((axes[i][0], "output tokens/s"), (axes[i][1], "inter-token latency (ms)")):
+            _batch_axis(ax, sizes)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(CHARTS["throughput_latency"] + " (speculative ITL p50 is 0 when tokens arrive in bursts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_cost(a: Analysis, path: Path) -> None:
+    costs = a.costs
+    facets = _facets(a.cells)
+    sizes = sorted(a.cells["batch_size"].unique())
+    fig, axes = _grid(1, len(facets))
+    best = _best_rows(a.cells)[["cell_id"]]
+    costs = costs.merge(best, on="cell_id")
+    for i, (workload, temperature) in enumerate(facets):
+        ax = axes[0][i]
+        sub = costs[(costs["workload"] == workload) & (costs["temperature"] == temperature)]
+        for n, (draft, group) in enumerate(sub.groupby("draft")):
+            group = group.sort_values("batch_size")
+            style = dict(color="black") if draft == AR else dict(color=f"C{n}")
+            ax.plot(group["batch_size"], group["cost_per_1m"], "o-", label="autoregressive" if draft == AR else f"{draft} (best K)", **style)
+        _batch_axis(ax, sizes)
+        ax.set_yscale("log")
+        ax.set_ylabel(a.cost_unit)
+        ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{CHARTS['cost']} ({a.price_note})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_memory(a: Analysis, path: Path) -> None:
+    cells = a.cells
+    biggest = cells["batch_size"].max()
+    at = cells[cells["batch_size"] == biggest]
+    configs = [(AR, 0)] + sorted({(d, int(k)) for d, k in zip(at["draft"], at["k"]) if d != AR})
+    gib = 1024 ** 3
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(configs) + 2), 4))
+    labels, bottoms = [], np.zeros(len(configs))
+    parts = [("target_param_bytes", "target weights"), ("target_kv_cache_bytes", "target KV cache"),
+             ("draft_param_bytes", "draft weights"), ("draft_kv_cache_bytes", "draft KV cache")]
+    rows = []
+    for draft, k in configs:
+        sub = at[(at["draft"] == draft) & ((at["k"] == k) | (draft == AR))]
+        rows.append(sub.iloc[0] if len(sub) else None)
+        labels.append("autoregressive" if draft == AR else f"{draft}\nK={k}")
+    for n, (column, name) in enumerate(parts):
+        values = np.array([float(r[column]) / gib if r is not None and pd.notna(r.get(column)) else 0 for r in rows])
+        ax.bar(range(len(configs)), values, bottom=bottoms, label=name, color=f"C{n}")
+        bottoms += values
+    peaks = [float(r["peak_memory_bytes"]) / gib if r is not None else np.nan for r in rows]
+    kind = at["memory_kind"].iloc[0] if len(at) else "rss"
+    ax.plot(range(len(configs)), peaks, "k_", markersize=30, mew=2,
+            label="measured peak (process RSS, all loaded models)" if kind == "rss" else "measured peak (device)")
+    ax.set_xticks(range(len(configs)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("GiB")
+    ax.set_title(f"{CHARTS['memory']} (batch size {biggest})", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_predicted(a: Analysis, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    p = a.predicted
+    if not p.empty:
+        for n, (draft, group) in enumerate(p.groupby("draft")):
+            ax.scatter(group["speedup_measured"], group["speedup_predicted"], label=draft, color=f"C{n}")
+        low = min(p["speedup_measured"].min(), p["speedup_predicted"].min()) * 0.9
+        high = max(p["speedup_measured"].max(), p["speedup_predicted"].max()) * 1.1
+        ax.plot([low, high], [low, high], "k--", linewidth=1, label="predicted = measured")
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        error = (p["speedup_error"].abs().median() * 100)
+        ax.set_title(f"median |error| {error:.0f}% over {len(p)} cells", fontsize=10)
+    ax.set_xlabel("measured speed-up (×)")
+    ax.set_ylabel("predicted speed-up (×)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(CHARTS["predicted_vs_measured"], fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance": chart_acceptance,
+           "throughput_latency": chart_throughput, "cost": chart_cost, "memory": chart_memory,
+           "predicted_vs_measured": chart_predicted}
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
+    cells = a.cells
+    columns = ["workload", "batch_size", "temperature", "draft", "k", "tokens_per_s", "speedup", "alpha", "tau",
+               "ttft_p50_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s", "lossless"]
+    cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", "batch_size", "draft", "k"]) \
+        if not cells.empty else pd.DataFrame()
+    tables = {"cells": cell_table}
+    if not a.alphas.empty:
+        tables["alpha fit"] = a.alphas
+    if not a.predicted.empty:
+        tables["predicted vs measured"] = a.predicted.drop(columns=["cell_id"])
+    if not a.crossovers.empty:
+        tables["crossover batch size"] = a.crossovers
+    if not a.costs.empty:
+        tables[a.cost_unit] = a.costs.drop(columns=["cell_id", "mode"])
+    failed = a.run.cells[a.run.cells["status"] != "ok"] if not a.run.cells.empty else pd.DataFrame()
+    if len(failed):
+        tables["cells that did not finish"] = failed[["cell_id", "status", "message"]]
+    return tables
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_format(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_format(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None = None, gpus: int = 1,
+                 extra_sections: dict[str, str] | None = None) -> tuple[Path, Analysis]:
+    """Charts (PNG), report.html (self-contained) and summary.md under RUN/report/."""
+    out_dir = Path(out_dir or run.path / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    a = analyse(run, gpu_price, gpus)
+    if a.cells.empty:
+        raise ValueError(f"{run.path} has no finished cells to report")
+    images = {}
+    for name, draw in DRAWERS.items():
+        path = out_dir / f"{name}.png"
+        draw(a, path)
+        images[name] = path
+    tables = summary_tables(a)
+    meta = run.meta
+    config = meta.get("config", {})
+    hardware = meta.get("hardware", {})
+    gpu = ", ".join(g["name"] for g in hardware.get("gpus", [])) or "no GPU"
+    title = f"specbench: {config.get('target', '?')} on {gpu} / {hardware.get('cpu', '?')}"
+    provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
+                  f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
+                  f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}")
+    sections = dict(extra_sections or {})
+
+    parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
+    for text in sections.values():
+        parts.append(f"<pre>{html.escape(text)}</pre>")
+    for name, path in images.items():
+        data = base64.b64encode(path.read_bytes()).decode()
+        parts.append(f"<h2>{html.escape(CHARTS[name])}</h2><img alt='{name}' src='data:image/png;base64,{data}'>")
+    for name, frame in tables.items():
+        parts.append(f"<h2>{html.escape(name)}</h2>{html_table(frame)}")
+    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}img{max-width:100%;border:1px solid #ddd}"
+             "table{border-collapse:collapse;font-size:12px;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;"
+             "text-align:right}th{background:#f3f3f3}.meta{color:#666;font-size:12px}pre{background:#f7f7f7;padding:1em}")
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
+    (out_dir / "report.html").write_text(page)
+
+    md = [f"# {title}", "", provenance, ""]
+    for text in sections.values():
+        md += ["```", text, "```", ""]
+    for name, path in images.items():
+        md += [f"![{CHARTS[name]}]({path.name})", ""]
+    for name, frame in tables.items():
+        md += [f"## {name}", "", markdown_table(frame), ""]
+    (out_dir / "summary.md").write_text("\n".join(md))
+    return out_dir, a

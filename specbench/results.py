@@ -1,0 +1,165 @@
+"""A run on disk: one directory holding cells, requests and steps tables (Parquet and CSV) and
+run.json (grid, seeds, hardware, versions, times). Tables are rewritten atomically after every
+cell, so an interrupted sweep keeps every finished cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+TABLES = ("cells", "requests", "steps")
+DEFAULT_RESULTS_DIR = Path("results")
+
+
+class RunNotFound(FileNotFoundError):
+    pass
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_dir(root: Path, target: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-._" else "-" for c in Path(target).name)
+    path = root / f"{stamp}_{safe}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = root / f"{stamp}_{safe}_{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def latest_run(root: Path = DEFAULT_RESULTS_DIR) -> Path:
+    runs = sorted((p for p in Path(root).glob("*/run.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise RunNotFound(f"no runs under {root}/ (run `specbench sweep` first, or name a run directory)")
+    return runs[-1].parent
+
+
+def _csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
+    """Lists (ITL gaps, token ids, per-position acceptance) become JSON strings in CSV."""
+    import numpy as np
+
+    def encode(value):
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        return json.dumps(value) if isinstance(value, (list, tuple)) else value
+
+    out = frame.copy()
+    for column in out.columns:
+        if out[column].map(lambda v: isinstance(v, (list, tuple, np.ndarray))).any():
+            out[column] = out[column].map(encode)
+    return out
+
+
+def write_table(run_dir: Path, name: str, frame: pd.DataFrame) -> None:
+    for suffix, write in (("parquet", lambda f, p: f.to_parquet(p, index=False)),
+                          ("csv", lambda f, p: _csv_ready(f).to_csv(p, index=False))):
+        path = run_dir / f"{name}.{suffix}"
+        staging = path.with_name(path.name + ".tmp")
+        write(frame, staging)
+        os.replace(staging, path)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(payload, indent=2, default=str))
+    os.replace(staging, path)
+
+
+@dataclass
+class Run:
+    path: Path
+    meta: dict
+    cells: pd.DataFrame
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR) -> Run:
+    path = Path(run_dir) if run_dir else latest_run(root)
+    if not (path / "run.json").exists():
+        raise RunNotFound(f"{path} is not a specbench run (no run.json)")
+    meta = json.loads((path / "run.json").read_text())
+    tables = {}
+    for name in TABLES:
+        file = path / f"{name}.parquet"
+        tables[name] = pd.read_parquet(file) if file.exists() else pd.DataFrame()
+    return Run(path, meta, tables["cells"], tables["requests"], tables["steps"])
+
+
+# --- provenance --------------------------------------------------------------------------------
+
+def git_revision() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> list[dict]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name,
+                         "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                         "driver": driver.decode() if isinstance(driver, bytes) else driver})
+        return gpus
+    except Exception:
+        return []
+
+
+def hardware_info() -> dict:
+    import psutil
+    import torch
+
+    return {
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpus": gpu_info(),
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    from specbench import __version__
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+            "specbench": __version__, "specbench_git": git_revision()}

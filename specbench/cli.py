@@ -312,7 +312,7 @@ def report(
         fail(str(error))
     _print_analysis(analysis)
     if gate_text:
-        console.print(gate_text, highlight=False)
+        console.print(gate_text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
                   f"summary.md)")
 
@@ -389,8 +389,8 @@ def check(
         print(json.dumps(result.to_dict(), indent=2))
     else:
         console.print(f"does speculation keep ≥ {min_speedup:g}× at batch size(s) {', '.join(map(str, sizes))}? "
-                      f"(run {run.path})", highlight=False)
-        console.print(_gate_text(result), highlight=False)
+                      f"(run {run.path})", highlight=False, soft_wrap=True)
+        console.print(_gate_text(result), highlight=False, soft_wrap=True)
     raise typer.Exit(result.exit_code)
 
 

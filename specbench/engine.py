@@ -141,7 +141,7 @@ class _Run:
         draft_cache = getattr(drafter, "cache", None)
         return GenerationResult(self.outputs, self.emission_s, self.prompt_lengths, steps,
                                 prefill_s, draft_prefill_s, total_s, k, drafter.name if drafter else "",
-                                self.target_cache.nbytes(), draft_cache.nbytes() if draft_cache else 0)
+                                self.target_cache.allocated_bytes, draft_cache.allocated_bytes if draft_cache else 0)
 
 
 def _prefill(target: CausalLM, run: _Run) -> torch.Tensor:

@@ -308,7 +308,7 @@ def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class Crossover:
-    batch_size: float | None  # interpolated B* where best speed-up falls below 1
+    batch_size: float | None  # interpolated B* where best speed-up falls below 1; None if no crossing
     text: str
 
 
@@ -316,8 +316,8 @@ def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 
     points = sorted(zip(batch_sizes, speedups))
     if not points:
         return Crossover(None, "no data")
-    if points[0][1] < threshold:
-        return Crossover(float(points[0][0]), f"below {threshold:g}× already at B = {points[0][0]}")
+    if points[0][1] < threshold:  # no crossing to locate: B* is at or below the smallest B
+        return Crossover(None, f"below {threshold:g}× already at B = {points[0][0]}")
     for (b0, s0), (b1, s1) in zip(points, points[1:]):
         if s0 >= threshold > s1:
             fraction = (s0 - threshold) / (s0 - s1)

@@ -35,6 +35,7 @@ class RaggedKVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_length = max_length
         self.device = torch.device(device)
+        self.allocated_bytes = self.nbytes()  # at full batch; rows leaving the batch shrink it
         # Host copy of the lengths: the loop needs them on the host anyway (slicing, bookkeeping).
         self.lengths: list[int] = [0] * batch_size
         self._write_index: torch.Tensor | None = None

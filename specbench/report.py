@@ -72,6 +72,17 @@ def _drafts(cells: pd.DataFrame) -> list[str]:
     return sorted(d for d in cells["draft"].unique() if d != AR)
 
 
+def _color(draft: str, drafts: list[str]) -> str:
+    """The same colour for a draft in every chart; black for the autoregressive baseline."""
+    return "black" if draft == AR else f"C{drafts.index(draft) % 10}" if draft in drafts else "grey"
+
+
+def _integer_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2):
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     return fig, axes
@@ -130,6 +141,7 @@ def chart_tau(a: Analysis, path: Path) -> None:
                 alpha = float(fit["alpha_iid"].iloc[0])
                 ax.plot(grid, expected_tau(alpha, grid), "-", color=color, alpha=0.7, label=f"fit α={alpha:.2f}")
         ax.plot(grid, grid + 1, color="grey", linestyle=":", label="K+1 (all accepted)")
+        _integer_ticks(ax)
         ax.set_xlabel("K (draft tokens per step)")
         ax.set_ylabel("τ (tokens per target forward)")
         ax.set_title(draft, fontsize=10)
@@ -157,7 +169,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
             low = [v - float(r["alpha_low"].iloc[0]) if len(r) else 0 for v, r in zip(values, rows)]
             high = [float(r["alpha_high"].iloc[0]) - v if len(r) else 0 for v, r in zip(values, rows)]
             x = np.arange(len(keys)) + n * width
-            ax.bar(x, values, width, yerr=[low, high], capsize=3, label=draft)
+            ax.bar(x, values, width, yerr=[low, high], capsize=3, label=draft, color=_color(draft, drafts))
         ax.set_xticks(np.arange(len(keys)) + width * (len(drafts) - 1) / 2)
         ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylim(0, 1.05)
@@ -168,7 +180,9 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
 
     ax = axes[0][1]
     sd = a.cells[a.cells["mode"] != AR]
-    for n, (draft, group) in enumerate(sd.groupby("draft")):
+    all_drafts = _drafts(a.cells)
+    for draft, group in sd.groupby("draft"):
+        n = all_drafts.index(draft)
         deepest = group[group["k"] == group["k"].max()]
         rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]), axis=0)
         positions = np.arange(1, len(rates) + 1)
@@ -177,6 +191,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
         if len(fit):
             alpha = float(np.average(fit["alpha_iid"], weights=fit["accepted"] + fit["rejections"]))
             ax.plot(positions, alpha ** positions, "--", color=f"C{n}", label=f"{draft} α^i, α={alpha:.2f}")
+    _integer_ticks(ax)
     ax.set_xlabel("draft position i")
     ax.set_ylabel("accepted at i / drafted at i")
     ax.set_ylim(0, 1.05)
@@ -205,10 +220,10 @@ def chart_throughput(a: Analysis, path: Path) -> None:
     fig, axes = _grid(len(facets), 2)
     for i, (workload, temperature) in enumerate(facets):
         sub = rows[(rows["workload"] == workload) & (rows["temperature"] == temperature)]
-        for n, (draft, group) in enumerate(sub.groupby("draft")):
+        for draft, group in sub.groupby("draft"):
             group = group.sort_values("batch_size")
             label = "autoregressive" if draft == AR else f"{draft} (best K)"
-            style = dict(color="black") if draft == AR else dict(color=f"C{n}")
+            style = dict(color=_color(draft, _drafts(a.cells)))
             axes[i][0].plot(group["batch_size"], group["tokens_per_s"], "o-", label=label, **style)
             axes[i][1].plot(group["batch_size"], group["itl_p50_s"] * 1e3, "o-", label=f"{label} p50", **style)
             axes[i][1].plot(group["batch_size"], group["itl_p99_s"] * 1e3, "s--", label=f"{label} p99", **style)
@@ -228,23 +243,28 @@ def chart_cost(a: Analysis, path: Path) -> None:
     costs = a.costs
     facets = _facets(a.cells)
     sizes = sorted(a.cells["batch_size"].unique())
-    fig, axes = _grid(1, len(facets))
+    fig, axes = _grid(1, len(facets), width=max(4.2, 7.0 / len(facets)), height=3.6)
     best = _best_rows(a.cells)[["cell_id"]]
     costs = costs.merge(best, on="cell_id")
     for i, (workload, temperature) in enumerate(facets):
         ax = axes[0][i]
         sub = costs[(costs["workload"] == workload) & (costs["temperature"] == temperature)]
-        for n, (draft, group) in enumerate(sub.groupby("draft")):
+        for draft, group in sub.groupby("draft"):
             group = group.sort_values("batch_size")
-            style = dict(color="black") if draft == AR else dict(color=f"C{n}")
+            style = dict(color=_color(draft, _drafts(a.cells)))
             ax.plot(group["batch_size"], group["cost_per_1m"], "o-", label="autoregressive" if draft == AR else f"{draft} (best K)", **style)
         _batch_axis(ax, sizes)
         ax.set_yscale("log")
+        from matplotlib.ticker import LogLocator, ScalarFormatter
+
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(LogLocator(subs=(2, 5)))
         ax.set_ylabel(a.cost_unit)
         ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{CHARTS['cost']} ({a.price_note})", fontsize=10)
+    fig.suptitle(f"{CHARTS['cost']} (best K per batch size)\n{a.price_note}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -256,7 +276,7 @@ def chart_memory(a: Analysis, path: Path) -> None:
     at = cells[cells["batch_size"] == biggest]
     configs = [(AR, 0)] + sorted({(d, int(k)) for d, k in zip(at["draft"], at["k"]) if d != AR})
     gib = 1024 ** 3
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(configs) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(configs) + 2) + 3, 4))
     labels, bottoms = [], np.zeros(len(configs))
     parts = [("target_param_bytes", "target weights"), ("target_kv_cache_bytes", "target KV cache"),
              ("draft_param_bytes", "draft weights"), ("draft_kv_cache_bytes", "draft KV cache")]
@@ -277,7 +297,8 @@ def chart_memory(a: Analysis, path: Path) -> None:
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("GiB")
     ax.set_title(f"{CHARTS['memory']} (batch size {biggest})", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, max(np.nanmax(peaks) if len(peaks) else 0, bottoms.max()) * 1.15)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -288,8 +309,9 @@ def chart_predicted(a: Analysis, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 5))
     p = a.predicted
     if not p.empty:
-        for n, (draft, group) in enumerate(p.groupby("draft")):
-            ax.scatter(group["speedup_measured"], group["speedup_predicted"], label=draft, color=f"C{n}")
+        for draft, group in p.groupby("draft"):
+            ax.scatter(group["speedup_measured"], group["speedup_predicted"], label=draft,
+                       color=_color(draft, _drafts(a.cells)))
         low = min(p["speedup_measured"].min(), p["speedup_predicted"].min()) * 0.9
         high = max(p["speedup_measured"].max(), p["speedup_predicted"].max()) * 1.1
         ax.plot([low, high], [low, high], "k--", linewidth=1, label="predicted = measured")

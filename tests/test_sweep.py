@@ -184,3 +184,36 @@ def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path / "run")
     assert len(run.cells) == 5 and (run.cells["status"] == "ok").all() and run.meta["status"] == "complete"
+
+
+def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run):
+    import base64
+    import re
+
+    from specbench.report import CHARTS
+
+    output, _ = finished_run
+    result = runner.invoke(app, ["report", str(output)])
+    assert result.exit_code == 0, result.output
+    report = output / "report"
+    page = (report / "report.html").read_text()
+    for name in CHARTS:
+        png = (report / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000
+        assert base64.b64encode(png).decode() in page
+    assert "src='http" not in page and len(re.findall(r"data:image/png;base64", page)) == len(CHARTS)
+    summary = (report / "summary.md").read_text()
+    assert "## alpha fit" in summary and "## predicted vs measured" in summary
+    assert "α fit" in result.output and "prediction error" in result.output
+
+
+def test_check_and_plan_on_a_real_run(finished_run):
+    output, _ = finished_run
+    result = runner.invoke(app, ["check", str(output), "--batch-sizes", "1,3"])
+    assert result.exit_code in (0, 1) and "verdict:" in result.output
+    result = runner.invoke(app, ["plan", str(output), "--k", "1,2,6", "--batch-sizes", "1,2,8"])
+    assert result.exit_code == 0, result.output
+    assert "PREDICTIONS" in result.output
+    result = runner.invoke(app, ["plan", str(output), "--k", "2", "--batch-sizes", "16", "--json"])
+    records = json.loads(result.output)
+    assert {r["batch_size"] for r in records} == {16} and all(r["predicted"] for r in records)

@@ -1,0 +1,149 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.fit import (
+    CostModel, crossover, expected_tau, fit_alpha, k_schedule, leviathan_speedup, tokens_per_step_moments,
+    cost_per_million, default_gpu_price,
+)
+from specbench.gate import evaluate
+from specbench.results import write_json, write_table
+
+runner = CliRunner()
+
+
+def simulate_steps(alpha, k, steps, seed):
+    """Per-step accepted counts under the i.i.d. model: accept each position with prob alpha
+    until the first rejection."""
+    rng = np.random.default_rng(seed)
+    accepted_each = rng.random((steps, k)) < alpha
+    accepted = np.cumprod(accepted_each, axis=1).sum(axis=1)
+    return np.full(steps, k), accepted
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("k", [1, 4])
+def test_alpha_fit_recovers_known_alpha(alpha, k):
+    drafted, accepted = simulate_steps(alpha, k, 3000, seed=int(alpha * 10) + k)
+    fit = fit_alpha(drafted, accepted)
+    assert fit.low <= alpha <= fit.high
+    assert fit.high - fit.low < 0.06
+    # the naive accepted/drafted is biased low for K > 1; the MLE is not
+    if k > 1:
+        assert accepted.sum() / drafted.sum() < fit.low
+
+
+def test_alpha_interval_covers_at_the_nominal_rate():
+    covered = 0
+    for seed in range(200):
+        drafted, accepted = simulate_steps(0.6, 3, 200, seed)
+        fit = fit_alpha(drafted, accepted)
+        covered += fit.low <= 0.6 <= fit.high
+    assert 0.90 <= covered / 200 <= 0.99
+
+
+def test_tau_formula():
+    assert expected_tau(0.0, 4) == pytest.approx(1.0)
+    assert expected_tau(1.0, 4) == pytest.approx(5.0)
+    assert expected_tau(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    drafted, accepted = simulate_steps(0.7, 5, 20000, seed=3)
+    assert (1 + accepted).mean() == pytest.approx(expected_tau(0.7, 5), rel=0.02)
+    mean, variance = tokens_per_step_moments(0.7, 5)
+    assert mean == pytest.approx(expected_tau(0.7, 5))
+    assert variance == pytest.approx((1 + accepted).var(), rel=0.05)
+    assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx(expected_tau(0.8, 4) / 1.4)
+
+
+def test_cost_model_arithmetic():
+    model = CostModel(ar_step={1: 0.020, 4: 0.030}, draft_per_token={("d", 1): 0.002, ("d", 4): 0.003},
+                      verify={(1, 5): 0.025, (4, 5): 0.045}, prefill={1: 0.1, 4: 0.2},
+                      draft_prefill={("d", 1): 0.01, ("d", 4): 0.02}, coverage={"d": 1.0},
+                      step_coverage={}, new_tokens=101)
+    tau = float(expected_tau(0.8, 4))
+    assert model.decode_speedup(0.8, "d", 4, 1) == pytest.approx(tau * 0.020 / (4 * 0.002 + 0.025))
+    assert model.t_ar(2) == pytest.approx(0.025)  # halfway in log2 between B=1 and B=4... at log2(2)=1 of 2
+    # end to end at B=1 (a single row: no tail): prefill + 100 decoded tokens
+    expected = (0.1 + 100 * 0.020) / (0.1 + 0.01 + 100 / tau * (4 * 0.002 + 0.025))
+    assert model.speedup(0.8, "d", 4, 1) == pytest.approx(expected)
+    assert model.speedup(0.8, "d", 4, 4) < model.decode_speedup(0.8, "d", 4, 4)  # slowest-row tail costs
+
+
+def test_crossover():
+    assert crossover([1, 4, 16, 64], [1.8, 1.4, 1.0001, 0.7]).batch_size == pytest.approx(16, rel=0.01)
+    found = crossover([1, 8, 32], [1.5, 1.2, 0.8])
+    assert 8 < found.batch_size < 32 and "between 8 and 32" in found.text
+    assert crossover([1, 8, 32], [1.5, 1.3, 1.1]).batch_size is None
+    assert "not reached up to B = 32" in crossover([1, 8, 32], [1.5, 1.3, 1.1]).text
+    assert "already at B = 1" in crossover([1, 8], [0.9, 0.8]).text
+
+
+def test_k_schedule():
+    assert k_schedule([1, 8, 32, 64], [5, 5, 2, None]) == "{1-8: 5, 9-32: 2, 33+: off}"
+    assert k_schedule([1, 4], [3, 3]) == "{1+: 3}"
+
+
+def test_prices():
+    assert default_gpu_price({"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]})[1] == "H100"
+    assert default_gpu_price({"gpus": [{"name": "NVIDIA H200"}]})[1] == "H200"
+    assert default_gpu_price({"gpus": []})[0] is None
+    assert cost_per_million(1000.0, 3.6) == pytest.approx(1.0)  # 1M tokens = 1000 s = 1/3.6 h
+
+
+# --- crafted runs for the gate ----------------------------------------------------------------
+
+def crafted_run(tmp_path, speedups: dict[tuple[str, int, int], float], name="run"):
+    """cells with the given speed-ups per (draft, K, B), one workload at T=0."""
+    rows = []
+    for b in sorted({b for _, _, b in speedups}):
+        rows.append({"cell_id": f"chat|B{b}|T0|autoregressive", "status": "ok", "mode": "autoregressive",
+                     "workload": "chat", "draft": "autoregressive", "k": 0, "batch_size": b, "temperature": 0.0,
+                     "tokens_per_s": 100.0 * b, "speedup": 1.0})
+    for (draft, k, b), speedup in speedups.items():
+        rows.append({"cell_id": f"chat|B{b}|T0|{draft}|K{k}", "status": "ok", "mode": "speculative",
+                     "workload": "chat", "draft": draft, "k": k, "batch_size": b, "temperature": 0.0,
+                     "tokens_per_s": 100.0 * b * speedup, "speedup": speedup})
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    write_table(run_dir, "cells", pd.DataFrame(rows))
+    write_json(run_dir / "run.json", {"status": "complete", "hardware": {"gpus": []}})
+    return run_dir
+
+
+SPEEDUPS = {("1b", 2, 1): 1.6, ("1b", 4, 1): 1.9, ("1b", 2, 32): 1.1, ("1b", 4, 32): 0.9,
+            ("1b", 2, 64): 0.8, ("1b", 4, 64): 0.6}
+
+
+def test_check_exit_codes(tmp_path):
+    run_dir = crafted_run(tmp_path, SPEEDUPS)
+    assert runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"]).exit_code == 0
+    failing = runner.invoke(app, ["check", str(run_dir)])  # defaults: 32,64
+    assert failing.exit_code == 1
+    assert "B=32: 1.10× (K=2)" in failing.output and "B=64: 0.80× (K=2)" in failing.output
+    assert "{1: 4, 2-32: 2, 33+: off}" in failing.output
+    missing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "128"])
+    assert missing.exit_code == 2 and "measured: 1, 32, 64" in missing.output
+    assert runner.invoke(app, ["check", str(run_dir), "--draft", "8b"]).exit_code == 2
+    assert runner.invoke(app, ["check", str(tmp_path / "nowhere")]).exit_code == 2
+
+
+def test_check_json_and_min_speedup(tmp_path):
+    run_dir = crafted_run(tmp_path, SPEEDUPS)
+    result = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1", "--min-speedup", "2", "--json"])
+    assert result.exit_code == 1
+    payload = json.loads(result.output)
+    assert payload["exit_code"] == 1 and payload["verdicts"][0]["speedups"] == {"1": 1.9}
+
+
+def test_gate_picks_the_best_draft_and_counts_the_worst_workload(tmp_path):
+    cells = pd.read_parquet(crafted_run(tmp_path, {**SPEEDUPS, ("ngram", 3, 32): 1.3, ("ngram", 3, 64): 1.05,
+                                                   ("ngram", 3, 1): 1.2}) / "cells.parquet")
+    result = evaluate(cells, [32, 64])
+    assert result.exit_code == 0 and result.draft == "ngram"
+    code_row = cells[cells["draft"] == "ngram"].iloc[[0]].assign(workload="code", speedup=0.5,
+                                                                 cell_id="code|B32|T0|ngram|K3", batch_size=32)
+    worse = evaluate(pd.concat([cells, code_row]), [32, 64], draft="ngram")
+    assert worse.exit_code == 1

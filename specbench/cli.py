@@ -125,6 +125,13 @@ def sweep(
     dry_run: bool = typer.Option(False, help="Print the plan and exit."),
     download: bool = typer.Option(False, help="Allow downloading models from the hub."),
     trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
+    weights: str = typer.Option("real", help="real, or random: timing-only runs of the real architectures "
+                                             "with random weights (no download), needs --alpha."),
+    alpha: Optional[str] = typer.Option(None, "--alpha", help="With --weights random: acceptance to simulate, comma "
+                                                               "list; 0.8 (i.i.d.) or 0.9/0.8/0.7 (per position)."),
+    target_layers: Optional[int] = typer.Option(None, help="With --weights random: build only this many target "
+                                                           "layers and scale step times to full depth "
+                                                           "(automatic when the target does not fit)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
     from specbench.sweep import SweepConfig
@@ -136,7 +143,9 @@ def sweep(
             temperatures=split_list(temperatures, float, "--temperatures"),
             workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
-            top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code)
+            top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
+            weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
+            target_layers=target_layers)
         config.validate()
     except _known_errors() as error:
         fail(str(error))
@@ -224,6 +233,12 @@ def _print_summary(run_dir: Path) -> None:
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):
         errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {_text(row.get('message'))}", highlight=False)
+    if "load_average" in run.cells and (run.cells["device"] == "cpu").any():
+        cores = os.cpu_count() or 1
+        busy = run.cells[run.cells["load_average"] > 1.5 * cores]
+        if len(busy):
+            errors.print(f"[yellow]warning:[/] the machine was busy (load average above {1.5 * cores:g} on {cores} "
+                         f"cores) during {len(busy)} cell(s); their timings include the other work", highlight=False)
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):

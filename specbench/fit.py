@@ -296,9 +296,19 @@ def predictions(cells: pd.DataFrame, steps: pd.DataFrame, alphas: pd.DataFrame) 
 
 # --- decisions ---------------------------------------------------------------------------------
 
+def label_synthetic(cells: pd.DataFrame) -> pd.DataFrame:
+    """Synthetic-acceptance cells count as their own draft, `draft α=0.8`, everywhere downstream."""
+    if cells.empty or "synthetic_alpha" not in cells:
+        return cells
+    cells = cells.copy()
+    alpha = cells["synthetic_alpha"].fillna("").astype(str)
+    cells["draft"] = [f"{d} α={a}" if a else d for d, a in zip(cells["draft"], alpha)]
+    return cells
+
+
 def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
     """Per (draft, workload, temperature, B): the measured best K and its speed-up."""
-    sd = _ok(cells)
+    sd = _ok(label_synthetic(cells))
     sd = sd[(sd["mode"] != AR) & sd["speedup"].notna()] if not sd.empty else sd
     if sd.empty:
         return pd.DataFrame()

@@ -38,11 +38,12 @@ class CausalLM:
     def wrap(cls, model: "CausalLM | torch.nn.Module") -> "CausalLM":
         return model if isinstance(model, CausalLM) else cls.from_hf(model)
 
-    def truncated(self, num_layers: int) -> "CausalLM":
+    def truncated(self, num_layers: int, allow_zero: bool = False) -> "CausalLM":
         """The first `num_layers` decoder layers with the final norm and head: an early-exit
-        draft sharing every weight with this model (no extra memory)."""
+        draft sharing every weight with this model (no extra memory). Zero layers (embedding,
+        norm and head only) serves timing estimates."""
         total = self.config.num_hidden_layers
-        if not 1 <= num_layers < total:
+        if not (0 if allow_zero else 1) <= num_layers < total:
             raise ValueError(f"self-draft needs 1 <= N < {total} layers (the target has {total}), got {num_layers}")
         config = copy.deepcopy(self.config)
         config.num_hidden_layers = num_layers

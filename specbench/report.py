@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
-    AR, alpha_table, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, expected_tau, predictions,
+    AR, alpha_table, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, expected_tau,
+    label_synthetic, predictions,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -46,9 +47,8 @@ class Analysis:
 
 def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
     cells = run.cells[run.cells["status"] == "ok"].copy() if not run.cells.empty else run.cells
-    if "synthetic" in cells:
-        cells = cells[~cells["synthetic"].fillna(False).astype(bool)]
-    alphas = alpha_table(cells, run.steps)
+    alphas = alpha_table(cells, run.steps)  # real acceptance only: synthetic cells are excluded there
+    cells = label_synthetic(cells)
     predicted = predictions(cells, run.steps, alphas) if not alphas.empty else pd.DataFrame()
     price, note = (gpu_price, "price given") if gpu_price is not None else default_gpu_price(run.meta.get("hardware", {}))
     unit = "$ per 1M tokens" if price is not None else "device-hours per 1M tokens"
@@ -136,7 +136,7 @@ def chart_tau(a: Analysis, path: Path) -> None:
             measured = group.groupby("k")["tau"].mean()
             ax.plot(measured.index, measured.values, "o", color=color, label=f"{workload} T={temperature:g} measured")
             fit = a.alphas[(a.alphas["draft"] == draft) & (a.alphas["workload"] == workload)
-                           & (a.alphas["temperature"] == temperature)]
+                           & (a.alphas["temperature"] == temperature)] if not a.alphas.empty else []
             if len(fit):
                 alpha = float(fit["alpha_iid"].iloc[0])
                 ax.plot(grid, expected_tau(alpha, grid), "-", color=color, alpha=0.7, label=f"fit α={alpha:.2f}")
@@ -187,7 +187,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
         rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]), axis=0)
         positions = np.arange(1, len(rates) + 1)
         ax.plot(positions, rates, "o-", color=f"C{n}", label=f"{draft} measured")
-        fit = a.alphas[a.alphas["draft"] == draft]
+        fit = a.alphas[a.alphas["draft"] == draft] if not a.alphas.empty else []
         if len(fit):
             alpha = float(np.average(fit["alpha_iid"], weights=fit["accepted"] + fit["rejections"]))
             ax.plot(positions, alpha ** positions, "--", color=f"C{n}", label=f"{draft} α^i, α={alpha:.2f}")
@@ -322,7 +322,11 @@ def chart_predicted(a: Analysis, path: Path) -> None:
     ax.set_xlabel("measured speed-up (×)")
     ax.set_ylabel("predicted speed-up (×)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if p.empty:
+        ax.text(0.5, 0.5, "no real-acceptance cells to predict\n(timing-only run: α is simulated)",
+                ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=7)
     fig.suptitle(CHARTS["predicted_vs_measured"], fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -400,6 +404,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     hardware = meta.get("hardware", {})
     gpu = ", ".join(g["name"] for g in hardware.get("gpus", [])) or "no GPU"
     title = f"specbench: {config.get('target', '?')} on {gpu} / {hardware.get('cpu', '?')}"
+    if meta.get("synthetic"):
+        title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,10 +23,14 @@ from specbench.forward import CausalLM
 from specbench.measure import PeakMemory, acceptance_summary, percentiles, phase_times, request_rows, step_rows
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, default_dtype, family_of, load_model,
-    parse_draft_spec, parse_dtype, resolve_model,
+    lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
 from specbench.results import hardware_info, new_run_dir, now_iso, versions, write_json, write_table
 from specbench.sampling import SamplingParams
+from specbench.synthetic import (
+    LayerScaler, alpha_label, build_random_model, config_parameters, expected_acceptance, layers_that_fit,
+    parse_alpha, rescale_result, shipped_config, synthetic_acceptance,
+)
 from specbench.workloads import Workload, encode_prompt, load_workload
 
 AR = "autoregressive"
@@ -51,6 +56,13 @@ class SweepConfig:
     warmup: bool = True
     allow_download: bool = False
     trust_remote_code: bool = False
+    weights: str = "real"  # "random": timing-only, architectures from shipped configs
+    alphas: list[str] = field(default_factory=list)  # synthetic acceptance profiles (random weights)
+    target_layers: int | None = None  # random weights: build only this many target layers, scale
+
+    @property
+    def synthetic(self) -> bool:
+        return self.weights == "random"
 
     def validate(self) -> None:
         """One-line errors for bad input, before anything loads."""
@@ -79,6 +91,18 @@ class SweepConfig:
             raise ValueError(f"--device must be cpu or cuda[:N], got {self.device}")
         for draft in self.drafts:
             parse_draft_spec(draft)
+        if self.weights not in ("real", "random"):
+            raise ValueError(f"--weights must be real or random, got {self.weights!r}")
+        if self.synthetic and not self.alphas:
+            raise ValueError("--weights random needs --alpha (acceptance rates to simulate, e.g. 0.6,0.8)")
+        if self.alphas and not self.synthetic:
+            raise ValueError("--alpha simulates acceptance and needs --weights random")
+        if len(set(self.alphas)) != len(self.alphas):
+            raise ValueError(f"--alpha repeats a value: {self.alphas}")
+        for alpha in self.alphas:
+            parse_alpha(alpha)
+        if self.target_layers is not None and (self.target_layers < 1 or not self.synthetic):
+            raise ValueError("--target-layers must be >= 1 and needs --weights random")
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,7 @@ class Cell:
     temperature: float
     draft: str = AR
     k: int = 0
+    alpha: str = ""  # synthetic acceptance profile ("" = real acceptance)
 
     @property
     def group(self) -> str:
@@ -96,7 +121,9 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{self.group}|{AR}" if self.draft == AR else f"{self.group}|{self.draft}|K{self.k}"
+        if self.draft == AR:
+            return f"{self.group}|{AR}"
+        return f"{self.group}|{self.draft}|K{self.k}" + (f"|a{self.alpha}" if self.alpha else "")
 
     @property
     def is_speculative(self) -> bool:
@@ -113,7 +140,8 @@ def plan_cells(config: SweepConfig) -> list[Cell]:
                 cells.append(Cell(workload, batch_size, temperature))
                 for draft in config.drafts:
                     for k in config.ks:
-                        cells.append(Cell(workload, batch_size, temperature, draft, k))
+                        for alpha in config.alphas or [""]:
+                            cells.append(Cell(workload, batch_size, temperature, draft, k, alpha))
     return cells
 
 
@@ -138,6 +166,9 @@ class Models:
     drafts: dict[str, DraftSpec]
     draft_models: dict[str, LoadedModel]  # by draft label, for kind "model"
     errors: dict[str, str]  # drafts that could not be set up: label -> message
+    synthetic: bool = False
+    target_scaler: LayerScaler | None = None  # set when only a layer subset of the target was built
+    draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
 
     def drafter(self, label: str) -> Drafter:
         spec = self.drafts[label]
@@ -151,17 +182,90 @@ class Models:
 def preflight(config: SweepConfig) -> None:
     """Everything checkable without loading weights: grid values, model references, workloads."""
     config.validate()
+    for workload in config.workloads:
+        load_workload(workload)
+    if config.synthetic:
+        target_alias, _ = shipped_config(config.target)
+        family = lookup_alias(target_alias).family
+        for draft in config.drafts:
+            spec = parse_draft_spec(draft)
+            if spec.kind == "model":
+                shipped_config(spec.model, family)
+        return
     target = resolve_model(config.target, allow_download=config.allow_download)
     family = target.spec.family if target.spec else None
     for draft in config.drafts:
         spec = parse_draft_spec(draft)
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
-    for workload in config.workloads:
-        load_workload(workload)
+
+
+def _memory_budget(device: str) -> float:
+    """Bytes of weights this run may place: most of the free device memory, or of the free RAM."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free * 0.8
+    import psutil
+
+    return psutil.virtual_memory().available * 0.6
+
+
+def _context_estimate(config: SweepConfig) -> int:
+    return 96 + config.max_new_tokens // 2
+
+
+def load_random_models(config: SweepConfig) -> Models:
+    """Targets and drafts from the shipped configs with random weights; when the target does not
+    fit, only its first layers (timings scaled to full depth by a LayerScaler)."""
+    import time
+
+    from specbench.models import ResolvedModel, load_tokenizer
+
+    started = time.perf_counter()
+    dtype = parse_dtype(config.dtype) if config.dtype else default_dtype(config.device)
+    target_alias, target_config = shipped_config(config.target)
+    family = lookup_alias(target_alias).family
+    bytes_per = torch.finfo(dtype).bits // 8
+    drafts, draft_sizes = {}, {}
+    for label in config.drafts:
+        spec = parse_draft_spec(label)
+        drafts[label] = spec
+        if spec.kind == "model":
+            draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
+            alias, draft_config = shipped_config(spec.model, family)
+            draft_sizes[label] = (alias, draft_config, draft_dtype,
+                                  config_parameters(draft_config) * (torch.finfo(draft_dtype).bits // 8))
+    budget = _memory_budget(config.device)
+    draft_budget = sum(size for *_, size in draft_sizes.values())
+    layers = config.target_layers
+    if layers is None and config_parameters(target_config) * bytes_per + draft_budget > budget:
+        layers = layers_that_fit(target_config, dtype, max(budget - min(draft_budget, budget * 0.4), 0))
+    target = build_random_model(target_alias, dtype, config.device, num_layers=layers, seed=config.seed)
+    try:
+        tokenizer = load_tokenizer(DEFAULT_TARGET)  # a proxy for prompt lengths; the ids are timing-only
+    except Exception:
+        tokenizer = None
+    context = _context_estimate(config)
+    target_scaler = LayerScaler(target.model, target.full_layers, context) if target.is_subset else None
+    draft_models, draft_scalers = {}, {}
+    share = (budget - target.model.parameter_bytes()) / max(1, len(draft_sizes))
+    for seed, (label, (alias, draft_config, draft_dtype, size)) in enumerate(draft_sizes.items(), start=1):
+        draft_layers = None if size <= share else layers_that_fit(draft_config, draft_dtype, share)
+        built = build_random_model(alias, draft_dtype, config.device, num_layers=draft_layers, seed=config.seed + seed)
+        if built.is_subset:
+            draft_scalers[label] = LayerScaler(built.model, built.full_layers, context)
+        draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
+                                                                                 "random weights"), 0.0)
+    loaded = LoadedModel(target.model, tokenizer,
+                         ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
+                         time.perf_counter() - started)
+    return Models(loaded, drafts, draft_models, {}, synthetic=True, target_scaler=target_scaler,
+                  draft_scalers=draft_scalers)
 
 
 def load_models(config: SweepConfig) -> Models:
+    if config.synthetic:
+        return load_random_models(config)
     dtype = parse_dtype(config.dtype) if config.dtype else default_dtype(config.device)
     target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
                         trust_remote_code=config.trust_remote_code)
@@ -229,8 +333,18 @@ class CellOutcome:
 
 def _generate(models: Models, cell: Cell, drafter: Drafter | None, prompts, config: GenerationConfig) -> GenerationResult:
     if drafter is None:
-        return generate_autoregressive(models.target.model, prompts, config)
-    return generate_speculative(models.target.model, drafter, prompts, config, cell.k)
+        result = generate_autoregressive(models.target.model, prompts, config)
+    elif cell.alpha:
+        result = generate_speculative(models.target.model, drafter, prompts, config, cell.k,
+                                      accept=synthetic_acceptance(parse_alpha(cell.alpha)))
+    else:
+        result = generate_speculative(models.target.model, drafter, prompts, config, cell.k)
+    draft_scaler = models.draft_scalers.get(cell.draft)
+    if models.target_scaler is not None or draft_scaler is not None:
+        unit = lambda batch, tokens: 1.0  # noqa: E731
+        result = rescale_result(result, models.target_scaler.factor if models.target_scaler else unit,
+                                draft_scaler.factor if draft_scaler else None)
+    return result
 
 
 def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str], config: SweepConfig) -> CellOutcome:
@@ -291,7 +405,13 @@ def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: l
         "target_kv_cache_bytes": max(r.kv_cache_bytes for r in results),
         "draft_param_bytes": 0, "draft_kv_cache_bytes": 0, "draft_memory_bytes": 0,
         "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
-        "synthetic": False,
+        # Another busy process on the machine inflates every timing: recorded so it shows.
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+        "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
+        "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
+        "target_layers_built": models.target.model.config.num_hidden_layers,
+        "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
+        models.target.model.config.num_hidden_layers,
     }
     if drafter is not None:
         summary = acceptance_summary(results, cell.k)
@@ -302,7 +422,22 @@ def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: l
             "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
             "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,
         })
+        if cell.alpha:
+            row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(parse_alpha(cell.alpha), cell.k)
     return CellOutcome(row, request_table, step_table, outputs)
+
+
+def _prompt_ids(record, models: Models, config: SweepConfig) -> list[int]:
+    """Token ids of a prompt; with random weights only their number matters (a proxy tokenizer
+    measures it, or 4 characters a token), and they are kept inside the target's vocabulary."""
+    tokenizer = models.target.tokenizer
+    if tokenizer is not None:
+        ids = encode_prompt(record, tokenizer, config.chat_template)
+    else:
+        ids = [ord(c) for c in record.text[::4]]
+    if models.synthetic:
+        ids = [i % models.target.model.vocab_size for i in ids]
+    return ids
 
 
 def _failure_row(cell: Cell, status: str, message: str) -> dict:
@@ -396,7 +531,7 @@ def run_sweep(
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
             "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
-            "synthetic": False}
+            "synthetic": config.synthetic}
     previous = run_dir / "run.json"
     if resume_dir and previous.exists():
         import json
@@ -405,8 +540,17 @@ def run_sweep(
     write_json(run_dir / "run.json", meta)
 
     models = load_models(config)
-    on_event(SweepEvent("loaded", message=f"target {models.target.name} from {models.target.resolved.source} "
-                                          f"({models.target.load_s:.1f}s)"))
+    message = f"target {models.target.name} from {models.target.resolved.source} ({models.target.load_s:.1f}s)"
+    if models.synthetic:
+        message += ("; TIMING-ONLY: random weights, synthetic acceptance at α = " + ", ".join(config.alphas))
+        scaled = [f"target {models.target_scaler.built_layers}/{models.target_scaler.full_layers} layers"] \
+            if models.target_scaler else []
+        scaled += [f"{label} {s.built_layers}/{s.full_layers} layers" for label, s in models.draft_scalers.items()]
+        if scaled:
+            message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
+        meta["estimated"] = bool(scaled)
+        write_json(run_dir / "run.json", meta)
+    on_event(SweepEvent("loaded", message=message))
     cells = plan_cells(config)
     done = tables.finished_ids()
     workloads: dict[str, Workload] = {name: load_workload(name) for name in config.workloads}
@@ -421,8 +565,7 @@ def run_sweep(
             if cell.group not in encoded:
                 count = requests_per_cell(config, cell.batch_size)
                 records = workloads[cell.workload].sample(count, config.seed)
-                encoded[cell.group] = ([encode_prompt(r, models.target.tokenizer, config.chat_template) for r in records],
-                                       [r.id for r in records])
+                encoded[cell.group] = ([_prompt_ids(r, models, config) for r in records], [r.id for r in records])
             prompts, prompt_ids = encoded[cell.group]
             oom_key = (cell.workload, cell.temperature, cell.draft, cell.k)
             oom_ar = out_of_memory_at.get((cell.workload, cell.temperature, AR, 0))
@@ -437,6 +580,8 @@ def run_sweep(
                 row = outcome.row
                 if not cell.is_speculative:
                     baselines[cell.id] = outcome.outputs
+                elif models.synthetic:
+                    row["lossless"] = "n/a (synthetic)"
                 elif cell.temperature == 0:
                     baseline_id = Cell(cell.workload, cell.batch_size, cell.temperature).id
                     expected = baselines.get(baseline_id) or tables.baseline_outputs(baseline_id)

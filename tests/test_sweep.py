@@ -20,7 +20,8 @@ CELL_COLUMNS = [
     "draft_prefill_s", "peak_memory_bytes",
     "memory_kind", "target_param_bytes", "target_kv_cache_bytes", "draft_param_bytes", "draft_kv_cache_bytes",
     "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
-    "lossless_detail", "speedup", "baseline_tokens_per_s", "device", "dtype", "synthetic",
+    "lossless_detail", "speedup", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
+    "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full",
 ]
 REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
                    "e2e_s", "tpot_s", "itl_s", "tokens"]

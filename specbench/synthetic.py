@@ -1,0 +1,218 @@
+"""Timing without the weights: real architectures with random weights, acceptance at a chosen rate.
+
+Step times depend on shapes, dtype, batch size and context length, not on weight values; the
+acceptance rate depends on the models and the data, not on the hardware. So a model built from
+its config with random weights runs the same kernels in the same time as the real one, and
+`synthetic_acceptance` replaces the accept/reject decision (meaningless between random models)
+by draws at a chosen rate. The loop does exactly the work a real run would at that rate:
+the same drafting, verification and cache rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from specbench.drafters import Proposal
+from specbench.forward import CausalLM
+from specbench.models import REGISTRY, ModelNotAvailable, lookup_alias
+from specbench.rejection import Acceptance
+from specbench.sampling import SamplingParams
+
+
+def shipped_config(alias: str, family: str | None = None) -> tuple[str, dict]:
+    """(alias, config dict) of a registry model, shipped with specbench (no download)."""
+    spec = lookup_alias(alias, family)
+    if spec is None:
+        raise ModelNotAvailable(f"--weights random needs a registry alias (got {alias!r}); aliases: "
+                                f"{', '.join(sorted(REGISTRY))}")
+    text = resources.files("specbench").joinpath("configs", f"{spec.alias}.json").read_text()
+    return spec.alias, json.loads(text)
+
+
+def config_parameters(config: dict, num_layers: int | None = None) -> int:
+    """Parameter count of a Llama/Qwen2-style config (embeddings counted once when tied)."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads, head_dim = config["num_key_value_heads"], config.get("head_dim") or hidden // heads
+    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
+    if config["model_type"] == "qwen2":
+        attention += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
+    layer = attention + 3 * hidden * config["intermediate_size"] + 2 * hidden
+    embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    layers = config["num_hidden_layers"] if num_layers is None else num_layers
+    return layers * layer + embeddings + hidden
+
+
+@dataclass
+class RandomModel:
+    model: CausalLM
+    alias: str
+    full_layers: int  # the real model's depth
+    built_layers: int  # the depth actually built (fewer when only a subset fits)
+
+    @property
+    def is_subset(self) -> bool:
+        return self.built_layers < self.full_layers
+
+
+def build_random_model(alias: str, dtype: torch.dtype, device: str, family: str | None = None,
+                       num_layers: int | None = None, seed: int = 0) -> RandomModel:
+    """The architecture of `alias` with random weights (N(0, 0.02)), optionally only its first
+    `num_layers` decoder layers (plus embedding and head)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name, raw = shipped_config(alias, family)
+    config = AutoConfig.for_model(**raw)
+    full = config.num_hidden_layers
+    if num_layers is not None:
+        config.num_hidden_layers = max(1, min(num_layers, full))
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for module_name, parameter in model.named_parameters():
+            if "norm" in module_name:
+                parameter.fill_(1.0)
+            elif module_name.endswith("bias"):
+                parameter.zero_()
+            else:
+                parameter.normal_(0.0, 0.02, generator=generator)
+    # Buffers (rotary inverse frequencies) are not parameters: rebuild that module for real.
+    decoder = model.get_decoder()
+    decoder.rotary_emb = type(decoder.rotary_emb)(config=model.config).to(device)
+    model.tie_weights()
+    model.eval()
+    return RandomModel(CausalLM.from_hf(model, name=f"{name} (random weights)"), name, full, config.num_hidden_layers)
+
+
+def layers_that_fit(config: dict, dtype: torch.dtype, budget_bytes: float, minimum: int = 2) -> int:
+    """The most decoder layers (of config's) whose weights fit in `budget_bytes`."""
+    bytes_per = torch.finfo(dtype).bits // 8
+    head = config_parameters(config, 0) * bytes_per
+    per_layer = (config_parameters(config, 1) - config_parameters(config, 0)) * bytes_per
+    return max(minimum, min(config["num_hidden_layers"], int((budget_bytes - head) // per_layer)))
+
+
+# --- acceptance at a chosen rate ---------------------------------------------------------------
+
+def parse_alpha(text: str) -> tuple[float, ...]:
+    """"0.8" (i.i.d.) or "0.9/0.8/0.7" (per position: the probability that position i is
+    accepted given that positions before it were; the last value repeats)."""
+    try:
+        values = tuple(float(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--alpha: {text!r} is not a number or a / separated profile") from None
+    if not values or any(not 0 <= v <= 1 or math.isnan(v) for v in values):
+        raise ValueError(f"--alpha values must be in [0, 1], got {text!r}")
+    return values
+
+
+def alpha_label(profile: tuple[float, ...]) -> str:
+    return "/".join(f"{v:g}" for v in profile)
+
+
+def expected_acceptance(profile: tuple[float, ...], k: int) -> tuple[float, float]:
+    """(accepted / drafted, tau) that `profile` gives at K drafts per step."""
+    reach = 1.0
+    accepted = 0.0
+    for position in range(k):
+        reach *= profile[min(position, len(profile) - 1)]
+        accepted += reach
+    return accepted / k, 1 + accepted
+
+
+def synthetic_acceptance(profile: tuple[float, ...]):
+    """An AcceptFn for `generate_speculative` that keeps position i with probability
+    profile[i] until the first rejection; the next token is the target's argmax there."""
+
+    def accept(proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams,
+               generator: torch.Generator | None) -> Acceptance:
+        batch_size, positions = target_logits.shape[0], target_logits.shape[1] - 1
+        rates = torch.tensor([profile[min(i, len(profile) - 1)] for i in range(positions)],
+                             device=target_logits.device)
+        uniform = torch.rand((batch_size, positions), generator=generator, device=target_logits.device)
+        drafted = torch.arange(positions, device=target_logits.device)[None, :] < proposal.lengths[:, None]
+        keep = (uniform < rates[None, :]) & drafted
+        accepted = keep.long().cumprod(dim=-1).sum(dim=-1)
+        rows = torch.arange(batch_size, device=target_logits.device)
+        return Acceptance(accepted, target_logits[rows, accepted].argmax(dim=-1))
+
+    return accept
+
+
+# --- models larger than the device: time a layer subset, scale by depth -------------------------
+
+class LayerScaler:
+    """Estimates a full-depth model's forward time from a subset of its layers.
+
+    A forward costs embedding + final norm + head (T0) plus the decoder layers; the subset's
+    layer part (T_sub - T0) scales with depth: T_full = T0 + (T_sub - T0) * full / built. T0 and
+    T_sub are timed as bare forwards at each (batch, tokens) shape the run uses."""
+
+    def __init__(self, model: CausalLM, full_layers: int, context: int, repeats: int = 5) -> None:
+        self.model = model
+        self.full_layers = full_layers
+        self.built_layers = model.config.num_hidden_layers
+        self.context = context
+        self.repeats = repeats
+        self.head_only = model.truncated(0, allow_zero=True)
+        self._factors: dict[tuple[int, int], float] = {}
+
+    def _time(self, model: CausalLM, batch: int, tokens: int) -> float:
+        from specbench.engine import _Clock
+
+        clock = _Clock(model.device)
+        ids = torch.zeros((batch, tokens), dtype=torch.long, device=model.device)
+        samples = []
+        with torch.inference_mode():
+            for attempt in range(self.repeats + 1):
+                cache = model.new_cache(batch, self.context + tokens)
+                cache.set_lengths([self.context] * batch)
+                started = clock.now()
+                model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
+                if attempt:  # the first is warm-up
+                    samples.append(clock.now() - started)
+        return float(sorted(samples)[len(samples) // 2])
+
+    def factor(self, batch: int, tokens: int) -> float:
+        key = (batch, tokens)
+        if key not in self._factors:
+            subset = self._time(self.model, batch, tokens)
+            head = min(self._time(self.head_only, batch, tokens), subset)
+            full = head + (subset - head) * self.full_layers / self.built_layers
+            self._factors[key] = full / subset
+        return self._factors[key]
+
+
+def rescale_result(result, target_factor, draft_factor=None):
+    """A GenerationResult whose target phases (prefill, verify) and, if given, draft phases are
+    multiplied by the estimated full-depth factors, with the timeline (emission times, step
+    ends) rebuilt from the scaled phases."""
+    import dataclasses
+
+    batch = len(result.tokens)
+    prompt = max(result.prompt_lengths)
+    clock = result.prefill_s * target_factor(batch, prompt)
+    emission = [[clock] for _ in result.tokens]
+    prefill = clock
+    draft_prefill = result.draft_prefill_s * (draft_factor(batch, prompt) if draft_factor and result.draft_prefill_s else 1.0)
+    clock += draft_prefill
+    steps = []
+    for step in result.steps:
+        rows = len(step.request_ids)
+        draft_s = step.draft_s * (draft_factor(rows, 1) if draft_factor and step.draft_s else 1.0)
+        verify_s = step.verify_s * target_factor(rows, step.verify_tokens)
+        clock += draft_s + verify_s
+        for request, count in zip(step.request_ids, step.emitted):
+            emission[request].extend([clock] * count)
+        clock += step.overhead_s
+        steps.append(dataclasses.replace(step, draft_s=draft_s, verify_s=verify_s, end_s=clock))
+    emission = [times[: len(tokens)] for times, tokens in zip(emission, result.tokens)]
+    return dataclasses.replace(result, emission_s=emission, steps=steps, prefill_s=prefill,
+                               draft_prefill_s=draft_prefill, total_s=clock)

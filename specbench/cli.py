@@ -198,7 +198,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     total = len(plan_cells(config))
     task = progress.add_task("loading models", total=total)
     finished: list[dict] = []
-    live = Live(Group(progress), console=console, refresh_per_second=4, transient=False)
+    live = Live(Group(progress), console=console, refresh_per_second=4, transient=True)
 
     def on_event(event) -> None:
         if event.kind == "loaded":

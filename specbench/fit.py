@@ -322,18 +322,39 @@ class Crossover:
     text: str
 
 
+def _crossing(b0: int, s0: float, b1: int, s1: float, threshold: float) -> float:
+    fraction = (s0 - threshold) / (s0 - s1)
+    return 2 ** (math.log2(b0) + fraction * (math.log2(b1) - math.log2(b0)))
+
+
 def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 1.0) -> Crossover:
+    """B*: where the best speed-up falls from >= threshold to below it, interpolated in log2 B.
+    The text also says where speculation starts paying when it is below at small batches (on a
+    compute-bound CPU, say, it can improve with batch size)."""
     points = sorted(zip(batch_sizes, speedups))
     if not points:
         return Crossover(None, "no data")
-    if points[0][1] < threshold:  # no crossing to locate: B* is at or below the smallest B
-        return Crossover(None, f"below {threshold:g}× already at B = {points[0][0]}")
+    rises, falls = [], []
     for (b0, s0), (b1, s1) in zip(points, points[1:]):
-        if s0 >= threshold > s1:
-            fraction = (s0 - threshold) / (s0 - s1)
-            at = 2 ** (math.log2(b0) + fraction * (math.log2(b1) - math.log2(b0)))
-            return Crossover(at, f"B* ≈ {at:.1f} (between {b0} and {b1})")
-    return Crossover(None, f"not reached up to B = {points[-1][0]}")
+        if s0 < threshold <= s1:
+            rises.append((_crossing(b0, s0, b1, s1, threshold), b0, b1))
+        elif s0 >= threshold > s1:
+            falls.append((_crossing(b0, s0, b1, s1, threshold), b0, b1))
+    parts = []
+    if points[0][1] < threshold:
+        parts.append(f"below {threshold:g}× at B = {points[0][0]}")
+    if rises:
+        at, b0, b1 = rises[0]
+        parts.append(f"≥ {threshold:g}× from B ≈ {at:.1f} (between {b0} and {b1})")
+    if falls:
+        at, b0, b1 = falls[-1]
+        parts.append(f"B* ≈ {at:.1f} (between {b0} and {b1})")
+        return Crossover(at, "; ".join(parts))
+    if points[-1][1] >= threshold:
+        parts.append(f"no slowdown up to B = {points[-1][0]}")
+    elif not rises:
+        parts[-1] = f"below {threshold:g}× at every measured B (up to {points[-1][0]})" if len(points) > 1 else parts[-1]
+    return Crossover(None, "; ".join(parts))
 
 
 def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame:

@@ -21,7 +21,7 @@ from specbench.drafters import Proposal
 from specbench.forward import CausalLM
 from specbench.models import REGISTRY, ModelNotAvailable, lookup_alias
 from specbench.rejection import Acceptance
-from specbench.sampling import SamplingParams
+from specbench.sampling import SamplingParams, logits_to_probs, sample_from_probs
 
 
 def shipped_config(alias: str, family: str | None = None) -> tuple[str, dict]:
@@ -141,7 +141,11 @@ def synthetic_acceptance(profile: tuple[float, ...]):
         keep = (uniform < rates[None, :]) & drafted
         accepted = keep.long().cumprod(dim=-1).sum(dim=-1)
         rows = torch.arange(batch_size, device=target_logits.device)
-        return Acceptance(accepted, target_logits[rows, accepted].argmax(dim=-1))
+        if params.greedy:
+            return Acceptance(accepted, target_logits[rows, accepted].argmax(dim=-1))
+        # The same warping and sampling work as the real rejection sampler does.
+        probs = logits_to_probs(target_logits, params)
+        return Acceptance(accepted, sample_from_probs(probs[rows, accepted], generator))
 
     return accept
 

@@ -77,8 +77,12 @@ def test_crossover():
     found = crossover([1, 8, 32], [1.5, 1.2, 0.8])
     assert 8 < found.batch_size < 32 and "between 8 and 32" in found.text
     assert crossover([1, 8, 32], [1.5, 1.3, 1.1]).batch_size is None
-    assert "not reached up to B = 32" in crossover([1, 8, 32], [1.5, 1.3, 1.1]).text
-    assert "already at B = 1" in crossover([1, 8], [0.9, 0.8]).text
+    assert "no slowdown up to B = 32" in crossover([1, 8, 32], [1.5, 1.3, 1.1]).text
+    assert "below 1× at every measured B" in crossover([1, 8], [0.9, 0.8]).text
+    rising = crossover([1, 4], [0.9, 1.3])  # a compute-bound CPU: speculation pays at larger batches
+    assert rising.batch_size is None and "≥ 1× from B ≈" in rising.text
+    hump = crossover([1, 4, 16, 64], [0.9, 1.2, 1.1, 0.8])
+    assert 16 < hump.batch_size < 64 and "from B ≈" in hump.text
 
 
 def test_k_schedule():
@@ -123,7 +127,7 @@ def test_check_exit_codes(tmp_path):
     failing = runner.invoke(app, ["check", str(run_dir)])  # defaults: 32,64
     assert failing.exit_code == 1
     assert "B=32: 1.10× (K=2)" in failing.output and "B=64: 0.80× (K=2)" in failing.output
-    assert "{1: 4, 2-32: 2, 33+: off}" in failing.output
+    assert "{1: 4, 2-32: 2, 33+: off}" in failing.output and "B* ≈" in failing.output
     missing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "128"])
     assert missing.exit_code == 2 and "measured: 1, 32, 64" in missing.output
     assert runner.invoke(app, ["check", str(run_dir), "--draft", "8b"]).exit_code == 2

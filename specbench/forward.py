@@ -28,11 +28,14 @@ class CausalLM:
         self.attention = getattr(config, "_attn_implementation", None) or "sdpa"
         # Set when draft and target share a tokenizer but pad their output layers differently.
         self.vocab_limit: int | None = None
+        self.hf_model: torch.nn.Module | None = None  # the transformers model, when built from one
 
     @classmethod
     def from_hf(cls, model: torch.nn.Module, name: str = "") -> "CausalLM":
         model.eval()
-        return cls(model.get_decoder(), model.get_output_embeddings(), model.config, name=name)
+        wrapped = cls(model.get_decoder(), model.get_output_embeddings(), model.config, name=name)
+        wrapped.hf_model = model
+        return wrapped
 
     @classmethod
     def wrap(cls, model: "CausalLM | torch.nn.Module") -> "CausalLM":

@@ -1,0 +1,214 @@
+"""specbench's engine side by side with transformers, and against the speed-up bound.
+
+One run, same machine, models, prompts, K and max_new_tokens:
+- autoregressive, batch 1: specbench vs transformers `generate` (greedy);
+- speculative, batch 1: specbench vs assisted generation (`assistant_model`, constant schedule of
+  K tokens, confidence threshold off) and specbench's n-gram drafter vs `prompt_lookup_num_tokens`;
+- efficiency: measured speed-up over tau * T_ar / (K T_draft + T_verify(K+1)), all three times
+  measured here as bare forward passes; plus Leviathan's (1 - a^(K+1)) / ((1 - a)(K c + 1));
+- speculative at batch 4 and 16 (transformers has no batched assisted generation) against
+  specbench's own baseline.
+Medians over repeats, warm-up excluded. Writes benchmarks/RESULTS.md. Not part of the tests:
+
+    python benchmarks/compare_transformers.py [--repeats 3] [--max-new-tokens 64] [--k 4] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from specbench.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specbench.engine import GenerationConfig, _Clock, generate_autoregressive, generate_speculative  # noqa: E402
+from specbench.fit import expected_tau, fit_alpha, leviathan_speedup  # noqa: E402
+from specbench.models import load_model, parse_dtype  # noqa: E402
+from specbench.results import hardware_info, versions  # noqa: E402
+from specbench.workloads import encode_prompt, load_workload  # noqa: E402
+
+
+def median_time(run, repeats: int, synchronize) -> float:
+    run()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        synchronize()
+        started = time.perf_counter()
+        run()
+        synchronize()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def bare_forward_time(model, batch: int, tokens: int, context: int, repeats: int) -> float:
+    """A target or draft forward of `tokens` new positions per row over `context` cached ones."""
+    clock = _Clock(model.device)
+    ids = torch.randint(0, model.vocab_size, (batch, tokens), device=model.device)
+    samples = []
+    with torch.inference_mode():
+        for attempt in range(repeats + 2):
+            cache = model.new_cache(batch, context + tokens)
+            cache.set_lengths([context] * batch)
+            started = clock.now()
+            model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
+            if attempt >= 2:
+                samples.append(clock.now() - started)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--draft", default="smollm2-135m@bf16")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=4, help="batch-1 prompts, timed one after another")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    args = parser.parse_args()
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    target = load_model(args.target, args.device, dtype)
+    draft_ref, _, draft_dtype = args.draft.partition("@")
+    draft = load_model(draft_ref, args.device, parse_dtype(draft_dtype) if draft_dtype else dtype)
+    hf_target = _parent_model(target)
+    hf_draft = _parent_model(draft)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+    records = load_workload("chat").sample(max(args.prompts, 16), seed=0)
+    prompts = [encode_prompt(r, target.tokenizer) for r in records]
+    single = prompts[: args.prompts]
+    n, k = args.max_new_tokens, args.k
+    config = GenerationConfig(max_new_tokens=n)
+    tokens_total = n * len(single)
+    rows: list[tuple[str, float, float, str]] = []  # label, specbench tok/s, reference tok/s, note
+
+    def per_prompt(fn):
+        return lambda: [fn(p) for p in single]
+
+    def hf_generate(**extra):
+        def run(prompt):
+            ids = torch.tensor([prompt], device=target.model.device)
+            return target_generate(hf_target, ids, n, **extra)
+        return run
+
+    # --- autoregressive, batch 1
+    ours_ar = median_time(per_prompt(lambda p: generate_autoregressive(target.model, [p], config)), args.repeats, sync)
+    theirs_ar = median_time(per_prompt(hf_generate()), args.repeats, sync)
+    same = all(generate_autoregressive(target.model, [p], config).tokens[0] == hf_generate()(p) for p in single)
+    rows.append(("autoregressive, B=1", tokens_total / ours_ar, tokens_total / theirs_ar,
+                 f"transformers generate; same tokens: {same}"))
+
+    # --- speculative with the draft model, batch 1
+    drafter = ModelDrafter(draft.model, name=args.draft)
+    ours_sd = median_time(per_prompt(lambda p: generate_speculative(target.model, drafter, [p], config, k)),
+                          args.repeats, sync)
+    assisted = hf_generate(assistant_model=hf_draft, num_assistant_tokens=k,
+                           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    theirs_sd = median_time(per_prompt(assisted), args.repeats, sync)
+    rows.append((f"speculative {args.draft}, K={k}, B=1", tokens_total / ours_sd, tokens_total / theirs_sd,
+                 "transformers assisted generation (constant schedule)"))
+
+    # --- n-gram prompt lookup, batch 1 (transformers matches up to 2-grams by default)
+    ngram = NGramDrafter(max_ngram=2)
+    ours_ng = median_time(per_prompt(lambda p: generate_speculative(target.model, ngram, [p], config, k)),
+                          args.repeats, sync)
+    theirs_ng = median_time(per_prompt(hf_generate(prompt_lookup_num_tokens=k)), args.repeats, sync)
+    rows.append((f"n-gram (max 2-gram), K={k}, B=1", tokens_total / ours_ng, tokens_total / theirs_ng,
+                 "transformers prompt_lookup_num_tokens"))
+
+    # --- efficiency against the bound, batch 1, from bare forwards measured here
+    results = [generate_speculative(target.model, drafter, [p], config, k) for p in single]
+    drafted = [d for r in results for s in r.steps for d in s.drafted]
+    accepted = [a for r in results for s in r.steps for a in s.accepted]
+    alpha = fit_alpha(drafted, accepted).alpha
+    tau = 1 + sum(accepted) / len(accepted)
+    context = int(statistics.mean(len(p) for p in single)) + n // 2
+    t_ar = bare_forward_time(target.model, 1, 1, context, 10)
+    t_draft = bare_forward_time(draft.model, 1, 1, context, 10)
+    t_verify = bare_forward_time(target.model, 1, k + 1, context, 10)
+    bound = tau * t_ar / (k * t_draft + t_verify)
+    ar_results = [generate_autoregressive(target.model, [p], config) for p in single]
+    ar_decode = sum(s.verify_s + s.overhead_s for r in ar_results for s in r.steps) / sum(len(r.steps) for r in ar_results)
+    sd_decode_per_token = sum(s.draft_s + s.verify_s + s.overhead_s for r in results for s in r.steps) / \
+        sum(sum(s.emitted) for r in results for s in r.steps)
+    measured_decode = ar_decode / sd_decode_per_token
+    levi = leviathan_speedup(alpha, k, t_draft / t_ar)
+
+    # --- batched speculation against specbench's own baseline
+    batched = []
+    for batch in (4, 16):
+        batch_prompts = prompts[:batch]
+        ar = median_time(lambda: generate_autoregressive(target.model, batch_prompts, config), args.repeats, sync)
+        sd = median_time(lambda: generate_speculative(target.model, drafter, batch_prompts, config, k), args.repeats, sync)
+        batched.append((batch, batch * n / ar, batch * n / sd))
+
+    hardware, version = hardware_info(), versions()
+    gpu = ", ".join(g["name"] for g in hardware["gpus"]) or "no GPU"
+    lines = [
+        "## " + f"{date.today()} · {args.device} · {gpu} · {hardware['cpu']} ({hardware['cpu_count']} cores)",
+        "",
+        f"torch {version['torch']} · transformers {version['transformers']} · specbench {version['specbench_git']} · "
+        f"target {args.target} ({target.model.dtype}), draft {args.draft}, K={k}, {n} new tokens, "
+        f"{len(single)} chat prompts at B=1, median of {args.repeats} after a warm-up.",
+        "",
+        f"Command: `python benchmarks/compare_transformers.py --repeats {args.repeats} --max-new-tokens {n} --k {k} "
+        f"--device {args.device}`",
+        "",
+        "| case | specbench tok/s | transformers tok/s | ratio | reference |",
+        "|---|---|---|---|---|",
+    ]
+    for label, ours, theirs, note in rows:
+        lines.append(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}× | {note} |")
+    lines += [
+        "",
+        "| efficiency at B=1 | value |",
+        "|---|---|",
+        f"| α (i.i.d. fit), τ measured, τ(α, K) | {alpha:.3f}, {tau:.2f}, {float(expected_tau(alpha, k)):.2f} |",
+        f"| bare forwards: T_ar, T_draft, T_verify(K+1) | {t_ar * 1e3:.1f} ms, {t_draft * 1e3:.1f} ms, {t_verify * 1e3:.1f} ms |",
+        f"| bound τ·T_ar/(K·T_draft + T_verify) | {bound:.3f}× |",
+        f"| measured decode speed-up (specbench SD vs specbench AR, per-token decode time) | {measured_decode:.3f}× |",
+        f"| efficiency = measured / bound (1 − loop overhead share) | {measured_decode / bound:.1%} |",
+        f"| Leviathan (1 − α^(K+1)) / ((1 − α)(K·c + 1)), c = T_draft/T_ar = {t_draft / t_ar:.2f} | {levi:.3f}× |",
+        "",
+        "| batched speculation | AR tok/s | SD tok/s | speed-up |",
+        "|---|---|---|---|",
+    ]
+    for batch, ar, sd in batched:
+        lines.append(f"| B={batch} | {ar:.1f} | {sd:.1f} | {sd / ar:.2f}× |")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    header = "# specbench engine vs transformers, and against the bound\n\nNewest first. Each section is one run of " \
+             "`benchmarks/compare_transformers.py` on one machine.\n\n"
+    previous = args.output.read_text().split("\n", 4)[-1] if args.output.exists() else ""
+    previous = previous[previous.find("## "):] if "## " in previous else ""
+    args.output.write_text(header + text + "\n" + previous)
+    return 0
+
+
+def _parent_model(loaded):
+    """The transformers model behind a LoadedModel (for generate())."""
+    return loaded.model.hf_model
+
+
+def target_generate(model, ids, new_tokens, **extra):
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, **extra)
+    return out[0, ids.shape[1]:].tolist()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

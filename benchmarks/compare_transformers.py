@@ -118,16 +118,19 @@ def main() -> int:
     assisted = hf_generate(assistant_model=hf_draft, num_assistant_tokens=k,
                            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
     theirs_sd = median_time(per_prompt(assisted), args.repeats, sync)
+    same = all(generate_speculative(target.model, drafter, [p], config, k).tokens[0] == assisted(p) for p in single)
     rows.append((f"speculative {args.draft}, K={k}, B=1", tokens_total / ours_sd, tokens_total / theirs_sd,
-                 "transformers assisted generation (constant schedule)"))
+                 f"transformers assisted generation (constant schedule); same tokens: {same}"))
 
     # --- n-gram prompt lookup, batch 1 (transformers matches up to 2-grams by default)
     ngram = NGramDrafter(max_ngram=2)
     ours_ng = median_time(per_prompt(lambda p: generate_speculative(target.model, ngram, [p], config, k)),
                           args.repeats, sync)
-    theirs_ng = median_time(per_prompt(hf_generate(prompt_lookup_num_tokens=k)), args.repeats, sync)
+    lookup = hf_generate(prompt_lookup_num_tokens=k)
+    theirs_ng = median_time(per_prompt(lookup), args.repeats, sync)
+    same = all(generate_speculative(target.model, ngram, [p], config, k).tokens[0] == lookup(p) for p in single)
     rows.append((f"n-gram (max 2-gram), K={k}, B=1", tokens_total / ours_ng, tokens_total / theirs_ng,
-                 "transformers prompt_lookup_num_tokens"))
+                 f"transformers prompt_lookup_num_tokens; same tokens: {same}"))
 
     # --- efficiency against the bound, batch 1, from bare forwards measured here
     results = [generate_speculative(target.model, drafter, [p], config, k) for p in single]
@@ -205,9 +208,24 @@ def _parent_model(loaded):
 
 
 def target_generate(model, ids, new_tokens, **extra):
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, **extra)
-    return out[0, ids.shape[1]:].tolist()
+    """Greedy, exactly `new_tokens` tokens, EOS ignored but not suppressed (min_new_tokens would
+    forbid EOS and change the argmax; specbench's fixed-length generation keeps it as a token)."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    # An id one past the vocabulary can never be generated: nothing stops, nothing is suppressed.
+    # (None falls back to the model's EOS, which stops early.)
+    config.eos_token_id = [model.config.vocab_size]
+    config.max_new_tokens, config.min_new_tokens, config.do_sample = new_tokens, None, False
+    config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    assistant = extra.pop("assistant_model", None)
+    for key, value in extra.items():
+        setattr(config, key, value)
+    extra = {"assistant_model": assistant} if assistant is not None else {}
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
+    tokens = out[0, ids.shape[1]:].tolist()
+    assert len(tokens) == new_tokens, f"transformers generated {len(tokens)} tokens, not {new_tokens}"
+    return tokens
 
 
 if __name__ == "__main__":

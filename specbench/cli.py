@@ -78,6 +78,9 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
                             ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
         table.add_column(column, justify=justify)
     rows = cells.to_dict("records") if hasattr(cells, "to_dict") else list(cells)
+    for row in rows:  # synthetic cells show the acceptance they simulate
+        if row.get("synthetic_alpha") and isinstance(row.get("draft"), str) and "α=" not in row["draft"]:
+            row["draft"] = f"{row['draft']} α={row['synthetic_alpha']}"
     for row in rows[-limit:] if limit else rows:
         baseline = row.get("draft") == "autoregressive"
         speedup = row.get("speedup")

@@ -414,8 +414,9 @@ def check(
 
 @app.command()
 def plan(
-    run_dir: Optional[Path] = typer.Argument(None, help="Run whose step times (hardware) to use (default: latest)."),
-    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: the same run)."),
+    run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
+    timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
+    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR)."),
     k: str = typer.Option("1,2,3,4,6,8", "--k", help="K values to predict."),
     batch_sizes: str = typer.Option("1,2,4,8,16,32,64", help="Batch sizes to predict."),
     gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
@@ -429,8 +430,8 @@ def plan(
         ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
         if any(x < 1 for x in ks) or any(x < 1 for x in sizes) or gpus < 1:
             raise UsageError("--k, --batch-sizes and --gpus must be >= 1")
-        timings = _resolve_run(run_dir)
-        accept_run = _resolve_run(acceptance) if acceptance else timings
+        timings = _resolve_run(timings or run_dir)
+        accept_run = _resolve_run(acceptance or run_dir) if (acceptance or run_dir) else timings
         alphas = alpha_table(accept_run.cells, accept_run.steps)
         models = cost_models(timings.cells, timings.steps)
         if alphas.empty or not models:

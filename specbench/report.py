@@ -83,6 +83,20 @@ def _integer_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _finish(fig, path: Path, title: str, fontsize: int = 12) -> None:
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _select(frame: pd.DataFrame, draft: str, workload: str, temperature: float) -> pd.DataFrame:
+    """Rows of one (draft, workload, temperature); empty when the frame is."""
+    if frame.empty:
+        return frame
+    return frame[(frame["draft"] == draft) & (frame["workload"] == workload) & (frame["temperature"] == temperature)]
+
+
 def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2):
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     return fig, axes
@@ -102,13 +116,12 @@ def chart_speedup(a: Analysis, path: Path) -> None:
     for i, (workload, temperature) in enumerate(facets):
         for j, draft in enumerate(drafts):
             ax = axes[i][j]
-            sub = cells[(cells["draft"] == draft) & (cells["workload"] == workload) & (cells["temperature"] == temperature)]
+            sub = _select(cells, draft, workload, temperature)
             for k, group in sub.groupby("k"):
                 group = group.sort_values("batch_size")
                 ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
-            found = a.crossovers[(a.crossovers["draft"] == draft) & (a.crossovers["workload"] == workload)
-                                 & (a.crossovers["temperature"] == temperature)] if not a.crossovers.empty else []
+            found = _select(a.crossovers, draft, workload, temperature)
             if len(found) and found["crossover_batch_size"].notna().iloc[0]:
                 b_star = float(found["crossover_batch_size"].iloc[0])
                 ax.axvline(b_star, color="red", linestyle=":", label=f"B* ≈ {b_star:.1f}")
@@ -117,10 +130,7 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             ax.set_title(f"{draft} · {workload} · T={temperature:g}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(CHARTS["speedup_vs_batch"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, CHARTS["speedup_vs_batch"])
 
 
 def chart_tau(a: Analysis, path: Path) -> None:
@@ -135,8 +145,7 @@ def chart_tau(a: Analysis, path: Path) -> None:
             color = f"C{n}"
             measured = group.groupby("k")["tau"].mean()
             ax.plot(measured.index, measured.values, "o", color=color, label=f"{workload} T={temperature:g} measured")
-            fit = a.alphas[(a.alphas["draft"] == draft) & (a.alphas["workload"] == workload)
-                           & (a.alphas["temperature"] == temperature)] if not a.alphas.empty else []
+            fit = _select(a.alphas, draft, workload, temperature)
             if len(fit):
                 alpha = float(fit["alpha_iid"].iloc[0])
                 ax.plot(grid, expected_tau(alpha, grid), "-", color=color, alpha=0.7, label=f"fit α={alpha:.2f}")
@@ -147,10 +156,7 @@ def chart_tau(a: Analysis, path: Path) -> None:
         ax.set_title(draft, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(CHARTS["tau_vs_k"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, CHARTS["tau_vs_k"])
 
 
 def chart_acceptance(a: Analysis, path: Path) -> None:
@@ -163,8 +169,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
         drafts = sorted(alphas["draft"].unique())
         width = 0.8 / max(1, len(drafts))
         for n, draft in enumerate(drafts):
-            rows = [alphas[(alphas["draft"] == draft) & (alphas["workload"] == w) & (alphas["temperature"] == t)]
-                    for w, t in keys]
+            rows = [_select(alphas, draft, w, t) for w, t in keys]
             values = [float(r["alpha_iid"].iloc[0]) if len(r) else np.nan for r in rows]
             low = [v - float(r["alpha_low"].iloc[0]) if len(r) else 0 for v, r in zip(values, rows)]
             high = [float(r["alpha_high"].iloc[0]) - v if len(r) else 0 for v, r in zip(values, rows)]
@@ -198,10 +203,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
     ax.set_title("per-position acceptance vs the i.i.d. α^i", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.suptitle(CHARTS["acceptance"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, CHARTS["acceptance"])
 
 
 def _best_rows(cells: pd.DataFrame) -> pd.DataFrame:
@@ -233,10 +235,7 @@ def chart_throughput(a: Analysis, path: Path) -> None:
             ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(CHARTS["throughput_latency"] + " (speculative ITL p50 is 0 when tokens arrive in bursts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, CHARTS["throughput_latency"] + " (speculative ITL p50 is 0 when tokens arrive in bursts)")
 
 
 def chart_cost(a: Analysis, path: Path) -> None:
@@ -264,10 +263,7 @@ def chart_cost(a: Analysis, path: Path) -> None:
         ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{CHARTS['cost']} (best K per batch size)\n{a.price_note}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, f"{CHARTS['cost']} (best K per batch size)\n{a.price_note}", fontsize=10)
 
 
 def chart_memory(a: Analysis, path: Path) -> None:
@@ -327,10 +323,7 @@ def chart_predicted(a: Analysis, path: Path) -> None:
                 ha="center", va="center", transform=ax.transAxes)
     else:
         ax.legend(fontsize=7)
-    fig.suptitle(CHARTS["predicted_vs_measured"], fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, path, CHARTS["predicted_vs_measured"], fontsize=11)
 
 
 DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance": chart_acceptance,

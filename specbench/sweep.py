@@ -347,84 +347,118 @@ def _generate(models: Models, cell: Cell, drafter: Drafter | None, prompts, conf
     return result
 
 
-def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str], config: SweepConfig) -> CellOutcome:
-    device = models.target.model.device
-    drafter = models.drafter(cell.draft) if cell.is_speculative else None
-    sampling = SamplingParams(cell.temperature, config.top_p if cell.temperature else 1.0,
-                              config.top_k if cell.temperature else 0)
-    batches = [list(range(i, i + cell.batch_size)) for i in range(0, len(prompts), cell.batch_size)]
+class CellRun:
+    """One cell's measurement in steps (warm up, measure a repeat, finish), so that the cells of
+    a group can take turns repeat by repeat: slow drift of the machine then hits the baseline and
+    the speculative cells alike instead of whichever cell ran during a slow minute."""
 
-    if config.warmup:  # excluded from every figure
-        warm = GenerationConfig(max_new_tokens=min(8, config.max_new_tokens), sampling=sampling, seed=config.seed)
-        _generate(models, cell, drafter, [prompts[i] for i in batches[0]], warm)
+    def __init__(self, models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str],
+                 config: SweepConfig) -> None:
+        self.models, self.cell, self.prompts, self.prompt_ids, self.config = models, cell, prompts, prompt_ids, config
+        self.drafter = models.drafter(cell.draft) if cell.is_speculative else None
+        self.sampling = SamplingParams(cell.temperature, config.top_p if cell.temperature else 1.0,
+                                       config.top_k if cell.temperature else 0)
+        self.batches = [list(range(i, i + cell.batch_size)) for i in range(0, len(prompts), cell.batch_size)]
+        self.results: list[GenerationResult] = []
+        self.request_table: list[dict] = []
+        self.step_table: list[dict] = []
+        self.throughput_per_repeat: list[float] = []
+        self.outputs: list[list[int]] = [[] for _ in prompts]
+        self.peak_bytes = self.peak_torch_bytes = 0
+        self.memory_kind = ""
 
-    results: list[GenerationResult] = []
-    request_table, step_table = [], []
-    throughput_per_repeat = []
-    outputs: list[list[int]] = [[] for _ in prompts]
-    with PeakMemory(device) as memory:
-        for repeat in range(config.repeats):
-            tokens = seconds = 0.0
-            for batch_index, rows in enumerate(batches):
-                generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=sampling,
+    def warm_up(self) -> None:
+        """Excluded from every figure."""
+        if self.config.warmup:
+            warm = GenerationConfig(max_new_tokens=min(8, self.config.max_new_tokens), sampling=self.sampling,
+                                    seed=self.config.seed)
+            _generate(self.models, self.cell, self.drafter, [self.prompts[i] for i in self.batches[0]], warm)
+
+    def measure(self, repeat: int) -> None:
+        cell, config = self.cell, self.config
+        tokens = seconds = 0.0
+        with PeakMemory(self.models.target.model.device) as memory:
+            for batch_index, rows in enumerate(self.batches):
+                generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
                                               seed=config.seed + 1000 * repeat + batch_index)
-                result = _generate(models, cell, drafter, [prompts[i] for i in rows], generation)
-                results.append(result)
-                ids = [prompt_ids[i] for i in rows]
+                result = _generate(self.models, cell, self.drafter, [self.prompts[i] for i in rows], generation)
+                self.results.append(result)
+                ids = [self.prompt_ids[i] for i in rows]
                 for record in request_rows(result, ids):
-                    request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                    self.request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
                 for record in step_rows(result, ids):
-                    step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                    self.step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
                 if repeat == 0:
                     for i, out in zip(rows, result.tokens):
-                        outputs[i] = out
+                        self.outputs[i] = out
                 tokens += result.num_generated
                 seconds += result.total_s
-            throughput_per_repeat.append(tokens / seconds)
+        self.throughput_per_repeat.append(tokens / seconds)
+        self.peak_bytes = max(self.peak_bytes, memory.peak_bytes)
+        self.peak_torch_bytes = max(self.peak_torch_bytes, memory.peak_torch_bytes)
+        self.memory_kind = memory.kind
 
-    frame = pd.DataFrame(request_table)
-    itl = [gap for gaps in frame["itl_s"] for gap in gaps]
-    phases = phase_times(results)
-    row = {
-        "cell_id": cell.id, "status": "ok", "message": "", "mode": "speculative" if drafter else AR,
-        "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
-        "temperature": cell.temperature, "requests": len(prompts), "repeats": config.repeats,
-        "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
-        "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
-        "tokens_per_s": float(np.median(throughput_per_repeat)),
-        "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
-        "wall_s": float(sum(r.total_s for r in results)),
-        **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
-        **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
-        **phases,
-        # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
-        # for the sweep; the analytic parts below separate the target from the draft.
-        "peak_memory_bytes": memory.peak_bytes, "peak_torch_bytes": memory.peak_torch_bytes,
-        "memory_kind": memory.kind,
-        "target_param_bytes": models.target.model.parameter_bytes(),
-        "target_kv_cache_bytes": max(r.kv_cache_bytes for r in results),
-        "draft_param_bytes": 0, "draft_kv_cache_bytes": 0, "draft_memory_bytes": 0,
-        "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
-        # Another busy process on the machine inflates every timing: recorded so it shows.
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
-        "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
-        "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
-        "target_layers_built": models.target.model.config.num_hidden_layers,
-        "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
-        models.target.model.config.num_hidden_layers,
-    }
-    if drafter is not None:
-        summary = acceptance_summary(results, cell.k)
-        draft_kv = max(r.draft_kv_cache_bytes for r in results)
-        row.update({
-            "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
-            "acceptance_by_position": summary.by_position,
-            "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
-            "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,
-        })
-        if cell.alpha:
-            row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(parse_alpha(cell.alpha), cell.k)
-    return CellOutcome(row, request_table, step_table, outputs)
+    def finish(self) -> CellOutcome:
+        models, cell, config, drafter = self.models, self.cell, self.config, self.drafter
+        prompts, results, request_table = self.prompts, self.results, self.request_table
+        throughput_per_repeat, device = self.throughput_per_repeat, self.models.target.model.device
+        frame = pd.DataFrame(request_table)
+        itl = [gap for gaps in frame["itl_s"] for gap in gaps]
+        phases = phase_times(results)
+        row = {
+            "cell_id": cell.id, "status": "ok", "message": "", "mode": "speculative" if drafter else AR,
+            "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
+            "temperature": cell.temperature, "requests": len(prompts), "repeats": config.repeats,
+            "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
+            "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
+            "tokens_per_s": float(np.median(throughput_per_repeat)),
+            "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
+            "wall_s": float(sum(r.total_s for r in results)),
+            **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
+            **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
+            **phases,
+            # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
+            # for the sweep; the analytic parts below separate the target from the draft.
+            "peak_memory_bytes": self.peak_bytes, "peak_torch_bytes": self.peak_torch_bytes,
+            "memory_kind": self.memory_kind,
+            "target_param_bytes": models.target.model.parameter_bytes(),
+            "target_kv_cache_bytes": max(r.kv_cache_bytes for r in results),
+            "draft_param_bytes": 0, "draft_kv_cache_bytes": 0, "draft_memory_bytes": 0,
+            "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
+            # Another busy process on the machine inflates every timing: recorded so it shows.
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+            "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
+            "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
+            "target_layers_built": models.target.model.config.num_hidden_layers,
+            "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
+            models.target.model.config.num_hidden_layers,
+        }
+        if drafter is not None:
+            summary = acceptance_summary(results, cell.k)
+            draft_kv = max(r.draft_kv_cache_bytes for r in results)
+            row.update({
+                "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
+                "acceptance_by_position": summary.by_position,
+                "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
+                "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,
+            })
+            if cell.alpha:
+                row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(parse_alpha(cell.alpha), cell.k)
+        return CellOutcome(row, request_table, self.step_table, self.outputs)
+
+
+def _warmed(run: CellRun) -> CellRun:
+    run.warm_up()
+    return run
+
+
+def run_cell(models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str], config: SweepConfig) -> CellOutcome:
+    """Warm up, every repeat, finish: one cell on its own."""
+    run = CellRun(models, cell, prompts, prompt_ids, config)
+    run.warm_up()
+    for repeat in range(config.repeats):
+        run.measure(repeat)
+    return run.finish()
 
 
 def _prompt_ids(record, models: Models, config: SweepConfig) -> list[int]:
@@ -554,29 +588,30 @@ def run_sweep(
     cells = plan_cells(config)
     done = tables.finished_ids()
     workloads: dict[str, Workload] = {name: load_workload(name) for name in config.workloads}
-    encoded: dict[str, tuple[list[list[int]], list[str]]] = {}
     baselines: dict[str, list[list[int]]] = {}
     out_of_memory_at: dict[tuple, int] = {}  # (workload, temperature, draft, k) -> batch size
     try:
-        for index, cell in enumerate(cells):
-            if cell.id in done:
-                continue
-            on_event(SweepEvent("start", cell, index=index, total=len(cells)))
-            if cell.group not in encoded:
-                count = requests_per_cell(config, cell.batch_size)
-                records = workloads[cell.workload].sample(count, config.seed)
-                encoded[cell.group] = ([_prompt_ids(r, models, config) for r in records], [r.id for r in records])
-            prompts, prompt_ids = encoded[cell.group]
-            oom_key = (cell.workload, cell.temperature, cell.draft, cell.k)
-            oom_ar = out_of_memory_at.get((cell.workload, cell.temperature, AR, 0))
-            if oom_key in out_of_memory_at or oom_ar is not None:
-                at = out_of_memory_at.get(oom_key, oom_ar)
-                outcome_row = _failure_row(cell, "skipped", f"out of memory at batch size {at}")
-                tables.add(outcome_row, [], [])
-                on_event(SweepEvent("done", cell, outcome_row, index, len(cells)))
-                continue
-            try:
-                outcome = run_cell(models, cell, prompts, prompt_ids, config)
+        def skip_reason(cell: Cell) -> str | None:
+            at = out_of_memory_at.get((cell.workload, cell.temperature, cell.draft, cell.k),
+                                      out_of_memory_at.get((cell.workload, cell.temperature, AR, 0)))
+            return None if at is None else f"out of memory at batch size {at}"
+
+        def record(index: int, cell: Cell, prompts, outcome: CellOutcome | None = None,
+                   error: BaseException | None = None, skipped: str | None = None) -> None:
+            if skipped:
+                row = _failure_row(cell, "skipped", skipped)
+                tables.add(row, [], [])
+            elif error is not None:  # recorded, and the sweep goes on
+                if _is_out_of_memory(error):
+                    out_of_memory_at[(cell.workload, cell.temperature, cell.draft, cell.k)] = cell.batch_size
+                    status = "oom"
+                else:
+                    status = "failed"
+                row = _failure_row(cell, status, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+                tables.add(row, [], [])
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            else:
                 row = outcome.row
                 if not cell.is_speculative:
                     baselines[cell.id] = outcome.outputs
@@ -597,20 +632,52 @@ def run_sweep(
                 baseline = _baseline_throughput(tables, cell)
                 row["speedup"] = row["tokens_per_s"] / baseline if baseline else float("nan")
                 tables.add(row, outcome.requests, outcome.steps)
-            except KeyboardInterrupt:
-                raise
-            except Exception as error:  # recorded, and the sweep goes on
-                if _is_out_of_memory(error):
-                    out_of_memory_at[oom_key] = cell.batch_size
-                    status = "oom"
-                else:
-                    status = "failed"
-                row = _failure_row(cell, status, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-                tables.add(row, [], [])
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
             gc.collect()
             on_event(SweepEvent("done", cell, row, index, len(cells)))
+
+        groups: dict[str, list[tuple[int, Cell]]] = {}
+        for index, cell in enumerate(cells):
+            groups.setdefault(cell.group, []).append((index, cell))
+        for group, members in groups.items():
+            pending = [(index, cell) for index, cell in members if cell.id not in done]
+            if not pending:
+                continue
+            first = pending[0][1]
+            records = workloads[first.workload].sample(requests_per_cell(config, first.batch_size), config.seed)
+            prompts = [_prompt_ids(r, models, config) for r in records]
+            prompt_ids = [r.id for r in records]
+            def attempt(index: int, cell: Cell, action):
+                """action(), or None after recording the cell as failed."""
+                try:
+                    return action()
+                except KeyboardInterrupt:
+                    raise
+                except Exception as error:
+                    record(index, cell, prompts, error=error)
+                    return None
+
+            runs: list[tuple[int, Cell, CellRun]] = []
+            for index, cell in pending:
+                on_event(SweepEvent("start", cell, index=index, total=len(cells)))
+                if skip_reason(cell):
+                    record(index, cell, prompts, skipped=skip_reason(cell))
+                elif config.repeats == 1:
+                    outcome = attempt(index, cell, lambda: run_cell(models, cell, prompts, prompt_ids, config))
+                    if outcome is not None:
+                        record(index, cell, prompts, outcome)
+                else:  # several repeats: the group's cells take turns, one repeat each per round
+                    run = attempt(index, cell, lambda: _warmed(CellRun(models, cell, prompts, prompt_ids, config)))
+                    if run is not None:
+                        runs.append((index, cell, run))
+            for repeat in range(config.repeats if runs else 0):
+                for entry in list(runs):
+                    index, cell, run = entry
+                    if attempt(index, cell, lambda: run.measure(repeat) or True) is None:
+                        runs.remove(entry)
+            for index, cell, run in runs:
+                outcome = attempt(index, cell, run.finish)
+                if outcome is not None:
+                    record(index, cell, prompts, outcome)
         meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"

@@ -1,5 +1,7 @@
 import json
 
+import numpy as np
+
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -218,3 +220,25 @@ def test_check_and_plan_on_a_real_run(finished_run):
     result = runner.invoke(app, ["plan", str(output), "--k", "2", "--batch-sizes", "16", "--json"])
     records = json.loads(result.output)
     assert {r["batch_size"] for r in records} == {16} and all(r["predicted"] for r in records)
+
+
+def test_repeats_take_turns_within_a_group(tiny_model_dirs, tmp_path, monkeypatch):
+    """With --repeats, the group's cells alternate repeat by repeat, so machine drift hits the
+    baseline and the speculative cells alike."""
+    order = []
+    original = sweep_module.CellRun.measure
+
+    def logged(self, repeat):
+        order.append((self.cell.id, repeat))
+        return original(self, repeat)
+
+    monkeypatch.setattr(sweep_module.CellRun, "measure", logged)
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1", "--k", "2",
+                                                          "--drafts", "ngram", "--repeats", "3"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    ar, sd = "chat|B1|T0|autoregressive", "chat|B1|T0|ngram|K2"
+    assert order == [(ar, 0), (sd, 0), (ar, 1), (sd, 1), (ar, 2), (sd, 2)]
+    cells = load_run(tmp_path / "run").cells.set_index("cell_id")
+    assert len(cells.loc[sd, "tokens_per_s_runs"]) == 3 and cells.loc[sd, "lossless"] == "exact"
+    assert cells.loc[sd, "tokens_per_s"] == pytest.approx(float(np.median(cells.loc[sd, "tokens_per_s_runs"])))

@@ -77,10 +77,12 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
                             ("tok/s", "right"), ("speed-up", "right"), ("α", "right"), ("τ", "right"),
                             ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
         table.add_column(column, justify=justify)
-    rows = cells.to_dict("records") if hasattr(cells, "to_dict") else list(cells)
-    for row in rows:  # synthetic cells show the acceptance they simulate
-        if row.get("synthetic_alpha") and isinstance(row.get("draft"), str) and "α=" not in row["draft"]:
-            row["draft"] = f"{row['draft']} α={row['synthetic_alpha']}"
+    import pandas as pd
+
+    from specbench.fit import label_synthetic
+
+    frame = cells if isinstance(cells, pd.DataFrame) else pd.DataFrame(list(cells))
+    rows = label_synthetic(frame).to_dict("records")  # synthetic cells show the acceptance they simulate
     for row in rows[-limit:] if limit else rows:
         baseline = row.get("draft") == "autoregressive"
         speedup = row.get("speedup")

@@ -296,12 +296,14 @@ def predictions(cells: pd.DataFrame, steps: pd.DataFrame, alphas: pd.DataFrame) 
 # --- decisions ---------------------------------------------------------------------------------
 
 def label_synthetic(cells: pd.DataFrame) -> pd.DataFrame:
-    """Synthetic-acceptance cells count as their own draft, `draft α=0.8`, everywhere downstream."""
+    """Synthetic-acceptance cells count as their own draft, `draft α=0.8`, everywhere downstream.
+    The α moves from `synthetic_alpha` into the label, so labelling twice changes nothing."""
     if cells.empty or "synthetic_alpha" not in cells:
         return cells
     cells = cells.copy()
     alpha = cells["synthetic_alpha"].fillna("").astype(str)
     cells["draft"] = [f"{d} α={a}" if a else d for d, a in zip(cells["draft"], alpha)]
+    cells["synthetic_alpha"] = ""
     return cells
 
 

@@ -105,7 +105,21 @@ def test_random_weight_sweep_of_the_default_pair(tmp_path):
     assert cells["synthetic"].all() and (cells["status"] == "ok").all()
     assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "n/a (synthetic)").all()
     assert run.meta["synthetic"] is True
-    assert runner.invoke(app, ["report", str(tmp_path / "run")]).exit_code == 0
+    report = runner.invoke(app, ["report", str(tmp_path / "run")])
+    assert report.exit_code == 0, report.output
+    from rich.console import Console
+
+    from specbench.cli import cells_table
+
+    wide = Console(width=200, record=True)
+    wide.print(cells_table(run.cells))
+    wide.print(cells_table(run.cells.to_dict("records")))  # the live table gets plain rows
+    assert wide.export_text().count("smollm2-135m@bf16 α=0.5 ") == 2  # the tables name the simulated α once
+    from specbench.report import analyse
+
+    analysis = analyse(run)
+    labels = set(analysis.cells["draft"]) | set(analysis.crossovers["draft"])
+    assert labels == {"autoregressive", "smollm2-135m@bf16 α=0.5", "smollm2-135m@bf16 α=0.9"}
 
 
 def test_random_weights_needs_alpha_and_aliases(tmp_path):

@@ -28,8 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from specbench.drafters import ModelDrafter, NGramDrafter  # noqa: E402
-from specbench.engine import GenerationConfig, _Clock, generate_autoregressive, generate_speculative  # noqa: E402
+from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative  # noqa: E402
 from specbench.fit import expected_tau, fit_alpha, leviathan_speedup  # noqa: E402
+from specbench.measure import time_forward  # noqa: E402
 from specbench.models import load_model, parse_dtype  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload  # noqa: E402
@@ -44,22 +45,6 @@ def median_time(run, repeats: int, synchronize) -> float:
         run()
         synchronize()
         samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
-
-
-def bare_forward_time(model, batch: int, tokens: int, context: int, repeats: int) -> float:
-    """A target or draft forward of `tokens` new positions per row over `context` cached ones."""
-    clock = _Clock(model.device)
-    ids = torch.randint(0, model.vocab_size, (batch, tokens), device=model.device)
-    samples = []
-    with torch.inference_mode():
-        for attempt in range(repeats + 2):
-            cache = model.new_cache(batch, context + tokens)
-            cache.set_lengths([context] * batch)
-            started = clock.now()
-            model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
-            if attempt >= 2:
-                samples.append(clock.now() - started)
     return statistics.median(samples)
 
 
@@ -83,8 +68,7 @@ def main() -> int:
     target = load_model(args.target, args.device, dtype)
     draft_ref, _, draft_dtype = args.draft.partition("@")
     draft = load_model(draft_ref, args.device, parse_dtype(draft_dtype) if draft_dtype else dtype)
-    hf_target = _parent_model(target)
-    hf_draft = _parent_model(draft)
+    hf_target, hf_draft = target.model.hf_model, draft.model.hf_model  # for transformers' generate()
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     records = load_workload("chat").sample(max(args.prompts, 16), seed=0)
@@ -139,9 +123,9 @@ def main() -> int:
     alpha = fit_alpha(drafted, accepted).alpha
     tau = 1 + sum(accepted) / len(accepted)
     context = int(statistics.mean(len(p) for p in single)) + n // 2
-    t_ar = bare_forward_time(target.model, 1, 1, context, 10)
-    t_draft = bare_forward_time(draft.model, 1, 1, context, 10)
-    t_verify = bare_forward_time(target.model, 1, k + 1, context, 10)
+    t_ar = time_forward(target.model, 1, 1, context, repeats=10, warmup=2)
+    t_draft = time_forward(draft.model, 1, 1, context, repeats=10, warmup=2)
+    t_verify = time_forward(target.model, 1, k + 1, context, repeats=10, warmup=2)
     bound = tau * t_ar / (k * t_draft + t_verify)
     ar_results = [generate_autoregressive(target.model, [p], config) for p in single]
     ar_decode = sum(s.verify_s + s.overhead_s for r in ar_results for s in r.steps) / sum(len(r.steps) for r in ar_results)
@@ -200,11 +184,6 @@ def main() -> int:
     previous = previous[previous.find("## "):] if "## " in previous else ""
     args.output.write_text(header + text + "\n" + previous)
     return 0
-
-
-def _parent_model(loaded):
-    """The transformers model behind a LoadedModel (for generate())."""
-    return loaded.model.hf_model
 
 
 def target_generate(model, ids, new_tokens, **extra):

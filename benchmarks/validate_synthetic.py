@@ -19,7 +19,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.results import hardware_info, load_run, versions  # noqa: E402

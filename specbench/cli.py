@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -303,12 +302,6 @@ def workloads(
     console.print("Also: any .jsonl/.csv/.parquet file (FILE::COLUMN to pick the column) or hf:ORG/NAME[:SPLIT[:COLUMN]].")
 
 
-def _resolve_run(run_dir: Optional[Path]):
-    from specbench.results import load_run
-
-    return load_run(run_dir)
-
-
 @app.command()
 def report(
     run_dir: Optional[Path] = typer.Argument(None, help="Run directory (default: the latest under results/)."),
@@ -319,9 +312,10 @@ def report(
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
     from specbench.gate import evaluate
     from specbench.report import write_report
+    from specbench.results import load_run
 
     try:
-        run = _resolve_run(run_dir)
+        run = load_run(run_dir)
         if gpus < 1:
             raise UsageError("--gpus must be >= 1")
         measured = sorted(run.cells["batch_size"].unique().tolist()) if not run.cells.empty else []
@@ -393,10 +387,11 @@ def check(
     import json
 
     from specbench.gate import UNANSWERABLE, evaluate
+    from specbench.results import load_run
 
     try:
         sizes = split_list(batch_sizes, int, "--batch-sizes")
-        run = _resolve_run(run_dir)
+        run = load_run(run_dir)
         result = evaluate(run.cells, sizes, min_speedup, draft,
                           split_list(workloads, str, "--workloads") if workloads else None,
                           split_list(temperatures, float, "--temperatures") if temperatures else None)
@@ -427,13 +422,14 @@ def plan(
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K and batch sizes not measured."""
     from specbench.fit import alpha_table, cost_models, crossover, default_gpu_price, plan_table
+    from specbench.results import load_run
 
     try:
         ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
         if any(x < 1 for x in ks) or any(x < 1 for x in sizes) or gpus < 1:
             raise UsageError("--k, --batch-sizes and --gpus must be >= 1")
-        timings = _resolve_run(timings or run_dir)
-        accept_run = _resolve_run(acceptance or run_dir) if (acceptance or run_dir) else timings
+        timings = load_run(timings or run_dir)
+        accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
         alphas = alpha_table(accept_run.cells, accept_run.steps)
         models = cost_models(timings.cells, timings.steps)
         if alphas.empty or not models:

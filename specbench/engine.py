@@ -87,7 +87,7 @@ def exact_acceptance(
     )
 
 
-class _Clock:
+class Clock:
     def __init__(self, device: torch.device) -> None:
         self.synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.synchronize()
@@ -161,7 +161,7 @@ def generate_autoregressive(
 ) -> GenerationResult:
     target = CausalLM.wrap(target)
     run = _Run(target, prompts, config, extra=2)
-    clock = _Clock(target.device)
+    clock = Clock(target.device)
     batch = run.batch
 
     next_tokens = _prefill(target, run)
@@ -206,7 +206,7 @@ def generate_speculative(
     target = CausalLM.wrap(target)
     drafter.check_compatible(target)
     run = _Run(target, prompts, config, extra=2 * num_draft_tokens + 4)
-    clock = _Clock(target.device)
+    clock = Clock(target.device)
     batch = run.batch
 
     next_tokens = _prefill(target, run)

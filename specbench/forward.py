@@ -46,8 +46,9 @@ class CausalLM:
         draft sharing every weight with this model (no extra memory). Zero layers (embedding,
         norm and head only) serves timing estimates."""
         total = self.config.num_hidden_layers
-        if not (0 if allow_zero else 1) <= num_layers < total:
-            raise ValueError(f"self-draft needs 1 <= N < {total} layers (the target has {total}), got {num_layers}")
+        lowest = 0 if allow_zero else 1
+        if not lowest <= num_layers < total:
+            raise ValueError(f"self-draft needs {lowest} <= N < {total} layers (the target has {total}), got {num_layers}")
         config = copy.deepcopy(self.config)
         config.num_hidden_layers = num_layers
         if getattr(config, "layer_types", None):

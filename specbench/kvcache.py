@@ -41,25 +41,6 @@ class RaggedKVCache:
         self._write_index: torch.Tensor | None = None
         self._visible_length = 0
 
-    @classmethod
-    def for_model(
-        cls, model: torch.nn.Module, batch_size: int, max_length: int
-    ) -> "RaggedKVCache":
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        num_heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-        parameter = next(model.parameters())
-        return cls(
-            num_layers=config.num_hidden_layers,
-            batch_size=batch_size,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            max_length=max_length,
-            dtype=parameter.dtype,
-            device=parameter.device,
-        )
-
     @property
     def batch_size(self) -> int:
         return len(self.lengths)

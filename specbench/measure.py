@@ -23,7 +23,8 @@ import numpy as np
 import psutil
 import torch
 
-from specbench.engine import GenerationResult
+from specbench.engine import Clock, GenerationResult
+from specbench.forward import CausalLM
 
 PERCENTILES = (50, 90, 99)
 
@@ -129,6 +130,23 @@ def phase_times(results: list[GenerationResult]) -> dict[str, float]:
         "prefill_s": float(np.median([r.prefill_s for r in results])) if results else float("nan"),
         "draft_prefill_s": float(np.median([r.draft_prefill_s for r in results])) if results else float("nan"),
     }
+
+
+def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds of one bare forward of `tokens` new positions per row over `context` cached
+    ones (logits at every new position), warm-up excluded: the unit step times are built from."""
+    clock = Clock(model.device)
+    ids = torch.zeros((batch, tokens), dtype=torch.long, device=model.device)
+    samples = []
+    with torch.inference_mode():
+        for attempt in range(warmup + repeats):
+            cache = model.new_cache(batch, context + tokens)
+            cache.set_lengths([context] * batch)
+            started = clock.now()
+            model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
+            if attempt >= warmup:
+                samples.append(clock.now() - started)
+    return float(np.median(samples))
 
 
 # --- memory ------------------------------------------------------------------------------------

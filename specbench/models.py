@@ -119,10 +119,6 @@ class DraftSpec:
     ngram: int = 3
     layers: int = 0
 
-    @property
-    def label(self) -> str:
-        return self.text
-
 
 def parse_draft_spec(text: str) -> DraftSpec:
     text = text.strip()

@@ -28,7 +28,7 @@ from specbench.models import (
 from specbench.results import hardware_info, new_run_dir, now_iso, versions, write_json, write_table
 from specbench.sampling import SamplingParams
 from specbench.synthetic import (
-    LayerScaler, alpha_label, build_random_model, config_parameters, expected_acceptance, layers_that_fit,
+    LayerScaler, build_random_model, config_parameters, expected_acceptance, layers_that_fit,
     parse_alpha, rescale_result, shipped_config, synthetic_acceptance,
 )
 from specbench.workloads import Workload, encode_prompt, load_workload
@@ -165,7 +165,6 @@ class Models:
     target: LoadedModel
     drafts: dict[str, DraftSpec]
     draft_models: dict[str, LoadedModel]  # by draft label, for kind "model"
-    errors: dict[str, str]  # drafts that could not be set up: label -> message
     synthetic: bool = False
     target_scaler: LayerScaler | None = None  # set when only a layer subset of the target was built
     draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
@@ -259,7 +258,7 @@ def load_random_models(config: SweepConfig) -> Models:
     loaded = LoadedModel(target.model, tokenizer,
                          ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
                          time.perf_counter() - started)
-    return Models(loaded, drafts, draft_models, {}, synthetic=True, target_scaler=target_scaler,
+    return Models(loaded, drafts, draft_models, synthetic=True, target_scaler=target_scaler,
                   draft_scalers=draft_scalers)
 
 
@@ -270,7 +269,7 @@ def load_models(config: SweepConfig) -> Models:
     target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
                         trust_remote_code=config.trust_remote_code)
     family = family_of(target)
-    drafts, models, errors = {}, {}, {}
+    drafts, models = {}, {}
     for label in config.drafts:
         spec = parse_draft_spec(label)
         drafts[label] = spec
@@ -281,7 +280,7 @@ def load_models(config: SweepConfig) -> Models:
                             allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
         check_tokenizers_compatible(target, loaded)
         models[label] = loaded
-    return Models(target, drafts, models, errors)
+    return Models(target, drafts, models)
 
 
 # --- one cell ----------------------------------------------------------------------------------

@@ -113,10 +113,6 @@ def parse_alpha(text: str) -> tuple[float, ...]:
     return values
 
 
-def alpha_label(profile: tuple[float, ...]) -> str:
-    return "/".join(f"{v:g}" for v in profile)
-
-
 def expected_acceptance(profile: tuple[float, ...], k: int) -> tuple[float, float]:
     """(accepted / drafted, tau) that `profile` gives at K drafts per step."""
     reach = 1.0
@@ -169,20 +165,9 @@ class LayerScaler:
         self._factors: dict[tuple[int, int], float] = {}
 
     def _time(self, model: CausalLM, batch: int, tokens: int) -> float:
-        from specbench.engine import _Clock
+        from specbench.measure import time_forward
 
-        clock = _Clock(model.device)
-        ids = torch.zeros((batch, tokens), dtype=torch.long, device=model.device)
-        samples = []
-        with torch.inference_mode():
-            for attempt in range(self.repeats + 1):
-                cache = model.new_cache(batch, self.context + tokens)
-                cache.set_lengths([self.context] * batch)
-                started = clock.now()
-                model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
-                if attempt:  # the first is warm-up
-                    samples.append(clock.now() - started)
-        return float(sorted(samples)[len(samples) // 2])
+        return time_forward(model, batch, tokens, self.context, self.repeats)
 
     def factor(self, batch: int, tokens: int) -> float:
         key = (batch, tokens)

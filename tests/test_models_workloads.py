@@ -1,7 +1,5 @@
-import os
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from specbench.cli import app

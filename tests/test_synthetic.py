@@ -134,8 +134,6 @@ def test_random_weights_needs_alpha_and_aliases(tmp_path):
 
 def test_plan_combines_timings_of_one_run_with_acceptance_of_another(tmp_path):
     """Issue 6's combine step: hardware from a timing-only run, α from a real run."""
-    import shutil
-    from pathlib import Path
 
     timing_args = ["sweep", "--weights", "random", "--alpha", "0.7", "--drafts", "smollm2-135m@bf16", "--k", "2",
                    "--batch-sizes", "1,2", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "6",

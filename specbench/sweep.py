@@ -178,11 +178,11 @@ class Models:
         return ModelDrafter(self.draft_models[label].model, name=label)
 
 
-def preflight(config: SweepConfig) -> None:
-    """Everything checkable without loading weights: grid values, model references, workloads."""
+def preflight(config: SweepConfig) -> dict[str, Workload]:
+    """Everything checkable without loading weights: grid values, model references, workloads.
+    Returns the loaded workloads."""
     config.validate()
-    for workload in config.workloads:
-        load_workload(workload)
+    workloads = {name: load_workload(name) for name in config.workloads}
     if config.synthetic:
         target_alias, _ = shipped_config(config.target)
         family = lookup_alias(target_alias).family
@@ -190,13 +190,14 @@ def preflight(config: SweepConfig) -> None:
             spec = parse_draft_spec(draft)
             if spec.kind == "model":
                 shipped_config(spec.model, family)
-        return
+        return workloads
     target = resolve_model(config.target, allow_download=config.allow_download)
     family = target.spec.family if target.spec else None
     for draft in config.drafts:
         spec = parse_draft_spec(draft)
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
+    return workloads
 
 
 def _memory_budget(device: str) -> float:
@@ -529,26 +530,16 @@ class SweepTables:
         return [list(t) for t in rows["tokens"]] if len(rows) else None
 
 
-def _baseline_throughput(tables: SweepTables, cell: Cell) -> float | None:
+def _baseline_throughput(tables: SweepTables, cell: Cell, row: dict) -> float:
+    """tokens/s of the cell's autoregressive baseline (its own, for a baseline cell)."""
     if not cell.is_speculative:
-        return None
+        return row["tokens_per_s"]
     cells = tables.cells
     if cells.empty or "tokens_per_s" not in cells:
-        return None
+        return float("nan")
     match = cells[(cells["cell_id"] == Cell(cell.workload, cell.batch_size, cell.temperature).id)
                   & (cells["status"] == "ok")]
-    return float(match["tokens_per_s"].iloc[0]) if len(match) else None
-
-
-def _add_speedups(cells: pd.DataFrame) -> pd.DataFrame:
-    if cells.empty or "tokens_per_s" not in cells:
-        return cells
-    cells = cells.copy()
-    baseline = cells[cells["mode"] == AR].set_index(["workload", "batch_size", "temperature"])["tokens_per_s"]
-    keys = list(zip(cells["workload"], cells["batch_size"], cells["temperature"]))
-    cells["baseline_tokens_per_s"] = [baseline.get(key, np.nan) for key in keys]
-    cells["speedup"] = cells["tokens_per_s"] / cells["baseline_tokens_per_s"]
-    return cells
+    return float(match["tokens_per_s"].iloc[0]) if len(match) else float("nan")
 
 
 def run_sweep(
@@ -559,7 +550,7 @@ def run_sweep(
 ) -> Path:
     """Run every cell not already finished; returns the run directory. Ctrl-C stops after
     writing what finished (KeyboardInterrupt propagates)."""
-    preflight(config)
+    workloads = preflight(config)
     run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
@@ -586,8 +577,6 @@ def run_sweep(
     on_event(SweepEvent("loaded", message=message))
     cells = plan_cells(config)
     done = tables.finished_ids()
-    workloads: dict[str, Workload] = {name: load_workload(name) for name in config.workloads}
-    baselines: dict[str, list[list[int]]] = {}
     out_of_memory_at: dict[tuple, int] = {}  # (workload, temperature, draft, k) -> batch size
     try:
         def skip_reason(cell: Cell) -> str | None:
@@ -613,12 +602,12 @@ def run_sweep(
             else:
                 row = outcome.row
                 if not cell.is_speculative:
-                    baselines[cell.id] = outcome.outputs
+                    pass  # the baseline itself: nothing to compare
                 elif models.synthetic:
                     row["lossless"] = "n/a (synthetic)"
                 elif cell.temperature == 0:
                     baseline_id = Cell(cell.workload, cell.batch_size, cell.temperature).id
-                    expected = baselines.get(baseline_id) or tables.baseline_outputs(baseline_id)
+                    expected = tables.baseline_outputs(baseline_id)
                     if expected is None:
                         row["lossless"], row["lossless_detail"] = "unchecked", "no baseline cell"
                     else:
@@ -628,8 +617,8 @@ def run_sweep(
                             row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
                 else:
                     row["lossless"] = "n/a (sampled)"
-                baseline = _baseline_throughput(tables, cell)
-                row["speedup"] = row["tokens_per_s"] / baseline if baseline else float("nan")
+                row["baseline_tokens_per_s"] = _baseline_throughput(tables, cell, row)
+                row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
                 tables.add(row, outcome.requests, outcome.steps)
             gc.collect()
             on_event(SweepEvent("done", cell, row, index, len(cells)))
@@ -682,9 +671,6 @@ def run_sweep(
         meta["status"] = "interrupted"
         raise
     finally:
-        if not tables.cells.empty:
-            tables.cells = _add_speedups(tables.cells)
-            write_table(run_dir, "cells", tables.cells)
         meta["finished"] = now_iso()
         write_json(run_dir / "run.json", meta)
     return run_dir

@@ -239,7 +239,7 @@ def chart_throughput(a: Analysis, path: Path) -> None:
             ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    _finish(fig, path, CHARTS["throughput_latency"] + " (speculative ITL p50 is 0 when tokens arrive in bursts)")
+    _finish(fig, path, CHARTS["throughput_latency"] + "\n(speculative ITL p50 is 0 when tokens arrive in bursts)")
 
 
 def chart_cost(a: Analysis, path: Path) -> None:

@@ -7,8 +7,11 @@ One run, same machine, models, prompts, K and max_new_tokens:
 - efficiency: measured speed-up over tau * T_ar / (K T_draft + T_verify(K+1)), all three times
   measured here as bare forward passes; plus Leviathan's (1 - a^(K+1)) / ((1 - a)(K c + 1));
 - speculative at batch 4 and 16 (transformers has no batched assisted generation) against
-  specbench's own baseline.
-Medians over repeats, warm-up excluded. Writes benchmarks/RESULTS.md. Not part of the tests:
+  specbench's own baseline;
+- autoregressive decode tokens/s against the memory-bandwidth roofline (bytes a decode step must
+  read / measured copy bandwidth), for the target and a larger random-weight architecture.
+Medians over repeats, warm-up excluded; the two sides of each comparison take turns repeat by
+repeat. Writes benchmarks/RESULTS.md. Not part of the tests:
 
     python benchmarks/compare_transformers.py [--repeats 3] [--max-new-tokens 64] [--k 4] [--device cpu]
 """
@@ -30,22 +33,27 @@ import torch  # noqa: E402
 from specbench.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative  # noqa: E402
 from specbench.fit import expected_tau, fit_alpha, leviathan_speedup  # noqa: E402
-from specbench.measure import time_forward  # noqa: E402
+from specbench.measure import copy_bandwidth, decode_step_bytes, roofline_tokens_per_s, time_forward  # noqa: E402
 from specbench.models import load_model, parse_dtype  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
+from specbench.synthetic import build_random_model  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload  # noqa: E402
 
 
-def median_time(run, repeats: int, synchronize) -> float:
-    run()  # warm-up
-    samples = []
+def median_times(runs, repeats: int, synchronize) -> list[float]:
+    """Median seconds of each of `runs`, after a warm-up of each. The runs take turns repeat by
+    repeat, so that a slow minute of a shared machine hits every side of a comparison alike."""
+    for run in runs:
+        run()  # warm-up
+    samples: list[list[float]] = [[] for _ in runs]
     for _ in range(repeats):
-        synchronize()
-        started = time.perf_counter()
-        run()
-        synchronize()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+        for run, times in zip(runs, samples):
+            synchronize()
+            started = time.perf_counter()
+            run()
+            synchronize()
+            times.append(time.perf_counter() - started)
+    return [statistics.median(times) for times in samples]
 
 
 def main() -> int:
@@ -58,8 +66,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--roofline-model", default=None,
+                        help="a larger architecture timed with random weights against the roofline "
+                             "(default llama3.2-1b on CPU, llama3-8b on CUDA; '' for none)")
+    parser.add_argument("--roofline-dtype", default=None)
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     args = parser.parse_args()
+    if args.roofline_model is None:
+        args.roofline_model = "llama3-8b" if args.device.startswith("cuda") else "llama3.2-1b"
 
     import transformers
 
@@ -89,57 +103,78 @@ def main() -> int:
         return run
 
     # --- autoregressive, batch 1
-    ours_ar = median_time(per_prompt(lambda p: generate_autoregressive(target.model, [p], config)), args.repeats, sync)
-    theirs_ar = median_time(per_prompt(hf_generate()), args.repeats, sync)
+    ours_ar, theirs_ar = median_times([per_prompt(lambda p: generate_autoregressive(target.model, [p], config)),
+                                       per_prompt(hf_generate())], args.repeats, sync)
     same = all(generate_autoregressive(target.model, [p], config).tokens[0] == hf_generate()(p) for p in single)
     rows.append(("autoregressive, B=1", tokens_total / ours_ar, tokens_total / theirs_ar,
                  f"transformers generate; same tokens: {same}"))
 
     # --- speculative with the draft model, batch 1
     drafter = ModelDrafter(draft.model, name=args.draft)
-    ours_sd = median_time(per_prompt(lambda p: generate_speculative(target.model, drafter, [p], config, k)),
-                          args.repeats, sync)
     assisted = hf_generate(assistant_model=hf_draft, num_assistant_tokens=k,
                            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
-    theirs_sd = median_time(per_prompt(assisted), args.repeats, sync)
+    ours_sd, theirs_sd = median_times([per_prompt(lambda p: generate_speculative(target.model, drafter, [p], config, k)),
+                                       per_prompt(assisted)], args.repeats, sync)
     same = all(generate_speculative(target.model, drafter, [p], config, k).tokens[0] == assisted(p) for p in single)
     rows.append((f"speculative {args.draft}, K={k}, B=1", tokens_total / ours_sd, tokens_total / theirs_sd,
                  f"transformers assisted generation (constant schedule); same tokens: {same}"))
 
     # --- n-gram prompt lookup, batch 1 (transformers matches up to 2-grams by default)
     ngram = NGramDrafter(max_ngram=2)
-    ours_ng = median_time(per_prompt(lambda p: generate_speculative(target.model, ngram, [p], config, k)),
-                          args.repeats, sync)
     lookup = hf_generate(prompt_lookup_num_tokens=k)
-    theirs_ng = median_time(per_prompt(lookup), args.repeats, sync)
+    ours_ng, theirs_ng = median_times([per_prompt(lambda p: generate_speculative(target.model, ngram, [p], config, k)),
+                                       per_prompt(lookup)], args.repeats, sync)
     same = all(generate_speculative(target.model, ngram, [p], config, k).tokens[0] == lookup(p) for p in single)
     rows.append((f"n-gram (max 2-gram), K={k}, B=1", tokens_total / ours_ng, tokens_total / theirs_ng,
                  f"transformers prompt_lookup_num_tokens; same tokens: {same}"))
 
-    # --- efficiency against the bound, batch 1, from bare forwards measured here
-    results = [generate_speculative(target.model, drafter, [p], config, k) for p in single]
+    # --- efficiency against the bound, batch 1. The loop and the bare forwards take turns round by
+    # round, so that both sides of each round's ratio ran under the same machine speed.
+    context = int(statistics.mean(len(p) for p in single)) + n // 2
+    rounds = []
+    for _ in range(args.repeats):
+        results = [generate_speculative(target.model, drafter, [p], config, k) for p in single]
+        ar_results = [generate_autoregressive(target.model, [p], config) for p in single]
+        t_ar = time_forward(target.model, 1, 1, context, repeats=10, warmup=2)
+        t_draft = time_forward(draft.model, 1, 1, context, repeats=10, warmup=2)
+        t_verify = time_forward(target.model, 1, k + 1, context, repeats=10, warmup=2)
+        accepted = [a for r in results for s in r.steps for a in s.accepted]
+        tau = 1 + sum(accepted) / len(accepted)
+        ar_decode = sum(s.verify_s + s.overhead_s for r in ar_results for s in r.steps) / \
+            sum(len(r.steps) for r in ar_results)
+        sd_decode_per_token = sum(s.draft_s + s.verify_s + s.overhead_s for r in results for s in r.steps) / \
+            sum(sum(s.emitted) for r in results for s in r.steps)
+        bound = tau * t_ar / (k * t_draft + t_verify)
+        rounds.append({"tau": tau, "t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify, "bound": bound,
+                       "measured": ar_decode / sd_decode_per_token,
+                       "efficiency": ar_decode / sd_decode_per_token / bound})
     drafted = [d for r in results for s in r.steps for d in s.drafted]
     accepted = [a for r in results for s in r.steps for a in s.accepted]
     alpha = fit_alpha(drafted, accepted).alpha
-    tau = 1 + sum(accepted) / len(accepted)
-    context = int(statistics.mean(len(p) for p in single)) + n // 2
-    t_ar = time_forward(target.model, 1, 1, context, repeats=10, warmup=2)
-    t_draft = time_forward(draft.model, 1, 1, context, repeats=10, warmup=2)
-    t_verify = time_forward(target.model, 1, k + 1, context, repeats=10, warmup=2)
-    bound = tau * t_ar / (k * t_draft + t_verify)
-    ar_results = [generate_autoregressive(target.model, [p], config) for p in single]
-    ar_decode = sum(s.verify_s + s.overhead_s for r in ar_results for s in r.steps) / sum(len(r.steps) for r in ar_results)
-    sd_decode_per_token = sum(s.draft_s + s.verify_s + s.overhead_s for r in results for s in r.steps) / \
-        sum(sum(s.emitted) for r in results for s in r.steps)
-    measured_decode = ar_decode / sd_decode_per_token
+    median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    tau, t_ar, t_draft, t_verify, bound = (median[key] for key in ("tau", "t_ar", "t_draft", "t_verify", "bound"))
+    measured_decode, efficiency = median["measured"], median["efficiency"]
+    efficiency_range = (min(r["efficiency"] for r in rounds), max(r["efficiency"] for r in rounds))
     levi = leviathan_speedup(alpha, k, t_draft / t_ar)
+
+    # --- autoregressive decode against the memory-bandwidth roofline
+    bandwidth = copy_bandwidth(args.device)
+    roofline = [roofline_row(target.model, args.target, single, n, bandwidth)]
+    if args.roofline_model:
+        large_dtype = parse_dtype(args.roofline_dtype) if args.roofline_dtype else target.model.dtype
+        large = build_random_model(args.roofline_model, large_dtype, args.device).model
+        large_prompts = [[i % large.vocab_size for i in p] for p in single[:1]]
+        roofline.append(roofline_row(large, f"{args.roofline_model} (random weights)", large_prompts,
+                                     min(n, 32), bandwidth))
+        del large
 
     # --- batched speculation against specbench's own baseline
     batched = []
     for batch in (4, 16):
         batch_prompts = prompts[:batch]
-        ar = median_time(lambda: generate_autoregressive(target.model, batch_prompts, config), args.repeats, sync)
-        sd = median_time(lambda: generate_speculative(target.model, drafter, batch_prompts, config, k), args.repeats, sync)
+        ar, sd = median_times([lambda: generate_autoregressive(target.model, batch_prompts, config),
+                               lambda: generate_speculative(target.model, drafter, batch_prompts, config, k)],
+                              args.repeats, sync)
         batched.append((batch, batch * n / ar, batch * n / sd))
 
     hardware, version = hardware_info(), versions()
@@ -151,8 +186,7 @@ def main() -> int:
         f"target {args.target} ({target.model.dtype}), draft {args.draft}, K={k}, {n} new tokens, "
         f"{len(single)} chat prompts at B=1, median of {args.repeats} after a warm-up.",
         "",
-        f"Command: `python benchmarks/compare_transformers.py --repeats {args.repeats} --max-new-tokens {n} --k {k} "
-        f"--device {args.device}`",
+        "Command: `" + " ".join(["python benchmarks/compare_transformers.py", *sys.argv[1:]]) + "`",
         "",
         "| case | specbench tok/s | transformers tok/s | ratio | reference |",
         "|---|---|---|---|---|",
@@ -167,7 +201,8 @@ def main() -> int:
         f"| bare forwards: T_ar, T_draft, T_verify(K+1) | {t_ar * 1e3:.1f} ms, {t_draft * 1e3:.1f} ms, {t_verify * 1e3:.1f} ms |",
         f"| bound τ·T_ar/(K·T_draft + T_verify) | {bound:.3f}× |",
         f"| measured decode speed-up (specbench SD vs specbench AR, per-token decode time) | {measured_decode:.3f}× |",
-        f"| efficiency = measured / bound (1 − loop overhead share) | {measured_decode / bound:.1%} |",
+        f"| efficiency = measured / bound (1 − loop overhead share); range over rounds | {efficiency:.1%}; "
+        f"{efficiency_range[0]:.1%}–{efficiency_range[1]:.1%} |",
         f"| Leviathan (1 − α^(K+1)) / ((1 − α)(K·c + 1)), c = T_draft/T_ar = {t_draft / t_ar:.2f} | {levi:.3f}× |",
         "",
         "| batched speculation | AR tok/s | SD tok/s | speed-up |",
@@ -175,6 +210,17 @@ def main() -> int:
     ]
     for batch, ar, sd in batched:
         lines.append(f"| B={batch} | {ar:.1f} | {sd:.1f} | {sd / ar:.2f}× |")
+    lines += [
+        "",
+        f"Autoregressive decode vs the memory-bandwidth roofline (measured copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
+        "read + write; a decode step reads every weight once plus each row's KV cache):",
+        "",
+        "| model | dtype | B | bytes read per step | roofline tok/s | measured decode tok/s | of roofline |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in roofline:
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['batch']} | {row['bytes'] / 1e9:.3f} GB | "
+                     f"{row['roofline']:.1f} | {row['measured']:.1f} | {row['measured'] / row['roofline']:.0%} |")
     lines.append("")
     text = "\n".join(lines)
     print(text)
@@ -184,6 +230,18 @@ def main() -> int:
     previous = previous[previous.find("## "):] if "## " in previous else ""
     args.output.write_text(header + text + "\n" + previous)
     return 0
+
+
+def roofline_row(model, label: str, prompts: list[list[int]], new_tokens: int, bandwidth: float) -> dict:
+    """Decode-only tokens/s of specbench's autoregressive loop at B=1 (median step time, prefill
+    excluded, after a warm-up) next to the roofline at the mean context of those steps."""
+    config = GenerationConfig(max_new_tokens=new_tokens)
+    generate_autoregressive(model, prompts[:1], GenerationConfig(max_new_tokens=4))
+    steps = [s.verify_s + s.overhead_s for p in prompts for s in generate_autoregressive(model, [p], config).steps]
+    context = int(statistics.mean(len(p) for p in prompts)) + new_tokens // 2
+    return {"model": label, "dtype": str(model.dtype).replace("torch.", ""), "batch": 1,
+            "bytes": decode_step_bytes(model, 1, context),
+            "roofline": roofline_tokens_per_s(model, 1, context, bandwidth), "measured": 1 / statistics.median(steps)}
 
 
 def target_generate(model, ids, new_tokens, **extra):

@@ -120,7 +120,7 @@ def sweep(
     repeats: int = typer.Option(1, help="Measured repeats per cell; tokens/s is their median."),
     seed: int = typer.Option(0),
     dtype: Optional[str] = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)."),
-    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    device: str = typer.Option("cpu", help="cpu, cuda[:N], or cuda:0,cuda:1,… to spread the target over several GPUs (a bare cuda spreads it when it does not fit on one)."),
     top_p: float = typer.Option(1.0, help="Top-p for sampled cells."),
     top_k: int = typer.Option(0, help="Top-k for sampled cells (0 = off)."),
     chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
@@ -365,7 +365,8 @@ def _gate_text(result) -> str:
     lines = []
     for v in result.verdicts:
         state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
-        speedups = ", ".join(f"B={b}: {s:.2f}× (K={v.best_k[b]})" for b, s in v.speedups.items()) or "none measured"
+        # Three decimals: a 0.996× must not print as the 1.00× it failed.
+        speedups = ", ".join(f"B={b}: {s:.3f}× (K={v.best_k[b]})" for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
     lines.append(f"verdict: {result.message} (exit {result.exit_code})")

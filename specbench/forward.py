@@ -95,7 +95,21 @@ class CausalLM:
             max_length=max_length,
             dtype=self.dtype,
             device=self.device,
+            layer_devices=self.layer_devices(),
         )
+
+    def devices(self) -> list[torch.device]:
+        """Every device holding a weight of this model (several when it is spread)."""
+        found: list[torch.device] = []
+        for parameter in list(self.decoder.parameters()) + list(self.head.parameters()):
+            if parameter.device not in found:
+                found.append(parameter.device)
+        return found
+
+    def layer_devices(self) -> list[torch.device] | None:
+        """Each decoder layer's device when the model is spread over several, else None."""
+        devices = [next(layer.parameters()).device for layer in self.decoder.layers]
+        return devices if len(set(devices)) > 1 else None
 
     def forward(
         self,

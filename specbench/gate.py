@@ -86,7 +86,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     failing = [b for b, s in chosen.speedups.items() if s < min_speedup]
     if failing:
         message = (f"{chosen.draft}: speculation is below {min_speedup:g}× at batch size(s) "
-                   f"{', '.join(map(str, failing))}")
+                   + ", ".join(f"{b} ({chosen.speedups[b]:.3f}×)" for b in failing))
         return GateResult(FAIL, chosen.draft, batch_sizes, min_speedup, verdicts, message)
     return GateResult(PASS, chosen.draft, batch_sizes, min_speedup, verdicts,
                       f"{chosen.draft}: at least {min_speedup:g}× at every batch size in "

@@ -29,16 +29,18 @@ class RaggedKVCache:
         max_length: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        layer_devices: list[torch.device] | None = None,  # a model spread over devices: each layer's
     ) -> None:
         shape = (batch_size, num_kv_heads, max_length, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        layer_devices = layer_devices or [torch.device(device)] * num_layers
+        self.keys = [torch.zeros(shape, dtype=dtype, device=d) for d in layer_devices]
+        self.values = [torch.zeros(shape, dtype=dtype, device=d) for d in layer_devices]
         self.max_length = max_length
-        self.device = torch.device(device)
+        self.device = torch.device(device)  # where positions, masks and lengths live
         self.allocated_bytes = self.nbytes()  # at full batch; rows leaving the batch shrink it
         # Host copy of the lengths: the loop needs them on the host anyway (slicing, bookkeeping).
         self.lengths: list[int] = [0] * batch_size
-        self._write_index: torch.Tensor | None = None
+        self._write_index: dict[torch.device, torch.Tensor] = {}
         self._visible_length = 0
 
     @property
@@ -60,7 +62,7 @@ class RaggedKVCache:
         lengths = torch.tensor(self.lengths, device=self.device, dtype=torch.long)
         offsets = torch.arange(num_new, device=self.device)
         positions = lengths[:, None] + offsets[None, :]  # [B, T]
-        self._write_index = positions[:, None, :, None]
+        self._write_index = {self.device: positions[:, None, :, None]}
         self._visible_length = max(self.lengths) + num_new
         columns = torch.arange(self._visible_length, device=self.device)
         mask = columns[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, visible]
@@ -74,7 +76,10 @@ class RaggedKVCache:
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        index = self._write_index.expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        index = self._write_index.get(key_states.device)
+        if index is None:  # a layer on another device: the same index, copied there once per step
+            index = self._write_index[key_states.device] = self._write_index[self.device].to(key_states.device)
+        index = index.expand(-1, key_states.shape[1], -1, key_states.shape[3])
         self.keys[layer_idx].scatter_(2, index, key_states)
         self.values[layer_idx].scatter_(2, index, value_states)
         visible = self._visible_length
@@ -86,9 +91,10 @@ class RaggedKVCache:
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only `rows` (finished rows leave the batch)."""
-        index = torch.tensor(rows, device=self.device, dtype=torch.long)
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
+        index = torch.tensor(rows, dtype=torch.long)
+        on = {t.device: index.to(t.device) for t in self.keys}
+        self.keys = [k.index_select(0, on[k.device]) for k in self.keys]
+        self.values = [v.index_select(0, on[v.device]) for v in self.values]
         self.lengths = [self.lengths[r] for r in rows]
 
     # transformers calls these on some paths; they describe the longest row.

@@ -149,28 +149,82 @@ def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats
     return float(np.median(samples))
 
 
+# --- memory-bandwidth roofline ----------------------------------------------------------------
+
+def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, repeats: int = 10) -> float:
+    """Measured memory bandwidth in bytes/s: the median of `dst.copy_(src)` over buffers far larger
+    than any cache, counting the read and the write (2 x num_bytes per copy)."""
+    device = torch.device(device)
+    num_bytes = num_bytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+    source = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    destination = torch.empty_like(source)
+    clock = Clock(device)
+    samples = []
+    for attempt in range(repeats + 2):
+        started = clock.now()
+        destination.copy_(source)
+        if attempt >= 2:
+            samples.append(clock.now() - started)
+    del source, destination
+    return 2 * num_bytes / float(np.median(samples))
+
+
+def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
+    """Bytes one autoregressive decode step must read at least: every weight once (shared by the
+    batch) except the input embedding, of which only the batch's rows are read, plus each row's
+    K and V over its context."""
+    config = model.config
+    embedding = model.decoder.get_input_embeddings().weight
+    tied = embedding is model.head.weight
+    weights = model.parameter_bytes() - (0 if tied else embedding.numel() * embedding.element_size())
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    element = torch.finfo(model.dtype).bits // 8
+    kv = 2 * config.num_hidden_layers * kv_heads * head_dim * context * element
+    return weights + batch * (kv + config.hidden_size * element)
+
+
+def roofline_tokens_per_s(model: CausalLM, batch: int, context: int, bandwidth: float) -> float:
+    """The memory-bandwidth ceiling on autoregressive decode throughput: batch tokens per step, a
+    step no faster than reading decode_step_bytes at the measured bandwidth."""
+    return batch * bandwidth / decode_step_bytes(model, batch, context)
+
+
 # --- memory ------------------------------------------------------------------------------------
 
-class PeakMemory:
-    """Peak memory while the block runs: on CUDA torch's peak allocated bytes and the device's
-    used memory sampled through NVML in a background thread; on CPU the process's resident set
-    size, sampled."""
+def nvml_index(device: torch.device) -> int:
+    """NVML numbers every GPU of the machine; torch only the visible ones, in CUDA_VISIBLE_DEVICES
+    order."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if index < len(visible) and visible[index].isdigit():
+        return int(visible[index])
+    return index
 
-    def __init__(self, device: torch.device | str, interval_s: float = 0.005) -> None:
-        self.device = torch.device(device)
+
+class PeakMemory:
+    """Peak memory while the block runs: on CUDA torch's peak allocated bytes and the devices' used
+    memory sampled through NVML in a background thread, summed over the devices a model spans; on
+    CPU the process's resident set size, sampled."""
+
+    def __init__(self, device: torch.device | str | list, interval_s: float = 0.005) -> None:
+        devices = device if isinstance(device, (list, tuple)) else [device]
+        self.devices = [torch.device(d) for d in devices]
+        self.device = self.devices[0]
         self.interval_s = interval_s
         self.peak_bytes = 0
         self.peak_torch_bytes = 0
         self.kind = "gpu" if self.device.type == "cuda" else "rss"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml_handle = None
+        self._nvml_handles: list = []
 
     def _read(self) -> int:
-        if self._nvml_handle is not None:
+        if self._nvml_handles:
             import pynvml
 
-            return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used)
+            return sum(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) for handle in self._nvml_handles)
         return psutil.Process(os.getpid()).memory_info().rss
 
     def _sample(self) -> None:
@@ -180,16 +234,16 @@ class PeakMemory:
 
     def __enter__(self) -> "PeakMemory":
         if self.kind == "gpu":
-            torch.cuda.reset_peak_memory_stats(self.device)
+            for device in self.devices:
+                torch.cuda.reset_peak_memory_stats(device)
             try:
                 import pynvml
 
                 pynvml.nvmlInit()
-                index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-                self._nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                self._nvml_handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(d)) for d in self.devices]
             except Exception:
-                self._nvml_handle = None
-        if self._nvml_handle is not None or self.kind == "rss":
+                self._nvml_handles = []
+        if self._nvml_handles or self.kind == "rss":
             self.peak_bytes = self._read()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -201,6 +255,6 @@ class PeakMemory:
             self._thread.join()
             self.peak_bytes = max(self.peak_bytes, self._read())
         if self.kind == "gpu":
-            self.peak_torch_bytes = int(torch.cuda.max_memory_allocated(self.device))
-            if self._nvml_handle is None:
+            self.peak_torch_bytes = sum(int(torch.cuda.max_memory_allocated(d)) for d in self.devices)
+            if not self._nvml_handles:
                 self.peak_bytes = self.peak_torch_bytes

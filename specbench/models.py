@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from specbench.forward import CausalLM
+from specbench.placement import free_memory_shares, layer_device_map, may_spread, parse_devices, placement_devices
 
 
 class ModelNotAvailable(RuntimeError):
@@ -281,12 +282,27 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                                   local_files_only=local_only, **extra)
+        devices = parse_devices(device)
+        if may_spread(device):
+            # Sized on the meta device (no memory) to decide whether it must be spread.
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                local_files_only=local_only, **extra)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            size = sum(p.numel() for p in skeleton.parameters()) * (torch.finfo(dtype).bits // 8)
+            devices = placement_devices(device, size)
+            if len(devices) > 1:
+                extra["device_map"] = layer_device_map(skeleton, devices, free_memory_shares(devices))
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_only,
             attn_implementation="sdpa", **extra)
     except OSError as error:
         raise ModelNotAvailable(f"cannot load {reference} from {path}: {str(error).splitlines()[0]}") from None
-    model.to(device).eval()
+    if len(devices) == 1:
+        model.to(devices[0])
+    model.eval()
     return LoadedModel(CausalLM.from_hf(model, name=resolved.name), tokenizer, resolved,
                        time.perf_counter() - started)
 

@@ -344,6 +344,14 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", "batch_size", "draft", "k"]) \
         if not cells.empty else pd.DataFrame()
     tables = {"cells": cell_table}
+    if "roofline_fraction" in cells:
+        baseline = cells[cells["roofline_fraction"].notna()].copy()
+        if len(baseline):
+            baseline["decode_step_ms"] = (baseline["step_verify_s"] + baseline["step_overhead_s"]) * 1e3
+            baseline["roofline_step_ms"] = baseline["roofline_step_s"] * 1e3
+            tables["autoregressive baseline vs memory-bandwidth roofline"] = baseline[
+                ["workload", "batch_size", "temperature", "decode_step_ms", "roofline_step_ms", "roofline_fraction"]
+            ].sort_values(["workload", "temperature", "batch_size"])
     if not a.alphas.empty:
         tables["alpha fit"] = a.alphas
     if not a.predicted.empty:

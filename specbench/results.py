@@ -1,6 +1,11 @@
 """A run on disk: one directory holding cells, requests and steps tables (Parquet and CSV) and
-run.json (grid, seeds, hardware, versions, times). Tables are rewritten atomically after every
-cell, so an interrupted sweep keeps every finished cell."""
+run.json (grid, seeds, hardware, versions, times).
+
+While a sweep runs, the small cells table is rewritten atomically after every cell and each cell's
+requests and steps go to their own part file under parts/, so the cost of saving a cell does not
+grow with the run. The sweep merges the parts into requests/steps tables when it stops (finished,
+failed or interrupted); a run killed before that still loads, parts included, and a resume merges
+them."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 TABLES = ("cells", "requests", "steps")
+PART_TABLES = ("requests", "steps")  # written per cell while a sweep runs
 DEFAULT_RESULTS_DIR = Path("results")
 
 
@@ -71,6 +77,45 @@ def write_table(run_dir: Path, name: str, frame: pd.DataFrame) -> None:
         os.replace(staging, path)
 
 
+def _part_paths(run_dir: Path, name: str) -> list[Path]:
+    return sorted((run_dir / "parts").glob(f"{name}-*.parquet"))
+
+
+def append_part(run_dir: Path, name: str, frame: pd.DataFrame) -> None:
+    """One cell's rows of a table, in a part file of their own (written atomically)."""
+    parts = run_dir / "parts"
+    parts.mkdir(exist_ok=True)
+    existing = _part_paths(run_dir, name)
+    index = int(existing[-1].stem.rsplit("-", 1)[1]) + 1 if existing else 0
+    path = parts / f"{name}-{index:06d}.parquet"
+    staging = path.with_name(path.name + ".tmp")
+    frame.to_parquet(staging, index=False)
+    os.replace(staging, path)
+
+
+def read_table(run_dir: Path, name: str) -> pd.DataFrame:
+    """A table as merged so far plus any part files not merged yet."""
+    merged = run_dir / f"{name}.parquet"
+    frames = [pd.read_parquet(merged)] if merged.exists() else []
+    frames += [pd.read_parquet(part) for part in _part_paths(run_dir, name)]
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def merge_parts(run_dir: Path) -> None:
+    """Fold the part files into the Parquet and CSV tables, then remove them."""
+    for name in PART_TABLES:
+        parts = _part_paths(run_dir, name)
+        if parts or not (run_dir / f"{name}.parquet").exists():
+            write_table(run_dir, name, read_table(run_dir, name))
+        for part in parts:
+            part.unlink()
+    try:
+        (run_dir / "parts").rmdir()
+    except OSError:
+        pass
+
+
 def write_json(path: Path, payload: dict) -> None:
     staging = path.with_name(path.name + ".tmp")
     staging.write_text(json.dumps(payload, indent=2, default=str))
@@ -91,10 +136,7 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     if not (path / "run.json").exists():
         raise RunNotFound(f"{path} is not a specbench run (no run.json)")
     meta = json.loads((path / "run.json").read_text())
-    tables = {}
-    for name in TABLES:
-        file = path / f"{name}.parquet"
-        tables[name] = pd.read_parquet(file) if file.exists() else pd.DataFrame()
+    tables = {name: read_table(path, name) for name in TABLES}
     return Run(path, meta, tables["cells"], tables["requests"], tables["steps"])
 
 

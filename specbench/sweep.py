@@ -20,12 +20,17 @@ import torch
 from specbench.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.forward import CausalLM
-from specbench.measure import PeakMemory, acceptance_summary, percentiles, phase_times, request_rows, step_rows
+from specbench.measure import (
+    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, percentiles, phase_times, request_rows, step_rows,
+)
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, default_dtype, family_of, load_model,
     lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
-from specbench.results import hardware_info, new_run_dir, now_iso, versions, write_json, write_table
+from specbench.results import (
+    append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
+)
+from specbench.placement import parse_devices, placement_devices
 from specbench.sampling import SamplingParams
 from specbench.synthetic import (
     LayerScaler, build_random_model, config_parameters, expected_acceptance, layers_that_fit,
@@ -85,10 +90,12 @@ class SweepConfig:
         SamplingParams(temperature=1.0, top_p=self.top_p, top_k=self.top_k)
         if self.dtype:
             parse_dtype(self.dtype)
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
+        devices = parse_devices(self.device)
+        if devices[0].startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device}: CUDA is not available on this machine")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"--device must be cpu or cuda[:N], got {self.device}")
+        for name in devices:
+            if ":" in name and int(name.split(":")[1]) >= torch.cuda.device_count():
+                raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
         for draft in self.drafts:
             parse_draft_spec(draft)
         if self.weights not in ("real", "random"):
@@ -168,6 +175,7 @@ class Models:
     synthetic: bool = False
     target_scaler: LayerScaler | None = None  # set when only a layer subset of the target was built
     draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
+    copy_bandwidth: float = float("nan")  # bytes/s on the target's device, for the roofline
 
     def drafter(self, label: str) -> Drafter:
         spec = self.drafts[label]
@@ -201,7 +209,7 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
 
 
 def _memory_budget(device: str) -> float:
-    """Bytes of weights this run may place: most of the free device memory, or of the free RAM."""
+    """Bytes of weights this run may place on `device`: most of its free memory, or of the free RAM."""
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free * 0.8
@@ -212,6 +220,16 @@ def _memory_budget(device: str) -> float:
 
 def _context_estimate(config: SweepConfig) -> int:
     return 96 + config.max_new_tokens // 2
+
+
+def measured_bandwidth(device: torch.device) -> float:
+    """Copy bandwidth of the target's device, over buffers that leave room for the run; NaN when
+    even that does not fit."""
+    budget = _memory_budget(str(device)) / 0.8 * 0.1 if device.type == "cuda" else 256 << 20
+    try:
+        return copy_bandwidth(device, int(min(budget, 2 << 30)) // 4 * 4)
+    except (RuntimeError, MemoryError):
+        return float("nan")
 
 
 def load_random_models(config: SweepConfig) -> Models:
@@ -235,12 +253,13 @@ def load_random_models(config: SweepConfig) -> Models:
             alias, draft_config = shipped_config(spec.model, family)
             draft_sizes[label] = (alias, draft_config, draft_dtype,
                                   config_parameters(draft_config) * (torch.finfo(draft_dtype).bits // 8))
-    budget = _memory_budget(config.device)
     draft_budget = sum(size for *_, size in draft_sizes.values())
+    target_devices = placement_devices(config.device, config_parameters(target_config) * bytes_per + draft_budget)
+    budget = sum(_memory_budget(device) for device in target_devices)
     layers = config.target_layers
     if layers is None and config_parameters(target_config) * bytes_per + draft_budget > budget:
         layers = layers_that_fit(target_config, dtype, max(budget - min(draft_budget, budget * 0.4), 0))
-    target = build_random_model(target_alias, dtype, config.device, num_layers=layers, seed=config.seed)
+    target = build_random_model(target_alias, dtype, target_devices, num_layers=layers, seed=config.seed)
     try:
         tokenizer = load_tokenizer(DEFAULT_TARGET)  # a proxy for prompt lengths; the ids are timing-only
     except Exception:
@@ -248,10 +267,13 @@ def load_random_models(config: SweepConfig) -> Models:
     context = _context_estimate(config)
     target_scaler = LayerScaler(target.model, target.full_layers, context) if target.is_subset else None
     draft_models, draft_scalers = {}, {}
-    share = (budget - target.model.parameter_bytes()) / max(1, len(draft_sizes))
+    # Drafts share the first device with (a part of) the target.
+    left = budget - target.model.parameter_bytes() if len(target_devices) == 1 else _memory_budget(target_devices[0])
+    share = left / max(1, len(draft_sizes))
     for seed, (label, (alias, draft_config, draft_dtype, size)) in enumerate(draft_sizes.items(), start=1):
         draft_layers = None if size <= share else layers_that_fit(draft_config, draft_dtype, share)
-        built = build_random_model(alias, draft_dtype, config.device, num_layers=draft_layers, seed=config.seed + seed)
+        built = build_random_model(alias, draft_dtype, target_devices[0], num_layers=draft_layers,
+                                   seed=config.seed + seed)
         if built.is_subset:
             draft_scalers[label] = LayerScaler(built.model, built.full_layers, context)
         draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
@@ -277,7 +299,7 @@ def load_models(config: SweepConfig) -> Models:
         if spec.kind != "model":
             continue
         draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
-        loaded = load_model(spec.model, config.device, draft_dtype, family=family,
+        loaded = load_model(spec.model, str(target.model.devices()[0]), draft_dtype, family=family,
                             allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
         check_tokenizers_compatible(target, loaded)
         models[label] = loaded
@@ -377,7 +399,7 @@ class CellRun:
     def measure(self, repeat: int) -> None:
         cell, config = self.cell, self.config
         tokens = seconds = 0.0
-        with PeakMemory(self.models.target.model.device) as memory:
+        with PeakMemory(self.models.target.model.devices()) as memory:
             for batch_index, rows in enumerate(self.batches):
                 generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
                                               seed=config.seed + 1000 * repeat + batch_index)
@@ -433,6 +455,13 @@ class CellRun:
             "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
             models.target.model.config.num_hidden_layers,
         }
+        if drafter is None and not row["estimated"] and math.isfinite(models.copy_bandwidth):
+            # How close the baseline's decode steps come to reading the weights and KV cache at
+            # the measured memory bandwidth: far below 1 means the baseline itself is slow.
+            context = int(row["prompt_tokens_mean"] + config.max_new_tokens / 2)
+            roofline = decode_step_bytes(models.target.model, cell.batch_size, context) / models.copy_bandwidth
+            row["roofline_step_s"] = roofline
+            row["roofline_fraction"] = roofline / (row["step_verify_s"] + row["step_overhead_s"])
         if drafter is not None:
             summary = acceptance_summary(results, cell.k)
             draft_kv = max(r.draft_kv_cache_bytes for r in results)
@@ -498,17 +527,18 @@ class SweepEvent:
 
 
 class SweepTables:
-    """The three tables of a run, kept in memory and written after every cell."""
+    """The tables of a run being written: the cells table in memory and rewritten after every
+    cell; requests and steps appended per cell as part files (merged by `close`). Keeps the
+    baselines' greedy outputs for the lossless check."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.cells = pd.DataFrame()
-        self.requests = pd.DataFrame()
-        self.steps = pd.DataFrame()
-        for name in ("cells", "requests", "steps"):
-            path = run_dir / f"{name}.parquet"
-            if path.exists():
-                setattr(self, name, pd.read_parquet(path))
+        self.cells = read_table(run_dir, "cells")
+        requests = read_table(run_dir, "requests")
+        self._outputs: dict[str, list[list[int]]] = {}
+        if len(requests):
+            for cell_id, rows in requests[requests["repeat"] == 0].groupby("cell_id", sort=False):
+                self._outputs[cell_id] = [list(t) for t in rows["tokens"]]
 
     def finished_ids(self) -> set[str]:
         return set(self.cells["cell_id"]) if len(self.cells) else set()
@@ -517,17 +547,18 @@ class SweepTables:
         new_row = pd.DataFrame([row])
         self.cells = new_row if self.cells.empty else pd.concat([self.cells, new_row], ignore_index=True)
         if requests:
-            self.requests = pd.concat([self.requests, pd.DataFrame(requests)], ignore_index=True)
+            append_part(self.run_dir, "requests", pd.DataFrame(requests))
+            first = [r for r in requests if r["repeat"] == 0]
+            self._outputs[row["cell_id"]] = [list(r["tokens"]) for r in first]
         if steps:
-            self.steps = pd.concat([self.steps, pd.DataFrame(steps)], ignore_index=True)
-        for name in ("cells", "requests", "steps"):
-            write_table(self.run_dir, name, getattr(self, name))
+            append_part(self.run_dir, "steps", pd.DataFrame(steps))
+        write_table(self.run_dir, "cells", self.cells)
+
+    def close(self) -> None:
+        merge_parts(self.run_dir)
 
     def baseline_outputs(self, cell_id: str) -> list[list[int]] | None:
-        if self.requests.empty:
-            return None
-        rows = self.requests[(self.requests["cell_id"] == cell_id) & (self.requests["repeat"] == 0)]
-        return [list(t) for t in rows["tokens"]] if len(rows) else None
+        return self._outputs.get(cell_id) or None
 
 
 def _baseline_throughput(tables: SweepTables, cell: Cell, row: dict) -> float:
@@ -574,6 +605,9 @@ def run_sweep(
             message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
         meta["estimated"] = bool(scaled)
         write_json(run_dir / "run.json", meta)
+    models.copy_bandwidth = measured_bandwidth(models.target.model.device)
+    meta["hardware"]["copy_bandwidth_bytes_per_s"] = models.copy_bandwidth
+    write_json(run_dir / "run.json", meta)
     on_event(SweepEvent("loaded", message=message))
     cells = plan_cells(config)
     done = tables.finished_ids()
@@ -671,6 +705,7 @@ def run_sweep(
         meta["status"] = "interrupted"
         raise
     finally:
+        tables.close()
         meta["finished"] = now_iso()
         write_json(run_dir / "run.json", meta)
     return run_dir

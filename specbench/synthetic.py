@@ -59,12 +59,16 @@ class RandomModel:
         return self.built_layers < self.full_layers
 
 
-def build_random_model(alias: str, dtype: torch.dtype, device: str, family: str | None = None,
+def build_random_model(alias: str, dtype: torch.dtype, device: str | list[str], family: str | None = None,
                        num_layers: int | None = None, seed: int = 0) -> RandomModel:
     """The architecture of `alias` with random weights (N(0, 0.02)), optionally only its first
-    `num_layers` decoder layers (plus embedding and head)."""
+    `num_layers` decoder layers (plus embedding and head); on one device, or spread over a list
+    of devices in contiguous blocks of layers."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from specbench.placement import dispatch, layer_device_map
+
+    devices = [device] if isinstance(device, str) else list(device)
     name, raw = shipped_config(alias, family)
     config = AutoConfig.for_model(**raw)
     full = config.num_hidden_layers
@@ -73,8 +77,10 @@ def build_random_model(alias: str, dtype: torch.dtype, device: str, family: str 
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model = model.to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    device_map = layer_device_map(model, devices) if len(devices) > 1 else {"": devices[0]}
+    for module_name, target_device in device_map.items():
+        (model.get_submodule(module_name) if module_name else model).to_empty(device=target_device)
+    generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for module_name, parameter in model.named_parameters():
             if "norm" in module_name:
@@ -82,11 +88,15 @@ def build_random_model(alias: str, dtype: torch.dtype, device: str, family: str 
             elif module_name.endswith("bias"):
                 parameter.zero_()
             else:
-                parameter.normal_(0.0, 0.02, generator=generator)
+                if parameter.device not in generators:
+                    generators[parameter.device] = torch.Generator(device=parameter.device).manual_seed(seed)
+                parameter.normal_(0.0, 0.02, generator=generators[parameter.device])
     # Buffers (rotary inverse frequencies) are not parameters: rebuild that module for real.
     decoder = model.get_decoder()
-    decoder.rotary_emb = type(decoder.rotary_emb)(config=model.config).to(device)
+    decoder.rotary_emb = type(decoder.rotary_emb)(config=model.config).to(devices[0])
     model.tie_weights()
+    if len(devices) > 1:
+        model = dispatch(model, device_map, force_hooks=True)
     model.eval()
     return RandomModel(CausalLM.from_hf(model, name=f"{name} (random weights)"), name, full, config.num_hidden_layers)
 

@@ -140,3 +140,18 @@ def test_sampled_runs_are_seeded(llama_target, llama_draft):
     first = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3).tokens
     second = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts, config, 3).tokens
     assert first == second
+
+
+def test_decode_step_bytes_counts_weights_once_and_kv_per_row():
+    from specbench.measure import copy_bandwidth, decode_step_bytes, roofline_tokens_per_s
+
+    model = CausalLM.from_hf(tiny_model("llama", layers=2, hidden=64, dtype=torch.float32))
+    element = 4
+    embedding = 97 * 64 * element  # only the batch's rows of it are read
+    weights = sum(p.numel() for p in model.hf_model.parameters()) * element - embedding
+    kv_per_token = 2 * 2 * 2 * 16 * element  # K and V, 2 layers, 2 KV heads of dim 16
+    assert decode_step_bytes(model, 1, 10) == weights + 10 * kv_per_token + 64 * element
+    assert decode_step_bytes(model, 3, 10) == weights + 3 * (10 * kv_per_token + 64 * element)
+    bandwidth = copy_bandwidth("cpu", 16 << 20, repeats=3)
+    assert 1e8 < bandwidth < 1e13
+    assert roofline_tokens_per_s(model, 3, 10, bandwidth) == pytest.approx(3 * bandwidth / decode_step_bytes(model, 3, 10))

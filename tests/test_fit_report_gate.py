@@ -131,7 +131,8 @@ def test_check_exit_codes(tmp_path):
     assert runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"]).exit_code == 0
     failing = runner.invoke(app, ["check", str(run_dir)])  # defaults: 32,64
     assert failing.exit_code == 1
-    assert "B=32: 1.10× (K=2)" in failing.output and "B=64: 0.80× (K=2)" in failing.output
+    assert "B=32: 1.100× (K=2)" in failing.output and "B=64: 0.800× (K=2)" in failing.output
+    assert "below 1× at batch size(s) 64 (0.800×)" in failing.output
     assert "{1: 4, 2-32: 2, 33+: off}" in failing.output and "B* ≈" in failing.output
     missing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "128"])
     assert missing.exit_code == 2 and "measured: 1, 32, 64" in missing.output

@@ -54,6 +54,7 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert set(STEP_COLUMNS) <= set(run.steps.columns)
     for name in ("cells", "requests", "steps"):
         assert (output / f"{name}.csv").exists() and (output / f"{name}.parquet").exists()
+    assert not (output / "parts").exists()  # merged when the sweep stopped
     meta = json.loads((output / "run.json").read_text())
     assert meta["status"] == "complete"
     assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
@@ -75,6 +76,9 @@ def test_cells_hold_plausible_measurements(finished_run):
         assert len(row["acceptance_by_position"]) == row["k"]
     model_drafts = speculative[~speculative["draft"].str.startswith("ngram")]
     assert (model_drafts["draft_memory_bytes"] > 0).all()
+    baseline = cells[cells["mode"] == "autoregressive"]
+    assert (baseline["roofline_fraction"] > 0).all() and (baseline["roofline_step_s"] > 0).all()
+    assert run.meta["hardware"]["copy_bandwidth_bytes_per_s"] > 1e8
 
 
 def test_every_greedy_cell_is_lossless(finished_run):
@@ -168,25 +172,51 @@ def test_dry_run_prints_the_plan(tiny_model_dirs, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp_path, monkeypatch):
+def ctrl_c_at(cell_id: str, monkeypatch) -> None:
+    """Make the sweep's run_cell raise KeyboardInterrupt when it reaches `cell_id`."""
     original = sweep_module.run_cell
-    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1"])
 
     def interrupted(models, cell, *a, **k):
-        if cell.id == "chat|B1|T0|ngram:2|K1":
+        if cell.id == cell_id:
             raise KeyboardInterrupt
         return original(models, cell, *a, **k)
 
     monkeypatch.setattr(sweep_module, "run_cell", interrupted)
+
+
+def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp_path, monkeypatch):
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1"])
+    ctrl_c_at("chat|B1|T0|ngram:2|K1", monkeypatch)
     result = runner.invoke(app, args)
     assert result.exit_code == 130
     run = load_run(tmp_path / "run")
     assert len(run.cells) == 3 and run.meta["status"] == "interrupted"
-    monkeypatch.setattr(sweep_module, "run_cell", original)
+    monkeypatch.undo()
     result = runner.invoke(app, args + ["--resume"])
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path / "run")
     assert len(run.cells) == 5 and (run.cells["status"] == "ok").all() and run.meta["status"] == "complete"
+
+
+def test_a_killed_sweep_keeps_its_parts_and_resume_merges_them(tiny_model_dirs, tmp_path, monkeypatch):
+    """A process killed hard never merges its part files: they still load, and the resume's
+    lossless check finds the baseline's outputs in them."""
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1"])
+    ctrl_c_at("chat|B1|T0|ngram:2|K1", monkeypatch)
+    monkeypatch.setattr(sweep_module, "merge_parts", lambda run_dir: None)
+    assert runner.invoke(app, args).exit_code == 130
+    assert len(list((tmp_path / "run" / "parts").glob("requests-*.parquet"))) == 3
+    run = load_run(tmp_path / "run")
+    assert len(run.cells) == 3 and set(run.requests["cell_id"]) == set(run.cells["cell_id"])
+    monkeypatch.undo()
+    result = runner.invoke(app, args + ["--resume"])
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "run")
+    assert not (tmp_path / "run" / "parts").exists()
+    assert len(run.cells) == 5 and set(run.requests["cell_id"]) == set(run.cells["cell_id"])
+    speculative = run.cells[run.cells["mode"] == "speculative"]
+    assert (speculative["lossless"] == "exact").all()
+    assert len(pd.read_csv(tmp_path / "run" / "steps.csv")) == len(run.steps)
 
 
 def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run):

@@ -152,8 +152,9 @@ def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats
 # --- memory-bandwidth roofline ----------------------------------------------------------------
 
 def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, repeats: int = 10) -> float:
-    """Measured memory bandwidth in bytes/s: the median of `dst.copy_(src)` over buffers far larger
-    than any cache, counting the read and the write (2 x num_bytes per copy)."""
+    """Measured memory bandwidth in bytes/s: the best of `dst.copy_(src)` over buffers far larger
+    than any cache (STREAM's convention: the roofline is what the memory can do at its best),
+    counting the read and the write (2 x num_bytes per copy)."""
     device = torch.device(device)
     num_bytes = num_bytes or (2 << 30 if device.type == "cuda" else 256 << 20)
     source = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
@@ -166,7 +167,7 @@ def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, rep
         if attempt >= 2:
             samples.append(clock.now() - started)
     del source, destination
-    return 2 * num_bytes / float(np.median(samples))
+    return 2 * num_bytes / min(samples)
 
 
 def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:

@@ -83,14 +83,19 @@ class CausalLM:
                     total += parameter.numel() * parameter.element_size()
         return total
 
-    def new_cache(self, batch_size: int, max_length: int) -> RaggedKVCache:
+    def kv_heads_and_dim(self) -> tuple[int, int]:
+        """Key/value heads per layer and their size: what one cached position holds per layer."""
         config = self.config
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        return getattr(config, "num_key_value_heads", None) or num_heads, head_dim
+
+    def new_cache(self, batch_size: int, max_length: int) -> RaggedKVCache:
+        num_kv_heads, head_dim = self.kv_heads_and_dim()
         return RaggedKVCache(
-            num_layers=config.num_hidden_layers,
+            num_layers=self.config.num_hidden_layers,
             batch_size=batch_size,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             max_length=max_length,
             dtype=self.dtype,

@@ -92,7 +92,7 @@ class RaggedKVCache:
     def select_rows(self, rows: list[int]) -> None:
         """Keep only `rows` (finished rows leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long)
-        on = {t.device: index.to(t.device) for t in self.keys}
+        on = {device: index.to(device) for device in {t.device for t in self.keys}}
         self.keys = [k.index_select(0, on[k.device]) for k in self.keys]
         self.values = [v.index_select(0, on[v.device]) for v in self.values]
         self.lengths = [self.lengths[r] for r in rows]

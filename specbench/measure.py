@@ -178,9 +178,7 @@ def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
     embedding = model.decoder.get_input_embeddings().weight
     tied = embedding is model.head.weight
     weights = model.parameter_bytes() - (0 if tied else embedding.numel() * embedding.element_size())
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    kv_heads, head_dim = model.kv_heads_and_dim()
     element = torch.finfo(model.dtype).bits // 8
     kv = 2 * config.num_hidden_layers * kv_heads * head_dim * context * element
     return weights + batch * (kv + config.hidden_size * element)

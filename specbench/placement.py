@@ -64,17 +64,30 @@ def dispatch(hf_model: torch.nn.Module, device_map: dict[str, str], force_hooks:
     return dispatch_model(hf_model, device_map, force_hooks=force_hooks)
 
 
+def free_bytes(device: str) -> float:
+    """Free memory of a CUDA device, or the RAM available to this process."""
+    if device.startswith("cuda"):
+        return float(torch.cuda.mem_get_info(torch.device(device))[0])
+    import psutil
+
+    return float(psutil.virtual_memory().available)
+
+
+def memory_budget(device: str) -> float:
+    """Bytes of weights a run may place on `device`: most of its free memory, or of the free RAM."""
+    return free_bytes(device) * (0.8 if device.startswith("cuda") else 0.6)
+
+
 def free_memory_shares(devices: list[str]) -> list[float]:
-    return [float(torch.cuda.mem_get_info(torch.device(d))[0]) for d in devices]
+    return [free_bytes(d) for d in devices]
 
 
 def placement_devices(device: str, model_bytes: int) -> list[str]:
     """The devices a model of `model_bytes` goes on: those named, or with a bare `cuda` on a
-    machine with several GPUs, all of them when it does not fit in 80% of the first's free memory."""
+    machine with several GPUs, all of them when it does not fit in the first's memory budget."""
     devices = parse_devices(device)
     if devices == ["cuda"] and torch.cuda.is_available() and torch.cuda.device_count() > 1:
-        free, _ = torch.cuda.mem_get_info(torch.device("cuda:0"))
-        if model_bytes > 0.8 * free:
+        if model_bytes > memory_budget("cuda:0"):
             return [f"cuda:{index}" for index in range(torch.cuda.device_count())]
     return devices
 

@@ -30,7 +30,7 @@ from specbench.models import (
 from specbench.results import (
     append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
 )
-from specbench.placement import parse_devices, placement_devices
+from specbench.placement import free_bytes, memory_budget, parse_devices, placement_devices
 from specbench.sampling import SamplingParams
 from specbench.synthetic import (
     LayerScaler, build_random_model, config_parameters, expected_acceptance, layers_that_fit,
@@ -64,6 +64,11 @@ class SweepConfig:
     weights: str = "real"  # "random": timing-only, architectures from shipped configs
     alphas: list[str] = field(default_factory=list)  # synthetic acceptance profiles (random weights)
     target_layers: int | None = None  # random weights: build only this many target layers, scale
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The target's dtype: --dtype, else the device's default."""
+        return parse_dtype(self.dtype) if self.dtype else default_dtype(self.device)
 
     @property
     def synthetic(self) -> bool:
@@ -208,16 +213,6 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
     return workloads
 
 
-def _memory_budget(device: str) -> float:
-    """Bytes of weights this run may place on `device`: most of its free memory, or of the free RAM."""
-    if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return free * 0.8
-    import psutil
-
-    return psutil.virtual_memory().available * 0.6
-
-
 def _context_estimate(config: SweepConfig) -> int:
     return 96 + config.max_new_tokens // 2
 
@@ -225,7 +220,7 @@ def _context_estimate(config: SweepConfig) -> int:
 def measured_bandwidth(device: torch.device) -> float:
     """Copy bandwidth of the target's device, over buffers that leave room for the run; NaN when
     even that does not fit."""
-    budget = _memory_budget(str(device)) / 0.8 * 0.1 if device.type == "cuda" else 256 << 20
+    budget = free_bytes(str(device)) * 0.1 if device.type == "cuda" else 256 << 20
     try:
         return copy_bandwidth(device, int(min(budget, 2 << 30)) // 4 * 4)
     except (RuntimeError, MemoryError):
@@ -240,7 +235,7 @@ def load_random_models(config: SweepConfig) -> Models:
     from specbench.models import ResolvedModel, load_tokenizer
 
     started = time.perf_counter()
-    dtype = parse_dtype(config.dtype) if config.dtype else default_dtype(config.device)
+    dtype = config.torch_dtype
     target_alias, target_config = shipped_config(config.target)
     family = lookup_alias(target_alias).family
     bytes_per = torch.finfo(dtype).bits // 8
@@ -254,10 +249,11 @@ def load_random_models(config: SweepConfig) -> Models:
             draft_sizes[label] = (alias, draft_config, draft_dtype,
                                   config_parameters(draft_config) * (torch.finfo(draft_dtype).bits // 8))
     draft_budget = sum(size for *_, size in draft_sizes.values())
-    target_devices = placement_devices(config.device, config_parameters(target_config) * bytes_per + draft_budget)
-    budget = sum(_memory_budget(device) for device in target_devices)
+    needed = config_parameters(target_config) * bytes_per + draft_budget
+    target_devices = placement_devices(config.device, needed)
+    budget = sum(memory_budget(device) for device in target_devices)
     layers = config.target_layers
-    if layers is None and config_parameters(target_config) * bytes_per + draft_budget > budget:
+    if layers is None and needed > budget:
         layers = layers_that_fit(target_config, dtype, max(budget - min(draft_budget, budget * 0.4), 0))
     target = build_random_model(target_alias, dtype, target_devices, num_layers=layers, seed=config.seed)
     try:
@@ -268,7 +264,7 @@ def load_random_models(config: SweepConfig) -> Models:
     target_scaler = LayerScaler(target.model, target.full_layers, context) if target.is_subset else None
     draft_models, draft_scalers = {}, {}
     # Drafts share the first device with (a part of) the target.
-    left = budget - target.model.parameter_bytes() if len(target_devices) == 1 else _memory_budget(target_devices[0])
+    left = budget - target.model.parameter_bytes() if len(target_devices) == 1 else memory_budget(target_devices[0])
     share = left / max(1, len(draft_sizes))
     for seed, (label, (alias, draft_config, draft_dtype, size)) in enumerate(draft_sizes.items(), start=1):
         draft_layers = None if size <= share else layers_that_fit(draft_config, draft_dtype, share)
@@ -288,7 +284,7 @@ def load_random_models(config: SweepConfig) -> Models:
 def load_models(config: SweepConfig) -> Models:
     if config.synthetic:
         return load_random_models(config)
-    dtype = parse_dtype(config.dtype) if config.dtype else default_dtype(config.device)
+    dtype = config.torch_dtype
     target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
                         trust_remote_code=config.trust_remote_code)
     family = family_of(target)

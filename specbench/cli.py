@@ -362,11 +362,13 @@ def _print_analysis(analysis) -> None:
 
 
 def _gate_text(result) -> str:
+    from specbench.gate import format_speedup
+
     lines = []
     for v in result.verdicts:
         state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
-        # Three decimals: a 0.996× must not print as the 1.00× it failed.
-        speedups = ", ".join(f"B={b}: {s:.3f}× (K={v.best_k[b]})" for b, s in v.speedups.items()) or "none measured"
+        speedups = ", ".join(f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]})"
+                             for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
     lines.append(f"verdict: {result.message} (exit {result.exit_code})")

@@ -17,6 +17,16 @@ from specbench.fit import best_k_by_batch, crossover, k_schedule
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
 
+def format_speedup(value: float, bar: float) -> str:
+    """A speed-up with enough decimals (3 to 6) that it never prints as the bar it missed or
+    cleared: 0.9996 against 1.0 is "0.9996×", not "1.000×"."""
+    for decimals in range(3, 7):
+        text = f"{value:.{decimals}f}"
+        if value == bar or text != f"{bar:.{decimals}f}":
+            break
+    return text + "×"
+
+
 @dataclass
 class DraftVerdict:
     draft: str
@@ -86,7 +96,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     failing = [b for b, s in chosen.speedups.items() if s < min_speedup]
     if failing:
         message = (f"{chosen.draft}: speculation is below {min_speedup:g}× at batch size(s) "
-                   + ", ".join(f"{b} ({chosen.speedups[b]:.3f}×)" for b in failing))
+                   + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], min_speedup)})" for b in failing))
         return GateResult(FAIL, chosen.draft, batch_sizes, min_speedup, verdicts, message)
     return GateResult(PASS, chosen.draft, batch_sizes, min_speedup, verdicts,
                       f"{chosen.draft}: at least {min_speedup:g}× at every batch size in "

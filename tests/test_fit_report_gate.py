@@ -157,3 +157,12 @@ def test_gate_picks_the_best_draft_and_counts_the_worst_workload(tmp_path):
                                                                  cell_id="code|B32|T0|ngram|K3", batch_size=32)
     worse = evaluate(pd.concat([cells, code_row]), [32, 64], draft="ngram")
     assert worse.exit_code == 1
+
+
+def test_a_speedup_never_prints_as_the_bar_it_missed():
+    from specbench.gate import format_speedup
+
+    assert format_speedup(0.9996, 1.0) == "0.9996×"
+    assert format_speedup(1.0004, 1.0) == "1.0004×"
+    assert format_speedup(0.8, 1.0) == "0.800×" and format_speedup(1.0, 1.0) == "1.000×"
+    assert format_speedup(1.049999, 1.05) == "1.049999×"

@@ -14,6 +14,7 @@ Medians over repeats, warm-up excluded; the two sides of each comparison take tu
 repeat. Writes benchmarks/RESULTS.md. Not part of the tests:
 
     python benchmarks/compare_transformers.py [--repeats 3] [--max-new-tokens 64] [--k 4] [--device cpu]
+        [--cuda-graphs]   # specbench's decode, draft and verify steps replayed from CUDA graphs
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def main() -> int:
                         help="a larger architecture timed with random weights against the roofline "
                              "(default llama3.2-1b on CPU, llama3-8b on CUDA; '' for none)")
     parser.add_argument("--roofline-dtype", default=None)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="specbench's steps at fixed shapes, replayed from CUDA graphs (CUDA only)")
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     args = parser.parse_args()
     if args.roofline_model is None:
@@ -83,6 +86,9 @@ def main() -> int:
     draft_ref, _, draft_dtype = args.draft.partition("@")
     draft = load_model(draft_ref, args.device, parse_dtype(draft_dtype) if draft_dtype else dtype)
     hf_target, hf_draft = target.model.hf_model, draft.model.hf_model  # for transformers' generate()
+    if args.cuda_graphs:
+        target.model.use_static_steps(capture=True)
+        draft.model.use_static_steps(capture=True)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     records = load_workload("chat").sample(max(args.prompts, 16), seed=0)
@@ -163,6 +169,8 @@ def main() -> int:
     if args.roofline_model:
         large_dtype = parse_dtype(args.roofline_dtype) if args.roofline_dtype else target.model.dtype
         large = build_random_model(args.roofline_model, large_dtype, args.device).model
+        if args.cuda_graphs:
+            large.use_static_steps(capture=True)
         large_prompts = [[i % large.vocab_size for i in p] for p in single[:1]]
         roofline.append(roofline_row(large, f"{args.roofline_model} (random weights)", large_prompts,
                                      min(n, 32), bandwidth))
@@ -184,7 +192,8 @@ def main() -> int:
         "",
         f"torch {version['torch']} · transformers {version['transformers']} · specbench {version['specbench_git']} · "
         f"target {args.target} ({target.model.dtype}), draft {args.draft}, K={k}, {n} new tokens, "
-        f"{len(single)} chat prompts at B=1, median of {args.repeats} after a warm-up.",
+        f"{len(single)} chat prompts at B=1, median of {args.repeats} after a warm-up. "
+        f"specbench steps: {'CUDA graphs (fixed shapes)' if args.cuda_graphs else 'eager'}.",
         "",
         "Command: `" + " ".join(["python benchmarks/compare_transformers.py", *sys.argv[1:]]) + "`",
         "",

@@ -136,6 +136,8 @@ def sweep(
     target_layers: Optional[int] = typer.Option(None, help="With --weights random: build only this many target "
                                                            "layers and scale step times to full depth "
                                                            "(automatic when the target does not fit)."),
+    cuda_graphs: bool = typer.Option(False, help="Replay decode, draft and verify steps from CUDA graphs "
+                                                 "(fixed shapes over one reused cache; one CUDA device)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
     from specbench.sweep import SweepConfig
@@ -149,7 +151,7 @@ def sweep(
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
-            target_layers=target_layers)
+            target_layers=target_layers, cuda_graphs=cuda_graphs)
         config.validate()
     except _known_errors() as error:
         fail(str(error))

@@ -117,7 +117,7 @@ class ModelDrafter(Drafter):
         return 0 if self._shares_weights_with is not None else self.model.parameter_bytes()
 
     def prefill(self, batch: SequenceBatch, capacity: int) -> None:
-        self.cache = self.model.new_cache(batch.size, capacity)
+        self.cache = self.model.decode_cache(batch.size, capacity)
         # Feed everything but the last committed token: that one is fed by the first proposal,
         # exactly as the target holds it pending for its verify pass.
         prompt_lengths = [n - 1 for n in batch.lengths]
@@ -142,7 +142,7 @@ class ModelDrafter(Drafter):
 
         drafted, drafted_probs = [], []
         for position in range(num_tokens):
-            logits = self.model.forward(cache, step_input, logits_at="last", num_valid=num_valid)
+            logits = self.model.step(cache, step_input, logits_at="last", num_valid=num_valid)
             cache.set_lengths([n + v for n, v in zip(cache.lengths, pending)])
             if params.greedy:
                 token = logits.argmax(dim=-1)

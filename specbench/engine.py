@@ -146,7 +146,7 @@ class _Run:
 
 def _prefill(target: CausalLM, run: _Run) -> torch.Tensor:
     """Target prefill of the right-padded prompts; returns the first token of each row."""
-    cache = target.new_cache(run.batch.size, run.capacity)
+    cache = target.decode_cache(run.batch.size, run.capacity)
     width = max(run.prompt_lengths)
     logits = target.forward(cache, run.batch.tokens[:, :width], logits_at="last",
                             num_valid=torch.tensor(run.prompt_lengths, device=target.device))
@@ -177,7 +177,7 @@ def generate_autoregressive(
             run.target_cache.select_rows(active)
         started = clock.now()
         cache = run.target_cache
-        logits = target.forward(cache, batch.last_tokens()[:, None], logits_at="last")
+        logits = target.step(cache, batch.last_tokens()[:, None], logits_at="last")
         next_tokens = choose_next_tokens(logits, config.sampling, run.generator)
         host_next = next_tokens.tolist()
         verified = clock.now()
@@ -232,7 +232,7 @@ def generate_speculative(
         width = max(proposal.host_lengths)
         cache = run.target_cache
         verify_input = torch.cat([batch.last_tokens()[:, None], proposal.tokens[:, :width]], dim=1)
-        target_logits = target.forward(cache, verify_input, logits_at="all")
+        target_logits = target.step(cache, verify_input, logits_at="all")
         acceptance = accept(proposal, target_logits, config.sampling, run.generator)
         # Row b's new tokens: its first accepted drafts, then the correction or bonus token.
         candidates = torch.cat([proposal.tokens[:, :width], proposal.tokens[:, :1]], dim=1)

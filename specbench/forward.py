@@ -12,6 +12,7 @@ from typing import Literal
 
 import torch
 
+from specbench.graphs import StaticSteps
 from specbench.kvcache import RaggedKVCache
 
 # Architectures whose logits are exactly head(decoder(x)) with full causal attention everywhere.
@@ -29,6 +30,7 @@ class CausalLM:
         # Set when draft and target share a tokenizer but pad their output layers differently.
         self.vocab_limit: int | None = None
         self.hf_model: torch.nn.Module | None = None  # the transformers model, when built from one
+        self.static_steps: StaticSteps | None = None  # fixed-shape decode steps (CUDA graphs)
 
     @classmethod
     def from_hf(cls, model: torch.nn.Module, name: str = "") -> "CausalLM":
@@ -59,7 +61,15 @@ class CausalLM:
         decoder.config = config
         draft = CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
         draft.vocab_limit = self.vocab_limit
+        if self.static_steps is not None:
+            draft.use_static_steps(self.static_steps.capture)
         return draft
+
+    def use_static_steps(self, capture: bool | None = None) -> "CausalLM":
+        """Run decode steps (`step`) at fixed shapes over one reused cache, replayed from CUDA
+        graphs when `capture` (default: on CUDA). See specbench.graphs."""
+        self.static_steps = StaticSteps(self, self.device.type == "cuda" if capture is None else capture)
+        return self
 
     @property
     def vocab_size(self) -> int:
@@ -103,6 +113,13 @@ class CausalLM:
             layer_devices=self.layer_devices(),
         )
 
+    def decode_cache(self, batch_size: int, max_length: int) -> RaggedKVCache:
+        """The cache a generation decodes into: with static steps, the model's one reused cache
+        (length rounded up); otherwise a new one."""
+        if self.static_steps is not None:
+            return self.static_steps.cache_for(batch_size, max_length)
+        return self.new_cache(batch_size, max_length)
+
     def devices(self) -> list[torch.device]:
         """Every device holding a weight of this model (several when it is spread)."""
         found: list[torch.device] = []
@@ -126,6 +143,25 @@ class CausalLM:
         """Append input_ids to every row of the cache (the caller then commits lengths) and
         return logits: [B, T, V] for "all", [B, V] at each row's last real token for "last"."""
         positions, mask = cache.prepare(input_ids.shape[1], self.attention)
+        return self.logits_for(cache, input_ids, positions, mask, logits_at, num_valid)
+
+    def step(
+        self,
+        cache: RaggedKVCache,
+        input_ids: torch.Tensor,  # [B, T], T small: a decode, draft or verify step
+        logits_at: Literal["all", "last"] = "all",
+        num_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`forward` for a decode step: the same result, from a fixed-shape (graph-replayed)
+        step when static steps are on. With them, the returned logits are only valid until the
+        model's next step."""
+        if self.static_steps is not None:
+            return self.static_steps.run(cache, input_ids, logits_at, num_valid)
+        return self.forward(cache, input_ids, logits_at, num_valid)
+
+    def logits_for(self, cache: RaggedKVCache, input_ids: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor, logits_at: str, num_valid: torch.Tensor | None) -> torch.Tensor:
+        """The decoder and head over a cache already bound to `positions` and `mask`."""
         hidden = self.decoder(
             input_ids=input_ids,
             position_ids=positions,

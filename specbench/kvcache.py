@@ -10,6 +10,11 @@ columns are overwritten by the next write. Attention sees columns [0, max(length
 per-row causal mask, and positions (RoPE) are per row, so a row's output does not depend on the
 other rows.
 
+The buffers are allocated once, for the batch the run starts with. Finished rows leave the batch
+by compaction in place (the remaining rows move to the front), so addresses never change: a
+fixed-shape step (`specbench.graphs`) can attend over the first `rows` rows and all `max_length`
+columns under the same mask and be replayed as a CUDA graph.
+
 The object is duck-typed to what transformers' attention layers call, `update(k, v, layer_idx)`,
 so any decoder that takes `past_key_values`, `position_ids` and a 4-D mask can use it.
 """
@@ -37,15 +42,26 @@ class RaggedKVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=d) for d in layer_devices]
         self.max_length = max_length
         self.device = torch.device(device)  # where positions, masks and lengths live
-        self.allocated_bytes = self.nbytes()  # at full batch; rows leaving the batch shrink it
+        self.allocated_bytes = self.nbytes()
         # Host copy of the lengths: the loop needs them on the host anyway (slicing, bookkeeping).
         self.lengths: list[int] = [0] * batch_size
         self._write_index: dict[torch.device, torch.Tensor] = {}
         self._visible_length = 0
+        self._rows = batch_size  # rows a forward pass covers (a fixed-shape step pads past the batch)
 
     @property
     def batch_size(self) -> int:
         return len(self.lengths)
+
+    @property
+    def allocated_rows(self) -> int:
+        return self.keys[0].shape[0]
+
+    def reset(self, batch_size: int) -> None:
+        """Empty the cache for a new batch of at most `allocated_rows` rows (buffers reused)."""
+        if batch_size > self.allocated_rows:
+            raise ValueError(f"cache has {self.allocated_rows} rows, batch needs {batch_size}")
+        self.lengths = [0] * batch_size
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
@@ -55,23 +71,33 @@ class RaggedKVCache:
 
         Returns (position_ids [B, T], attention mask [B, 1, T, visible]) for the model call.
         """
+        positions = self.next_positions(num_new)
+        return positions, self.bind(positions, max(self.lengths) + num_new, attention)
+
+    def next_positions(self, num_new: int) -> torch.Tensor:
+        """[B, T]: where each row's next `num_new` tokens go (also their RoPE positions)."""
         if max(self.lengths) + num_new > self.max_length:
             raise ValueError(
                 f"KV cache overflow: {max(self.lengths)} + {num_new} > {self.max_length} columns"
             )
         lengths = torch.tensor(self.lengths, device=self.device, dtype=torch.long)
-        offsets = torch.arange(num_new, device=self.device)
-        positions = lengths[:, None] + offsets[None, :]  # [B, T]
+        return lengths[:, None] + torch.arange(num_new, device=self.device)[None, :]
+
+    def bind(self, positions: torch.Tensor, visible: int, attention: str = "sdpa") -> torch.Tensor:
+        """Point the next forward's writes at `positions` [R, T] (rows 0..R-1 of the buffers)
+        and return its mask [R, 1, T, visible]. Only device ops on `positions`: a CUDA graph
+        captured around this call replays with whatever its positions buffer then holds."""
         self._write_index = {self.device: positions[:, None, :, None]}
-        self._visible_length = max(self.lengths) + num_new
-        columns = torch.arange(self._visible_length, device=self.device)
-        mask = columns[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, visible]
+        self._visible_length = visible
+        self._rows = positions.shape[0]
+        columns = torch.arange(visible, device=self.device)
+        mask = columns[None, None, None, :] <= positions[:, None, :, None]  # [R, 1, T, visible]
         if attention == "eager":
             dtype = self.keys[0].dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill_(
                 ~mask, torch.finfo(dtype).min
             )
-        return positions, mask
+        return mask
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
@@ -80,21 +106,24 @@ class RaggedKVCache:
         if index is None:  # a layer on another device: the same index, copied there once per step
             index = self._write_index[key_states.device] = self._write_index[self.device].to(key_states.device)
         index = index.expand(-1, key_states.shape[1], -1, key_states.shape[3])
-        self.keys[layer_idx].scatter_(2, index, key_states)
-        self.values[layer_idx].scatter_(2, index, value_states)
-        visible = self._visible_length
-        return self.keys[layer_idx][:, :, :visible], self.values[layer_idx][:, :, :visible]
+        rows, visible = self._rows, self._visible_length
+        keys, values = self.keys[layer_idx][:rows], self.values[layer_idx][:rows]
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
+        return keys[:, :, :visible], values[:, :, :visible]
 
     def set_lengths(self, lengths: list[int]) -> None:
         """Commit: row b keeps its first lengths[b] columns (an advance or a rollback)."""
         self.lengths = list(lengths)
 
     def select_rows(self, rows: list[int]) -> None:
-        """Keep only `rows` (finished rows leave the batch)."""
-        index = torch.tensor(rows, dtype=torch.long)
-        on = {device: index.to(device) for device in {t.device for t in self.keys}}
-        self.keys = [k.index_select(0, on[k.device]) for k in self.keys]
-        self.values = [v.index_select(0, on[v.device]) for v in self.values]
+        """Keep only `rows` (finished rows leave the batch): they move, in order, to the front of
+        the same buffers."""
+        if rows != list(range(len(rows))):
+            index = torch.tensor(rows, dtype=torch.long)
+            on = {device: index.to(device) for device in {t.device for t in self.keys}}
+            for buffer in self.keys + self.values:
+                buffer[: len(rows)].copy_(buffer.index_select(0, on[buffer.device]))
         self.lengths = [self.lengths[r] for r in rows]
 
     # transformers calls these on some paths; they describe the longest row.

@@ -39,7 +39,8 @@ def percentiles(values, prefix: str) -> dict[str, float]:
 
 
 def request_rows(result: GenerationResult, request_ids: list[str], offset_s: float = 0.0) -> list[dict]:
-    """One row per request of one batch. `offset_s` shifts times when a cell runs several batches."""
+    """One row per request of one batch. Its times count from the batch's start; `offset_s` is
+    when the batch started within its repeat (a cell runs its batches one after another)."""
     rows = []
     for index, (tokens, times) in enumerate(zip(result.tokens, result.emission_s)):
         ttft = times[0] if times else float("nan")
@@ -140,10 +141,10 @@ def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats
     samples = []
     with torch.inference_mode():
         for attempt in range(warmup + repeats):
-            cache = model.new_cache(batch, context + tokens)
+            cache = model.decode_cache(batch, context + tokens)
             cache.set_lengths([context] * batch)
             started = clock.now()
-            model.forward(cache, ids, logits_at="all" if tokens > 1 else "last")
+            model.step(cache, ids, logits_at="all" if tokens > 1 else "last")
             if attempt >= warmup:
                 samples.append(clock.now() - started)
     return float(np.median(samples))

@@ -64,6 +64,7 @@ class SweepConfig:
     weights: str = "real"  # "random": timing-only, architectures from shipped configs
     alphas: list[str] = field(default_factory=list)  # synthetic acceptance profiles (random weights)
     target_layers: int | None = None  # random weights: build only this many target layers, scale
+    cuda_graphs: bool = False  # decode steps at fixed shapes, replayed from CUDA graphs
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -101,6 +102,8 @@ class SweepConfig:
         for name in devices:
             if ":" in name and int(name.split(":")[1]) >= torch.cuda.device_count():
                 raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
+        if self.cuda_graphs and (not devices[0].startswith("cuda") or len(devices) > 1):
+            raise ValueError(f"--cuda-graphs needs the models on one CUDA device, got --device {self.device}")
         for draft in self.drafts:
             parse_draft_spec(draft)
         if self.weights not in ("real", "random"):
@@ -384,17 +387,24 @@ class CellRun:
         self.outputs: list[list[int]] = [[] for _ in prompts]
         self.peak_bytes = self.peak_torch_bytes = 0
         self.memory_kind = ""
+        self.timed_graph_captures = 0
+
+    def _graph_captures(self) -> int:
+        models = [self.models.target.model] + ([self.drafter.model] if isinstance(self.drafter, ModelDrafter) else [])
+        return sum(m.static_steps.captures for m in models if m.static_steps is not None)
 
     def warm_up(self) -> None:
-        """Excluded from every figure."""
+        """Excluded from every figure. With CUDA graphs it runs at full length, so that the
+        graphs the measured runs replay are captured here."""
         if self.config.warmup:
-            warm = GenerationConfig(max_new_tokens=min(8, self.config.max_new_tokens), sampling=self.sampling,
-                                    seed=self.config.seed)
+            length = self.config.max_new_tokens if self.config.cuda_graphs else min(8, self.config.max_new_tokens)
+            warm = GenerationConfig(max_new_tokens=length, sampling=self.sampling, seed=self.config.seed)
             _generate(self.models, self.cell, self.drafter, [self.prompts[i] for i in self.batches[0]], warm)
 
     def measure(self, repeat: int) -> None:
         cell, config = self.cell, self.config
         tokens = seconds = 0.0
+        captures_before = self._graph_captures()
         with PeakMemory(self.models.target.model.devices()) as memory:
             for batch_index, rows in enumerate(self.batches):
                 generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
@@ -402,7 +412,7 @@ class CellRun:
                 result = _generate(self.models, cell, self.drafter, [self.prompts[i] for i in rows], generation)
                 self.results.append(result)
                 ids = [self.prompt_ids[i] for i in rows]
-                for record in request_rows(result, ids):
+                for record in request_rows(result, ids, offset_s=seconds):
                     self.request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
                 for record in step_rows(result, ids):
                     self.step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
@@ -412,6 +422,7 @@ class CellRun:
                 tokens += result.num_generated
                 seconds += result.total_s
         self.throughput_per_repeat.append(tokens / seconds)
+        self.timed_graph_captures += self._graph_captures() - captures_before
         self.peak_bytes = max(self.peak_bytes, memory.peak_bytes)
         self.peak_torch_bytes = max(self.peak_torch_bytes, memory.peak_torch_bytes)
         self.memory_kind = memory.kind
@@ -446,6 +457,8 @@ class CellRun:
             # Another busy process on the machine inflates every timing: recorded so it shows.
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
             "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
+            # CUDA graphs captured inside measured runs (their capture time is in the figures).
+            "cuda_graphs": config.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,
             "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
             "target_layers_built": models.target.model.config.num_hidden_layers,
             "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
@@ -591,6 +604,9 @@ def run_sweep(
     write_json(run_dir / "run.json", meta)
 
     models = load_models(config)
+    if config.cuda_graphs:
+        for model in [models.target.model] + [loaded.model for loaded in models.draft_models.values()]:
+            model.use_static_steps()  # CUDA graphs (validate() checked the device)
     message = f"target {models.target.name} from {models.target.resolved.source} ({models.target.load_s:.1f}s)"
     if models.synthetic:
         message += ("; TIMING-ONLY: random weights, synthetic acceptance at α = " + ", ".join(config.alphas))

@@ -23,7 +23,7 @@ CELL_COLUMNS = [
     "memory_kind", "target_param_bytes", "target_kv_cache_bytes", "draft_param_bytes", "draft_kv_cache_bytes",
     "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
     "lossless_detail", "speedup", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
-    "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full",
+    "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full", "cuda_graphs", "graph_captures_timed",
 ]
 REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
                    "e2e_s", "tpot_s", "itl_s", "tokens"]
@@ -95,6 +95,16 @@ def test_burstiness_shows_in_itl(finished_run):
     accepted_any = run.steps.groupby("cell_id")["accepted"].sum()
     bursty = requests[requests["cell_id"].isin(accepted_any[accepted_any > 0].index)]
     assert any(min(gaps) == 0 for gaps in bursty["itl_s"])  # tokens accepted together arrive together
+
+
+def test_batches_start_one_after_another(finished_run):
+    requests = load_run(finished_run[0]).requests
+    one_at_a_time = requests[requests["cell_id"].str.contains(r"\|B1\|")]  # 3 prompts: 3 batches per repeat
+    for _, cell in one_at_a_time.groupby(["cell_id", "repeat"]):
+        cell = cell.sort_values("batch_index")
+        assert cell["start_offset_s"].iloc[0] == 0
+        starts, ends = cell["start_offset_s"].to_numpy(), (cell["start_offset_s"] + cell["e2e_s"]).to_numpy()
+        assert (starts[1:] >= ends[:-1] - 1e-9).all()  # the next batch starts once the last one ended
 
 
 def test_resume_runs_no_new_cells(finished_run, tiny_model_dirs):
@@ -272,3 +282,21 @@ def test_repeats_take_turns_within_a_group(tiny_model_dirs, tmp_path, monkeypatc
     cells = load_run(tmp_path / "run").cells.set_index("cell_id")
     assert len(cells.loc[sd, "tokens_per_s_runs"]) == 3 and cells.loc[sd, "lossless"] == "exact"
     assert cells.loc[sd, "tokens_per_s"] == pytest.approx(float(np.median(cells.loc[sd, "tokens_per_s_runs"])))
+
+
+def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
+    """--cuda-graphs' code path on CPU (steps at fixed shapes, run eagerly): still lossless, and the
+    full-length warm-up builds every shape the measured repeats use."""
+    from dataclasses import replace
+
+    from specbench.sweep import SweepConfig, run_sweep
+
+    validate = SweepConfig.validate
+    monkeypatch.setattr(SweepConfig, "validate", lambda self: validate(replace(self, cuda_graphs=False)))
+    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
+                         batch_sizes=[3], temperatures=[0.0], workloads=["chat"], max_new_tokens=10, num_prompts=3,
+                         repeats=2, dtype="fp64", cuda_graphs=True)
+    cells = load_run(run_sweep(config, tmp_path)).cells
+    assert (cells["status"] == "ok").all() and cells["cuda_graphs"].all()
+    assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "exact").all()
+    assert (cells["graph_captures_timed"] == 0).all()

@@ -1,0 +1,158 @@
+"""Fixed-shape decode steps, replayed from CUDA graphs.
+
+Eager decoding of a small model on a GPU is bound by kernel launches, not by the GPU: every
+layer launches a dozen kernels from Python, and a 135M-parameter model finishes each of them
+faster than the next one is launched. A CUDA graph records one step's kernels once and replays
+them with a single launch. That needs fixed shapes and fixed addresses, which this module
+arranges around the engine's ragged cache without changing the loop:
+
+- one cache per model, allocated for (batch, length rounded up to LENGTH_QUANTUM) and kept
+  between generate calls of that batch size that fit in it; rows leaving the batch are
+  compacted in place;
+- a step attends over every column of the cache under the mask, not just the visible ones;
+- a step's rows are padded up to a bucket (powers of two up to the cache's rows, and the cache's
+  rows) with dead rows, so a batch shrinking as requests finish replays a few graphs, not one
+  per size. Dead rows compute on whatever their buffers hold and write only into cache rows no
+  live request uses;
+- inputs are copied into static buffers before a replay, and the logits come back in the
+  graph's static output, valid until the next replay of any graph of the model.
+
+A graph is captured per (bucket, tokens per row, which logits, ragged input or not) the first
+time it is needed, together with the same step at every smaller bucket, so that a warm-up run
+captures what the measured runs replay. `captures` counts the shapes built (eagerly run ones
+too); a capture inside a timed run costs two eager steps plus the capture.
+
+Off CUDA the same fixed-shape steps run eagerly (capture=False): everything but the capture
+itself, which is what the tests exercise on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from specbench.kvcache import RaggedKVCache
+
+if TYPE_CHECKING:
+    from specbench.forward import CausalLM
+
+LENGTH_QUANTUM = 256  # cache columns are allocated in multiples of this, so batches share a cache
+
+
+def batch_buckets(allocated_rows: int) -> list[int]:
+    """Step sizes a cache of `allocated_rows` rows is padded to: powers of two below it, and it."""
+    buckets = [1 << i for i in range(max(allocated_rows - 1, 0).bit_length()) if 1 << i < allocated_rows]
+    return buckets + [allocated_rows]
+
+
+@dataclass
+class _Step:
+    input_ids: torch.Tensor  # [R, T]
+    positions: torch.Tensor  # [R, T]
+    num_valid: torch.Tensor | None  # [R]
+    logits: torch.Tensor | None = None  # the graph's output
+    graph: "torch.cuda.CUDAGraph | None" = None
+
+
+class StaticSteps:
+    def __init__(self, model: "CausalLM", capture: bool) -> None:
+        if capture and model.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; {model.name} is on {model.device}")
+        if model.layer_devices() is not None:
+            raise ValueError(f"CUDA graphs need the model on one device; {model.name} is spread over several")
+        self.model = model
+        self.capture = capture
+        self.cache: RaggedKVCache | None = None
+        self._steps: dict[tuple, _Step] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self.captures = 0  # fixed-shape steps built: CUDA graphs captured, or eager shapes off CUDA
+        self.capture_s = 0.0
+
+    def cache_for(self, batch_size: int, max_length: int) -> RaggedKVCache:
+        """The model's one decode cache, emptied, with at least `max_length` columns. It is
+        reused (graphs and all) for the same batch size while it is long enough and at most
+        twice the rounded length asked for (attention covers every column); otherwise it is
+        reallocated and every graph dropped."""
+        length = math.ceil(max_length / LENGTH_QUANTUM) * LENGTH_QUANTUM
+        cache = self.cache
+        if cache is not None and cache.allocated_rows == batch_size and length <= cache.max_length <= 2 * length:
+            cache.reset(batch_size)
+            return cache
+        self.cache, self._steps = None, {}  # free the old buffers and graphs before allocating
+        if self.capture:
+            torch.cuda.empty_cache()
+        self.cache = self.model.new_cache(batch_size, length)
+        return self.cache
+
+    def run(
+        self,
+        cache: RaggedKVCache,
+        input_ids: torch.Tensor,
+        logits_at: Literal["all", "last"],
+        num_valid: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """CausalLM.forward for a decode step, at a fixed shape (and from a graph on CUDA)."""
+        if cache is not self.cache:  # a cache made elsewhere (a one-off check): eager
+            return self.model.forward(cache, input_ids, logits_at, num_valid)
+        rows, width = input_ids.shape
+        positions = cache.next_positions(width)  # raises on overflow
+        bucket = next(b for b in batch_buckets(cache.allocated_rows) if b >= rows)
+        key = (bucket, width, logits_at, num_valid is not None)
+        if key not in self._steps:
+            # Smaller buckets first: their warm-up passes write this step's rows with slightly
+            # different numerics (another batch shape), and the real step below rewrites them.
+            for smaller in batch_buckets(cache.allocated_rows):
+                if smaller <= bucket and (smaller,) + key[1:] not in self._steps:
+                    self._steps[(smaller,) + key[1:]] = self._new_step(
+                        cache, smaller, input_ids, positions, logits_at, num_valid)
+        step = self._steps[key]
+        step.input_ids[:rows].copy_(input_ids)
+        step.positions[:rows].copy_(positions)
+        if num_valid is not None:
+            step.num_valid[:rows].copy_(num_valid)
+        if step.graph is not None:
+            step.graph.replay()
+            logits = step.logits
+        else:
+            logits = self._compute(cache, step, logits_at)
+        return logits[:rows]
+
+    def _compute(self, cache: RaggedKVCache, step: _Step, logits_at: str) -> torch.Tensor:
+        mask = cache.bind(step.positions, cache.max_length, self.model.attention)
+        return self.model.logits_for(cache, step.input_ids, step.positions, mask, logits_at, step.num_valid)
+
+    def _new_step(self, cache, bucket, input_ids, positions, logits_at, num_valid) -> _Step:
+        """Static buffers for one shape, their first rows holding the current step's inputs (so
+        that passes run while capturing write only what the real step writes), the rest padding:
+        token 0 at positions 0.. of dead rows."""
+        rows, width = input_ids.shape
+        live = min(rows, bucket)
+        device = input_ids.device
+        ids = torch.zeros((bucket, width), dtype=input_ids.dtype, device=device)
+        ids[:live] = input_ids[:live]
+        where = torch.arange(width, device=device).repeat(bucket, 1)
+        where[:live] = positions[:live]
+        valid = None
+        if num_valid is not None:
+            valid = torch.ones(bucket, dtype=num_valid.dtype, device=device)
+            valid[:live] = num_valid[:live]
+        step = _Step(ids, where, valid)
+        self.captures += 1
+        if self.capture:
+            started = time.perf_counter()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces…) off the graph
+                for _ in range(2):
+                    self._compute(cache, step, logits_at)
+            torch.cuda.current_stream().wait_stream(side)
+            step.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(step.graph, pool=self._pool):
+                step.logits = self._compute(cache, step, logits_at)
+            torch.cuda.synchronize()
+            self.capture_s += time.perf_counter() - started
+        return step

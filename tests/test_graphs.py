@@ -1,0 +1,122 @@
+"""Fixed-shape decode steps (the CUDA-graph path) run eagerly on CPU: same tokens as the
+ragged eager path, one reused cache, padded batch buckets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts, tiny_model
+
+from specbench.drafters import ModelDrafter, NGramDrafter, SelfDrafter
+from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
+from specbench.forward import CausalLM
+from specbench.graphs import LENGTH_QUANTUM, batch_buckets
+from specbench.kvcache import RaggedKVCache
+from specbench.sampling import SamplingParams
+
+# Five rows of different lengths: buckets 1, 2, 4, 5, and rows finish at different steps.
+PROMPTS = random_prompts([5, 9, 3, 12, 7], seed=3)
+
+
+def static(model) -> CausalLM:
+    return CausalLM.from_hf(model).use_static_steps(capture=False)
+
+
+def test_batch_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(4) == [1, 2, 4]
+    assert batch_buckets(5) == [1, 2, 4, 5]
+    assert batch_buckets(8) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "self"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_static_steps_reproduce_eager_greedy(llama_target, llama_draft, drafter_kind, k):
+    config = GenerationConfig(max_new_tokens=20)
+    expected = generate_autoregressive(llama_target, PROMPTS, config).tokens
+    target = static(llama_target)
+    assert generate_autoregressive(target, PROMPTS, config).tokens == expected
+    drafter = {"model": lambda: ModelDrafter(static(llama_draft)), "ngram": NGramDrafter,
+               "self": lambda: SelfDrafter(target, 2)}[drafter_kind]()
+    result = generate_speculative(target, drafter, PROMPTS, config, k)
+    assert result.tokens == expected
+    # Rows finished at different steps: the verify step ran at several padded batch sizes.
+    verify_buckets = {key[0] for key in target.static_steps._steps if key[2] == "all"}
+    assert verify_buckets == {1, 2, 4, 5}
+    if drafter_kind == "self":
+        assert drafter.model.static_steps is not None
+
+
+def test_static_steps_sample_like_eager(llama_target, llama_draft):
+    config = GenerationConfig(max_new_tokens=16, sampling=SamplingParams(0.8), seed=5)
+    eager = generate_speculative(llama_target, ModelDrafter(llama_draft), PROMPTS, config, 3)
+    fixed = generate_speculative(static(llama_target), ModelDrafter(static(llama_draft)), PROMPTS, config, 3)
+    assert fixed.tokens == eager.tokens
+    assert [s.accepted for s in fixed.steps] == [s.accepted for s in eager.steps]
+
+
+def test_one_cache_reused_between_calls(llama_target):
+    target = static(llama_target)
+    config = GenerationConfig(max_new_tokens=6)
+    first = generate_autoregressive(target, PROMPTS, config)
+    cache, steps = target.static_steps.cache, dict(target.static_steps._steps)
+    assert cache.max_length % LENGTH_QUANTUM == 0 and cache.allocated_rows == len(PROMPTS)
+    again = generate_autoregressive(target, PROMPTS, config)
+    assert again.tokens == first.tokens
+    assert target.static_steps.cache is cache and target.static_steps._steps.keys() == steps.keys()
+    generate_autoregressive(target, PROMPTS[:2], config)  # another batch: a new cache, graphs dropped
+    assert target.static_steps.cache is not cache and target.static_steps.cache.allocated_rows == 2
+
+
+def test_checks_on_a_separate_cache_stay_eager(llama_target):
+    target = static(llama_target)
+    generate_autoregressive(target, PROMPTS, GenerationConfig(max_new_tokens=4))
+    shared = target.static_steps.cache
+    other = target.new_cache(1, 8)
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(target.step(other, ids), target.forward(target.new_cache(1, 8), ids))
+    assert target.static_steps.cache is shared
+
+
+def test_select_rows_compacts_in_place():
+    cache = RaggedKVCache(num_layers=1, batch_size=3, num_kv_heads=1, head_dim=1, max_length=4,
+                          dtype=torch.float32, device="cpu")
+    for row in range(3):
+        cache.keys[0][row] = row
+    buffer = cache.keys[0]
+    cache.set_lengths([1, 2, 3])
+    cache.select_rows([0, 2])
+    assert cache.keys[0] is buffer and cache.lengths == [1, 3]
+    assert buffer[:2, 0, 0, 0].tolist() == [0.0, 2.0]
+
+
+def test_capture_needs_cuda(llama_target):
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        CausalLM.from_hf(llama_target).use_static_steps(capture=True)
+
+
+def test_cuda_graphs_flag_needs_cuda():
+    from specbench.sweep import SweepConfig
+
+    with pytest.raises(ValueError, match="--cuda-graphs needs"):
+        SweepConfig(cuda_graphs=True).validate()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_matches_eager():
+    target = tiny_model("llama", layers=4, seed=0, dtype=torch.float32).cuda()
+    draft = tiny_model("llama", layers=2, seed=1, dtype=torch.float32).cuda()
+    config = GenerationConfig(max_new_tokens=20)
+    expected = generate_autoregressive(target, PROMPTS, config).tokens
+    graphed = CausalLM.from_hf(target).use_static_steps()
+    assert generate_autoregressive(graphed, PROMPTS, config).tokens == expected
+    result = generate_speculative(graphed, ModelDrafter(CausalLM.from_hf(draft).use_static_steps()), PROMPTS, config, 3)
+    assert result.tokens == expected
+    assert graphed.static_steps.captures > 0
+
+
+def test_a_shorter_request_reuses_the_longer_cache(llama_target):
+    target = static(llama_target)
+    long_cache = target.decode_cache(2, 3 * LENGTH_QUANTUM)
+    assert target.decode_cache(2, 2 * LENGTH_QUANTUM - 5) is long_cache  # fits, at most 2x longer
+    assert target.decode_cache(2, 10) is not long_cache  # far shorter: attention would cover too much

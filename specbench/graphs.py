@@ -151,7 +151,7 @@ class StaticSteps:
                     self._compute(cache, step, logits_at)
             torch.cuda.current_stream().wait_stream(side)
             step.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(step.graph, pool=self._pool):
+            with torch.cuda.graph(step.graph, pool=self._pool, capture_error_mode="thread_local"):
                 step.logits = self._compute(cache, step, logits_at)
             torch.cuda.synchronize()
             self.capture_s += time.perf_counter() - started

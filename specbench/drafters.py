@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specbench.forward import CausalLM
-from specbench.kvcache import RaggedKVCache
+from specbench.kvcache import RaggedKVCache, to_device
 from specbench.sampling import SamplingParams, logits_to_probs, sample_from_probs
 
 
@@ -40,14 +40,14 @@ class SequenceBatch:
         return len(self.lengths)
 
     def last_tokens(self) -> torch.Tensor:
-        index = torch.tensor([n - 1 for n in self.lengths], device=self.device)
+        index = to_device([n - 1 for n in self.lengths], self.device)
         return self.tokens.gather(1, index[:, None]).squeeze(1)
 
     def append(self, candidates: torch.Tensor, host_new: list[list[int]]) -> None:
         """Row b gains host_new[b]; `candidates` [B, W] holds those tokens first in each row
         (columns past them are scratch and get overwritten later)."""
         width = candidates.shape[1]
-        start = torch.tensor(self.lengths, device=self.device)
+        start = to_device(self.lengths, self.device)
         columns = (start[:, None] + torch.arange(width, device=self.device)).clamp_max(self.tokens.shape[1] - 1)
         self.tokens.scatter_(1, columns, candidates)
         for row, new in enumerate(host_new):
@@ -134,10 +134,10 @@ class ModelDrafter(Drafter):
         # draft (the last draft was sampled but never fed back). Right-padded to the longest.
         pending = [committed - cached for committed, cached in zip(batch.lengths, cache.lengths)]
         width = max(pending)
-        start = torch.tensor(cache.lengths, device=batch.device)
+        start = to_device(cache.lengths, batch.device)
         columns = start[:, None] + torch.arange(width, device=batch.device)
         step_input = batch.tokens.gather(1, columns.clamp_max(batch.tokens.shape[1] - 1))
-        num_valid = torch.tensor(pending, device=batch.device)
+        num_valid = to_device(pending, batch.device)
         self._lengths_at_proposal = list(batch.lengths)
 
         drafted, drafted_probs = [], []
@@ -214,5 +214,4 @@ class NGramDrafter(Drafter):
             continuation = self._lookup(batch.host_tokens[row, : batch.lengths[row]], num_tokens)
             drafted[row, : len(continuation)] = continuation
             lengths.append(len(continuation))
-        tokens = torch.from_numpy(drafted).to(batch.device)
-        return Proposal(tokens, torch.tensor(lengths, device=batch.device), lengths, None)
+        return Proposal(to_device(drafted, batch.device), to_device(lengths, batch.device), lengths, None)

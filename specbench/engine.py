@@ -3,7 +3,8 @@
 Tensors in, tokens and timings out; no I/O. Both loops run a static batch of prompts of different
 lengths through a RaggedKVCache, emit up to `max_new_tokens` per request (EOS ignored unless
 `stop_at_eos`), drop finished rows from the batch, and record what every step did and when every
-token was emitted. On CUDA the clock synchronises the device before it is read.
+token was emitted. On CUDA the clock synchronises the device before it is read, except for the
+draft/verify boundary inside a speculative step, which is a CUDA event.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class StepRecord:
     accepted: list[int]  # drafts kept per row
     emitted: list[int]  # tokens appended per row (accepted + 1, cut at the budget or EOS)
     verify_tokens: int  # positions per row in the target forward (1 in autoregressive steps)
-    draft_s: float
+    draft_s: float  # proposing K tokens (on CUDA between two events: no synchronisation mid-step)
     verify_s: float  # target forward + acceptance (the whole step in autoregressive decoding)
     overhead_s: float  # bookkeeping: cache commits, appends, finished-row removal
     end_s: float  # seconds since the run started
@@ -89,13 +90,28 @@ def exact_acceptance(
 
 class Clock:
     def __init__(self, device: torch.device) -> None:
-        self.synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.cuda = device.type == "cuda"
+        self.synchronize = torch.cuda.synchronize if self.cuda else (lambda: None)
         self.synchronize()
         self.origin = time.perf_counter()
 
     def now(self) -> float:
+        """Seconds since the start, once the device has finished everything queued."""
         self.synchronize()
         return time.perf_counter() - self.origin
+
+    def mark(self) -> "float | torch.cuda.Event":
+        """A point in the device's queue, without waiting for it (a CUDA event), so that timing a
+        phase inside a step does not stop the host from queueing the next one. Read with
+        `between` once a later `now()` has synchronised."""
+        if not self.cuda:
+            return self.now()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def between(self, start: "float | torch.cuda.Event", end: "float | torch.cuda.Event") -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
 class _Run:
@@ -224,8 +240,9 @@ def generate_speculative(
             run.target_cache.select_rows(active)
             drafter.select_rows(active)
         started = clock.now()
+        start_mark = clock.mark()
         proposal = drafter.propose(batch, num_draft_tokens, config.sampling, run.generator)
-        drafted_at = clock.now()
+        drafted_mark = clock.mark()  # no synchronisation: the verify pass queues behind the drafts
 
         # Verify: the pending last token and the drafts in one target forward. Only as many
         # positions as the longest proposal (an n-gram lookup may find fewer than K).
@@ -250,6 +267,7 @@ def generate_speculative(
         emitted, active = run.emit(new_tokens, verified)
         batch.append(candidates, new_tokens)
         ended = clock.now()
+        draft_s = clock.between(start_mark, drafted_mark)
         steps.append(StepRecord(len(steps), request_ids, list(proposal.host_lengths), accepted, emitted, width + 1,
-                                drafted_at - started, verified - drafted_at, ended - verified, ended))
+                                draft_s, verified - started - draft_s, ended - verified, ended))
     return run.result(steps, prefill_s, draft_prefill_s, clock.now(), num_draft_tokens, drafter)

@@ -24,6 +24,17 @@ from __future__ import annotations
 import torch
 
 
+def to_device(values, device: torch.device | str) -> torch.Tensor:
+    """Host integers (a list or an array) as a long tensor on `device`. On CUDA through pinned
+    memory, without blocking: a plain copy from pageable memory first waits for the device's
+    queue to drain, which would stall the host at every step of the loop."""
+    host = torch.tensor(values, dtype=torch.long)  # a copy: later host writes do not reach it
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class RaggedKVCache:
     def __init__(
         self,
@@ -80,7 +91,7 @@ class RaggedKVCache:
             raise ValueError(
                 f"KV cache overflow: {max(self.lengths)} + {num_new} > {self.max_length} columns"
             )
-        lengths = torch.tensor(self.lengths, device=self.device, dtype=torch.long)
+        lengths = to_device(self.lengths, self.device)
         return lengths[:, None] + torch.arange(num_new, device=self.device)[None, :]
 
     def bind(self, positions: torch.Tensor, visible: int, attention: str = "sdpa") -> torch.Tensor:

@@ -11,7 +11,7 @@ from specbench.drafters import ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
 from specbench.forward import CausalLM
 from specbench.graphs import LENGTH_QUANTUM, batch_buckets
-from specbench.kvcache import RaggedKVCache
+from specbench.kvcache import RaggedKVCache, to_device
 from specbench.sampling import SamplingParams
 
 # Five rows of different lengths: buckets 1, 2, 4, 5, and rows finish at different steps.
@@ -90,6 +90,17 @@ def test_select_rows_compacts_in_place():
     assert buffer[:2, 0, 0, 0].tolist() == [0.0, 2.0]
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_to_device_copies_host_integers(device):
+    import numpy as np
+
+    values = np.array([[3, 1], [4, 1]])
+    on_device = to_device(values, device)
+    values[0, 0] = 9  # the tensor is a copy: later host writes do not reach it
+    assert on_device.dtype == torch.long and on_device.device.type == device
+    assert on_device.tolist() == [[3, 1], [4, 1]] and to_device([5, 6], device).tolist() == [5, 6]
+
+
 def test_capture_needs_cuda(llama_target):
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         CausalLM.from_hf(llama_target).use_static_steps(capture=True)
@@ -113,6 +124,7 @@ def test_cuda_graph_replay_matches_eager():
     result = generate_speculative(graphed, ModelDrafter(CausalLM.from_hf(draft).use_static_steps()), PROMPTS, config, 3)
     assert result.tokens == expected
     assert graphed.static_steps.captures > 0
+    assert all(s.draft_s > 0 and s.verify_s > 0 for s in result.steps)  # the draft/verify event split
 
 
 def test_a_shorter_request_reuses_the_longer_cache(llama_target):

@@ -245,6 +245,7 @@ def _print_summary(run_dir: Path) -> None:
         if len(busy):
             errors.print(f"[yellow]warning:[/] the machine was busy (load average above {1.5 * cores:g} on {cores} "
                          f"cores) during {len(busy)} cell(s); their timings include the other work", highlight=False)
+    _print_drift(run.cells)
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):
@@ -312,6 +313,7 @@ def report(
     output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
+    from specbench.fit import baseline_drift
     from specbench.gate import evaluate
     from specbench.report import write_report
     from specbench.results import load_run
@@ -323,10 +325,15 @@ def report(
         measured = sorted(run.cells["batch_size"].unique().tolist()) if not run.cells.empty else []
         verdict = evaluate(run.cells, measured) if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
-        out_dir, analysis = write_report(run, output, gpu_price, gpus, {"rollout check at every measured batch size": gate_text})
+        sections = {"rollout check at every measured batch size": gate_text}
+        drift = baseline_drift(run.cells)
+        if drift:
+            sections["measurement warnings"] = "\n".join(drift)
+        out_dir, analysis = write_report(run, output, gpu_price, gpus, sections)
     except _known_errors() as error:
         fail(str(error))
     _print_analysis(analysis)
+    _print_drift(run.cells)
     if gate_text:
         console.print(gate_text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
@@ -342,6 +349,17 @@ def _frame_table(frame, title: str, columns: list[str], formats: dict[str, str] 
     for row in frame[present].itertuples(index=False):
         table.add_row(*[_fmt(v, formats.get(c, ".3g")) if isinstance(v, float) else _text(v) for c, v in zip(present, row)])
     return table
+
+
+def _print_drift(cells) -> None:
+    from specbench.fit import baseline_drift
+
+    drift = baseline_drift(cells)
+    for message in drift:
+        errors.print(f"[yellow]warning:[/] {message}", highlight=False)
+    if drift:
+        errors.print("  speed-ups inside such a group are skewed by the drift; --repeats 3 or more interleaves a "
+                     "group's cells and takes medians", highlight=False)
 
 
 def _print_analysis(analysis) -> None:

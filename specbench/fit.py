@@ -134,6 +134,33 @@ def _ok(cells: pd.DataFrame) -> pd.DataFrame:
     return cells[cells["status"] == "ok"] if not cells.empty else cells
 
 
+def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
+    """Autoregressive baselines that do the same work per decode step (same workload and batch
+    size, so the same prompts; only the temperature differs) but whose measured step times differ
+    by more than `tolerance`: the machine's speed changed during the sweep. Each speed-up pairs
+    a cell with its own group's baseline, so drift *between* groups cancels, but the same drift
+    *inside* a group (cells run one after another unless --repeats interleaves them) does not."""
+    ok = _ok(cells)
+    if ok.empty or "step_verify_s" not in ok:
+        return []
+    baselines = ok[ok["mode"] == AR].copy()
+    if "estimated" in baselines:
+        baselines = baselines[~baselines["estimated"].fillna(False).astype(bool)]
+    baselines["step_s"] = baselines["step_verify_s"] + baselines["step_overhead_s"].fillna(0.0)
+    messages = []
+    for (workload, batch_size), group in baselines.groupby(["workload", "batch_size"]):
+        group = group.dropna(subset=["step_s"])
+        if len(group) < 2:
+            continue
+        fast, slow = group.loc[group["step_s"].idxmin()], group.loc[group["step_s"].idxmax()]
+        if slow["step_s"] > tolerance * fast["step_s"]:
+            messages.append(
+                f"{workload} B={batch_size}: the same autoregressive decode step took {fast['step_s'] * 1e3:.1f} ms "
+                f"at T={fast['temperature']:g} and {slow['step_s'] * 1e3:.1f} ms at T={slow['temperature']:g} "
+                f"({slow['step_s'] / fast['step_s']:.2f}×): the machine's speed drifted during the sweep")
+    return messages
+
+
 # --- cost model --------------------------------------------------------------------------------
 
 @dataclass

@@ -417,8 +417,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     sections = dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
-    for text in sections.values():
-        parts.append(f"<pre>{html.escape(text)}</pre>")
+    for name, text in sections.items():
+        parts.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(text)}</pre>")
     for name, path in images.items():
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<h2>{html.escape(CHARTS[name])}</h2><img alt='{name}' src='data:image/png;base64,{data}'>")
@@ -431,8 +431,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     (out_dir / "report.html").write_text(page)
 
     md = [f"# {title}", "", provenance, ""]
-    for text in sections.values():
-        md += ["```", text, "```", ""]
+    for name, text in sections.items():
+        md += [f"## {name}", "", "```", text, "```", ""]
     for name, path in images.items():
         md += [f"![{CHARTS[name]}]({path.name})", ""]
     for name, frame in tables.items():

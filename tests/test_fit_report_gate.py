@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.fit import (
+    baseline_drift,
     CostModel, crossover, expected_tau, fit_alpha, k_schedule, leviathan_speedup, tokens_per_step_moments,
     cost_per_million, default_gpu_price,
 )
@@ -166,3 +167,16 @@ def test_a_speedup_never_prints_as_the_bar_it_missed():
     assert format_speedup(1.0004, 1.0) == "1.0004×"
     assert format_speedup(0.8, 1.0) == "0.800×" and format_speedup(1.0, 1.0) == "1.000×"
     assert format_speedup(1.049999, 1.05) == "1.049999×"
+
+
+def test_baseline_drift_flags_a_slower_twin_baseline():
+    def baseline(workload, temperature, batch, step_s):
+        return {"status": "ok", "mode": "autoregressive", "workload": workload, "temperature": temperature,
+                "batch_size": batch, "step_verify_s": step_s, "step_overhead_s": 0.0, "estimated": False}
+
+    cells = pd.DataFrame([baseline("code", 0.0, 4, 0.050), baseline("code", 0.7, 4, 0.080),
+                          baseline("chat", 0.0, 4, 0.050), baseline("chat", 0.7, 4, 0.055),
+                          baseline("chat", 0.0, 1, 0.030), baseline("code", 0.0, 1, 0.090)])
+    messages = baseline_drift(cells)
+    # Only code B=4 (1.6×); chat B=4 is within tolerance, and B=1's two cells are other workloads.
+    assert len(messages) == 1 and messages[0].startswith("code B=4") and "1.60×" in messages[0]

@@ -434,10 +434,13 @@ class CellRun:
         frame = pd.DataFrame(request_table)
         itl = [gap for gaps in frame["itl_s"] for gap in gaps]
         phases = phase_times(results)
+        interrupted = len(throughput_per_repeat) < config.repeats  # Ctrl-C during the group's repeats
         row = {
-            "cell_id": cell.id, "status": "ok", "message": "", "mode": "speculative" if drafter else AR,
+            "cell_id": cell.id, "status": "ok",
+            "message": f"interrupted: {len(throughput_per_repeat)} of {config.repeats} repeats" if interrupted else "",
+            "mode": "speculative" if drafter else AR,
             "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
-            "temperature": cell.temperature, "requests": len(prompts), "repeats": config.repeats,
+            "temperature": cell.temperature, "requests": len(prompts), "repeats": len(throughput_per_repeat),
             "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
             "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
             "tokens_per_s": float(np.median(throughput_per_repeat)),
@@ -703,15 +706,20 @@ def run_sweep(
                     run = attempt(index, cell, lambda: _warmed(CellRun(models, cell, prompts, prompt_ids, config)))
                     if run is not None:
                         runs.append((index, cell, run))
-            for repeat in range(config.repeats if runs else 0):
-                for entry in list(runs):
-                    index, cell, run = entry
-                    if attempt(index, cell, lambda: run.measure(repeat) or True) is None:
-                        runs.remove(entry)
-            for index, cell, run in runs:
-                outcome = attempt(index, cell, run.finish)
-                if outcome is not None:
-                    record(index, cell, prompts, outcome)
+            try:
+                for repeat in range(config.repeats if runs else 0):
+                    for entry in list(runs):
+                        index, cell, run = entry
+                        if attempt(index, cell, lambda: run.measure(repeat) or True) is None:
+                            runs.remove(entry)
+            except KeyboardInterrupt:  # keep every repeat already measured: record those cells, then stop
+                runs = [(index, cell, run) for index, cell, run in runs if run.throughput_per_repeat]
+                raise
+            finally:
+                for index, cell, run in runs:
+                    outcome = attempt(index, cell, run.finish)
+                    if outcome is not None:
+                        record(index, cell, prompts, outcome)
         meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"

@@ -208,6 +208,28 @@ def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp
     assert len(run.cells) == 5 and (run.cells["status"] == "ok").all() and run.meta["status"] == "complete"
 
 
+def test_ctrl_c_between_repeats_keeps_the_measured_ones(tiny_model_dirs, tmp_path, monkeypatch):
+    """With --repeats, a group's cells take turns; Ctrl-C in the second round still records every
+    cell with the repeats it has (nothing measured is lost), marked in its message."""
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1",
+                                                          "--repeats", "3"])
+    original = sweep_module.CellRun.measure
+
+    def measure(run, repeat):
+        if repeat == 1 and run.cell.id == "chat|B1|T0|ngram:2|K1":
+            raise KeyboardInterrupt
+        return original(run, repeat)
+
+    monkeypatch.setattr(sweep_module.CellRun, "measure", measure)
+    assert runner.invoke(app, args).exit_code == 130
+    cells = load_run(tmp_path / "run").cells.set_index("cell_id")
+    assert len(cells) == 5 and (cells["status"] == "ok").all()
+    # Cells before the interrupted one in the round have 2 repeats; it and those after, 1.
+    assert cells["repeats"].tolist() == [2, 2, 2, 1, 1]
+    assert cells["message"].str.startswith("interrupted:").all()
+    assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "exact").all()
+
+
 def test_a_killed_sweep_keeps_its_parts_and_resume_merges_them(tiny_model_dirs, tmp_path, monkeypatch):
     """A process killed hard never merges its part files: they still load, and the resume's
     lossless check finds the baseline's outputs in them."""

@@ -183,15 +183,17 @@ class SelfDrafter(ModelDrafter):
 
 class NGramDrafter(Drafter):
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_ngram
-    down to min_ngram) in the row's own sequence and propose what followed it. Deterministic,
+    down to min_ngram) in the row's own sequence and propose what followed it (`earliest=True`:
+    the first occurrence instead, as transformers' prompt_lookup_num_tokens does). Deterministic,
     so its q is one-hot and rejection sampling stays exact."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, earliest: bool = False) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram sizes need 1 <= min <= max, got {min_ngram}..{max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.name = f"ngram:{max_ngram}"
+        self.earliest = earliest
+        self.name = f"ngram:{max_ngram}" + (" (earliest match)" if earliest else "")
 
     def _lookup(self, sequence: np.ndarray, num_tokens: int) -> np.ndarray:
         length = len(sequence)
@@ -201,7 +203,7 @@ class NGramDrafter(Drafter):
             windows = np.lib.stride_tricks.sliding_window_view(sequence[: length - 1], n)
             matches = np.flatnonzero((windows == pattern).all(axis=1))
             if len(matches):
-                start = matches[-1] + n
+                start = (matches[0] if self.earliest else matches[-1]) + n
                 return sequence[start : start + num_tokens]
         return sequence[:0]
 

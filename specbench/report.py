@@ -413,7 +413,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
-                  f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}")
+                  f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
+                  f" · decode steps {'replayed from CUDA graphs' if config.get('cuda_graphs') else 'eager'}")
     sections = dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]

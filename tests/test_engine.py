@@ -155,3 +155,28 @@ def test_decode_step_bytes_counts_weights_once_and_kv_per_row():
     bandwidth = copy_bandwidth("cpu", 16 << 20, repeats=3)
     assert 1e8 < bandwidth < 1e13
     assert roofline_tokens_per_s(model, 3, 10, bandwidth) == pytest.approx(3 * bandwidth / decode_step_bytes(model, 3, 10))
+
+
+def test_ngram_lookup_latest_and_earliest_match():
+    import numpy as np
+
+    sequence = np.array([1, 2, 3, 9, 1, 2, 4, 7, 1, 2])
+    assert NGramDrafter(max_ngram=2)._lookup(sequence, 3).tolist() == [4, 7, 1]
+    assert NGramDrafter(max_ngram=2, earliest=True)._lookup(sequence, 3).tolist() == [3, 9, 1]
+    assert NGramDrafter(max_ngram=2)._lookup(np.array([5, 6, 7]), 3).tolist() == []  # no earlier match
+
+
+def test_earliest_ngram_drafts_what_transformers_prompt_lookup_drafts():
+    """The benchmark compares engines on the same drafts: our earliest-match lookup must propose
+    exactly what transformers' PromptLookupCandidateGenerator proposes."""
+    import numpy as np
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    generator = torch.Generator().manual_seed(0)
+    ours = NGramDrafter(max_ngram=2, earliest=True)
+    for _ in range(200):
+        sequence = torch.randint(0, 6, (1, int(torch.randint(2, 40, (1,), generator=generator))), generator=generator)
+        theirs = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=2, max_length=1000)
+        candidates, _ = theirs.get_candidates(sequence)
+        expected = candidates[0, sequence.shape[1]:].tolist()
+        assert ours._lookup(np.asarray(sequence[0]), 4).tolist() == expected, sequence.tolist()

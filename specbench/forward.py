@@ -62,13 +62,13 @@ class CausalLM:
         draft = CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
         draft.vocab_limit = self.vocab_limit
         if self.static_steps is not None:
-            draft.use_static_steps(self.static_steps.capture)
+            draft.use_static_steps(self.static_steps.capture, length_quantum=self.static_steps.length_quantum)
         return draft
 
-    def use_static_steps(self, capture: bool | None = None) -> "CausalLM":
+    def use_static_steps(self, capture: bool | None = None, **options) -> "CausalLM":
         """Run decode steps (`step`) at fixed shapes over one reused cache, replayed from CUDA
         graphs when `capture` (default: on CUDA). See specbench.graphs."""
-        self.static_steps = StaticSteps(self, self.device.type == "cuda" if capture is None else capture)
+        self.static_steps = StaticSteps(self, self.device.type == "cuda" if capture is None else capture, **options)
         return self
 
     @property

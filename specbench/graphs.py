@@ -9,7 +9,9 @@ arranges around the engine's ragged cache without changing the loop:
 - one cache per model, allocated for (batch, length rounded up to LENGTH_QUANTUM) and kept
   between generate calls of that batch size that fit in it; rows leaving the batch are
   compacted in place;
-- a step attends over every column of the cache under the mask, not just the visible ones;
+- a step attends over the cache's first columns up to the longest row rounded up to
+  LENGTH_QUANTUM (a length bucket), under the mask: attention reads at most one quantum per row
+  more than the ragged path does, whatever the cache's length;
 - a step's rows are padded up to a bucket (powers of two up to the cache's rows, and the cache's
   rows) with dead rows, so a batch shrinking as requests finish replays a few graphs, not one
   per size. Dead rows compute on whatever their buffers hold and write only into cache rows no
@@ -17,9 +19,9 @@ arranges around the engine's ragged cache without changing the loop:
 - inputs are copied into static buffers before a replay, and the logits come back in the
   graph's static output, valid until the next replay of any graph of the model.
 
-A graph is captured per (bucket, tokens per row, which logits, ragged input or not) the first
-time it is needed, together with the same step at every smaller bucket, so that a warm-up run
-captures what the measured runs replay. `captures` counts the shapes built (eagerly run ones
+A graph is captured per (bucket, tokens per row, which logits, ragged input or not, length
+bucket) the first time it is needed, together with the same step at every smaller batch bucket
+and every length bucket, so that a warm-up run captures what the measured runs replay. `captures` counts the shapes built (eagerly run ones
 too); a capture inside a timed run costs two eager steps plus the capture.
 
 Off CUDA the same fixed-shape steps run eagerly (capture=False): everything but the capture
@@ -54,18 +56,20 @@ class _Step:
     input_ids: torch.Tensor  # [R, T]
     positions: torch.Tensor  # [R, T]
     num_valid: torch.Tensor | None  # [R]
+    visible: int  # cache columns attended (a length bucket)
     logits: torch.Tensor | None = None  # the graph's output
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
 class StaticSteps:
-    def __init__(self, model: "CausalLM", capture: bool) -> None:
+    def __init__(self, model: "CausalLM", capture: bool, length_quantum: int = LENGTH_QUANTUM) -> None:
         if capture and model.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; {model.name} is on {model.device}")
         if model.layer_devices() is not None:
             raise ValueError(f"CUDA graphs need the model on one device; {model.name} is spread over several")
         self.model = model
         self.capture = capture
+        self.length_quantum = length_quantum
         self.cache: RaggedKVCache | None = None
         self._steps: dict[tuple, _Step] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -77,7 +81,7 @@ class StaticSteps:
         reused (graphs and all) for the same batch size while it is long enough and at most
         twice the rounded length asked for (attention covers every column); otherwise it is
         reallocated and every graph dropped."""
-        length = math.ceil(max_length / LENGTH_QUANTUM) * LENGTH_QUANTUM
+        length = self._round_up(max_length)
         cache = self.cache
         if cache is not None and cache.allocated_rows == batch_size and length <= cache.max_length <= 2 * length:
             cache.reset(batch_size)
@@ -101,14 +105,18 @@ class StaticSteps:
         rows, width = input_ids.shape
         positions = cache.next_positions(width)  # raises on overflow
         bucket = next(b for b in batch_buckets(cache.allocated_rows) if b >= rows)
-        key = (bucket, width, logits_at, num_valid is not None)
+        visible = self._round_up(max(cache.lengths) + width)
+        key = (bucket, width, logits_at, num_valid is not None, visible)
         if key not in self._steps:
-            # Smaller buckets first: their warm-up passes write this step's rows with slightly
-            # different numerics (another batch shape), and the real step below rewrites them.
+            # The whole family at once: every smaller batch bucket, every length bucket. Their
+            # capture passes write this step's rows with other numerics (another batch shape, or
+            # attention cut short), and the real step below rewrites them.
             for smaller in batch_buckets(cache.allocated_rows):
-                if smaller <= bucket and (smaller,) + key[1:] not in self._steps:
-                    self._steps[(smaller,) + key[1:]] = self._new_step(
-                        cache, smaller, input_ids, positions, logits_at, num_valid)
+                for length in range(self.length_quantum, cache.max_length + 1, self.length_quantum):
+                    family_key = (smaller, *key[1:4], length)
+                    if smaller <= bucket and family_key not in self._steps:
+                        self._steps[family_key] = self._new_step(
+                            cache, smaller, length, input_ids, positions, logits_at, num_valid)
         step = self._steps[key]
         step.input_ids[:rows].copy_(input_ids)
         step.positions[:rows].copy_(positions)
@@ -121,11 +129,14 @@ class StaticSteps:
             logits = self._compute(cache, step, logits_at)
         return logits[:rows]
 
+    def _round_up(self, length: int) -> int:
+        return math.ceil(length / self.length_quantum) * self.length_quantum
+
     def _compute(self, cache: RaggedKVCache, step: _Step, logits_at: str) -> torch.Tensor:
-        mask = cache.bind(step.positions, cache.max_length, self.model.attention)
+        mask = cache.bind(step.positions, step.visible, self.model.attention)
         return self.model.logits_for(cache, step.input_ids, step.positions, mask, logits_at, step.num_valid)
 
-    def _new_step(self, cache, bucket, input_ids, positions, logits_at, num_valid) -> _Step:
+    def _new_step(self, cache, bucket, visible, input_ids, positions, logits_at, num_valid) -> _Step:
         """Static buffers for one shape, their first rows holding the current step's inputs (so
         that passes run while capturing write only what the real step writes), the rest padding:
         token 0 at positions 0.. of dead rows."""
@@ -140,7 +151,7 @@ class StaticSteps:
         if num_valid is not None:
             valid = torch.ones(bucket, dtype=num_valid.dtype, device=device)
             valid[:live] = num_valid[:live]
-        step = _Step(ids, where, valid)
+        step = _Step(ids, where, valid, visible)
         self.captures += 1
         if self.capture:
             started = time.perf_counter()

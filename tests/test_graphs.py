@@ -18,8 +18,8 @@ from specbench.sampling import SamplingParams
 PROMPTS = random_prompts([5, 9, 3, 12, 7], seed=3)
 
 
-def static(model) -> CausalLM:
-    return CausalLM.from_hf(model).use_static_steps(capture=False)
+def static(model, length_quantum: int = LENGTH_QUANTUM) -> CausalLM:
+    return CausalLM.from_hf(model).use_static_steps(capture=False, length_quantum=length_quantum)
 
 
 def test_batch_buckets():
@@ -31,18 +31,24 @@ def test_batch_buckets():
 
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram", "self"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_static_steps_reproduce_eager_greedy(llama_target, llama_draft, drafter_kind, k):
+@pytest.mark.parametrize("length_quantum", [LENGTH_QUANTUM, 8])
+def test_static_steps_reproduce_eager_greedy(llama_target, llama_draft, drafter_kind, k, length_quantum):
     config = GenerationConfig(max_new_tokens=20)
     expected = generate_autoregressive(llama_target, PROMPTS, config).tokens
-    target = static(llama_target)
+    target = static(llama_target, length_quantum)
     assert generate_autoregressive(target, PROMPTS, config).tokens == expected
-    drafter = {"model": lambda: ModelDrafter(static(llama_draft)), "ngram": NGramDrafter,
+    drafter = {"model": lambda: ModelDrafter(static(llama_draft, length_quantum)), "ngram": NGramDrafter,
                "self": lambda: SelfDrafter(target, 2)}[drafter_kind]()
     result = generate_speculative(target, drafter, PROMPTS, config, k)
     assert result.tokens == expected
-    # Rows finished at different steps: the verify step ran at several padded batch sizes.
+    # Rows finished at different steps: the verify step ran at several padded batch sizes; with a
+    # quantum of 8 columns, at several attention lengths too (sequences grow from 3 to ~40).
     verify_buckets = {key[0] for key in target.static_steps._steps if key[2] == "all"}
     assert verify_buckets == {1, 2, 4, 5}
+    lengths = {key[4] for key in target.static_steps._steps}
+    longest = target.static_steps.cache.max_length
+    assert lengths == set(range(length_quantum, longest + 1, length_quantum))
+    assert len(lengths) == (1 if length_quantum == LENGTH_QUANTUM else longest // 8) and longest // 8 >= 4
     if drafter_kind == "self":
         assert drafter.model.static_steps is not None
 
@@ -132,3 +138,28 @@ def test_a_shorter_request_reuses_the_longer_cache(llama_target):
     long_cache = target.decode_cache(2, 3 * LENGTH_QUANTUM)
     assert target.decode_cache(2, 2 * LENGTH_QUANTUM - 5) is long_cache  # fits, at most 2x longer
     assert target.decode_cache(2, 10) is not long_cache  # far shorter: attention would cover too much
+
+
+def test_fixed_shape_step_logits_equal_the_ragged_forward(llama_target):
+    """Step by step over several length buckets (quantum 8) and a shrinking batch: the logits of
+    a fixed-shape step equal the ragged forward's (float64), for 1-token and 3-token steps."""
+    eager, fixed = CausalLM.from_hf(llama_target), static(llama_target, length_quantum=8)
+    prompts = random_prompts([5, 11, 2], seed=4)
+    caches = [eager.new_cache(3, 64), fixed.decode_cache(3, 64)]
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    for model, cache in zip((eager, fixed), caches):
+        model.forward(cache, ids, logits_at="last", num_valid=torch.tensor([len(p) for p in prompts]))
+        cache.set_lengths([len(p) for p in prompts])
+    generator = torch.Generator().manual_seed(1)
+    for step in range(14):
+        if step == 7:  # a request finishes: the batch shrinks to rows 0 and 2
+            for cache in caches:
+                cache.select_rows([0, 2])
+        tokens = 1 if step % 2 else 3
+        new = torch.randint(0, 97, (caches[0].batch_size, tokens), generator=generator)
+        expected = eager.forward(caches[0], new, logits_at="all")
+        got = fixed.step(caches[1], new, logits_at="all")
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+        for cache in caches:
+            cache.set_lengths([n + tokens for n in cache.lengths])

@@ -16,8 +16,9 @@ arranges around the engine's ragged cache without changing the loop:
   rows) with dead rows, so a batch shrinking as requests finish replays a few graphs, not one
   per size. Dead rows compute on whatever their buffers hold and write only into cache rows no
   live request uses;
-- inputs are copied into static buffers before a replay, and the logits come back in the
-  graph's static output, valid until the next replay of any graph of the model.
+- inputs are copied into static buffers before a replay, and the logits come back in a static
+  output buffer (shared by the length buckets of a shape), valid until the next replay of any
+  graph of the model.
 
 A graph is captured per (bucket, tokens per row, which logits, ragged input or not, length
 bucket) the first time it is needed, together with the same step at every smaller batch bucket
@@ -72,6 +73,7 @@ class StaticSteps:
         self.length_quantum = length_quantum
         self.cache: RaggedKVCache | None = None
         self._steps: dict[tuple, _Step] = {}
+        self._outputs: dict[tuple, torch.Tensor] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0  # fixed-shape steps built: CUDA graphs captured, or eager shapes off CUDA
         self.capture_s = 0.0
@@ -86,7 +88,7 @@ class StaticSteps:
         if cache is not None and cache.allocated_rows == batch_size and length <= cache.max_length <= 2 * length:
             cache.reset(batch_size)
             return cache
-        self.cache, self._steps = None, {}  # free the old buffers and graphs before allocating
+        self.cache, self._steps, self._outputs = None, {}, {}  # free buffers and graphs before allocating
         if self.capture:
             torch.cuda.empty_cache()
         self.cache = self.model.new_cache(batch_size, length)
@@ -159,11 +161,18 @@ class StaticSteps:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces…) off the graph
                 for _ in range(2):
-                    self._compute(cache, step, logits_at)
+                    warm = self._compute(cache, step, logits_at)
             torch.cuda.current_stream().wait_stream(side)
+            # One output buffer per (batch bucket, width, logits): the length buckets' graphs share
+            # it instead of each holding its own [rows, width, vocab] logits in the pool.
+            output_key = (bucket, width, logits_at)
+            if output_key not in self._outputs:
+                self._outputs[output_key] = torch.empty_like(warm)
+            del warm
+            step.logits = self._outputs[output_key]
             step.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(step.graph, pool=self._pool, capture_error_mode="thread_local"):
-                step.logits = self._compute(cache, step, logits_at)
+                step.logits.copy_(self._compute(cache, step, logits_at))
             torch.cuda.synchronize()
             self.capture_s += time.perf_counter() - started
         return step

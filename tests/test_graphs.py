@@ -120,14 +120,16 @@ def test_cuda_graphs_flag_needs_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_graph_replay_matches_eager():
-    target = tiny_model("llama", layers=4, seed=0, dtype=torch.float32).cuda()
-    draft = tiny_model("llama", layers=2, seed=1, dtype=torch.float32).cuda()
+@pytest.mark.parametrize("length_quantum", [LENGTH_QUANTUM, 8])
+def test_cuda_graph_replay_matches_eager(length_quantum):
+    target = tiny_model("llama", layers=4, seed=0).cuda()  # float64: no greedy tie can flip
+    draft = tiny_model("llama", layers=2, seed=1).cuda()
     config = GenerationConfig(max_new_tokens=20)
     expected = generate_autoregressive(target, PROMPTS, config).tokens
-    graphed = CausalLM.from_hf(target).use_static_steps()
+    graphed = CausalLM.from_hf(target).use_static_steps(length_quantum=length_quantum)
     assert generate_autoregressive(graphed, PROMPTS, config).tokens == expected
-    result = generate_speculative(graphed, ModelDrafter(CausalLM.from_hf(draft).use_static_steps()), PROMPTS, config, 3)
+    graphed_draft = CausalLM.from_hf(draft).use_static_steps(length_quantum=length_quantum)
+    result = generate_speculative(graphed, ModelDrafter(graphed_draft), PROMPTS, config, 3)
     assert result.tokens == expected
     assert graphed.static_steps.captures > 0
     assert all(s.draft_s > 0 and s.verify_s > 0 for s in result.steps)  # the draft/verify event split

@@ -54,7 +54,8 @@ print(pathlib.Path(list(s.submodule_search_locations)[0]) / 'SmolLM2-135M-Instru
   ;;
 check)
   setup
-  { nvidia-smi -L || true; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, \
+  { nvidia-smi -L || true; python3 -c "import torch, transformers, pyarrow, datasets; print('torch', torch.__version__, \
+'transformers', transformers.__version__, 'pyarrow', pyarrow.__version__, 'datasets', datasets.__version__, \
 torch.cuda.is_available() and torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/check.log"
   python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py tests/test_engine.py 2>&1 | tail -5 | tee -a "$OUT/check.log"
   if [ -n "${QUICK:-}" ]; then grid=(--target llama3.2-1b --drafts 1b --k 2 --batch-sizes 1,4 --max-new-tokens 8 --num-prompts 2)

@@ -387,8 +387,10 @@ def _gate_text(result) -> str:
     lines = []
     for v in result.verdicts:
         state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
-        speedups = ", ".join(f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]})"
-                             for b, s in v.speedups.items()) or "none measured"
+        speedups = ", ".join(
+            f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}"
+            + (f"; repeats {v.ranges[b][0]:.3f}–{v.ranges[b][1]:.3f}×" if b in v.ranges else "") + ")"
+            for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
     lines.append(f"verdict: {result.message} (exit {result.exit_code})")

@@ -341,7 +341,9 @@ def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
     if sd.empty:
         return pd.DataFrame()
     index = sd.groupby(["draft", "workload", "temperature", "batch_size"])["speedup"].idxmax()
-    return sd.loc[index, ["draft", "workload", "temperature", "batch_size", "k", "speedup"]].reset_index(drop=True)
+    columns = ["draft", "workload", "temperature", "batch_size", "k", "speedup"]
+    columns += ["speedup_runs"] if "speedup_runs" in sd else []
+    return sd.loc[index, columns].reset_index(drop=True)
 
 
 @dataclass

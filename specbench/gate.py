@@ -3,6 +3,8 @@
 Per draft, the speed-up at a batch size is the best over K there (the K you would deploy at that
 size), and the worst over the run's workloads and temperatures (a gate should not pass on the
 friendliest traffic). A draft passes when every named batch size meets `min_speedup`.
+With several repeats each speed-up also has the range of its repeat-by-repeat ratios; a range
+that straddles the bar means the verdict there is within the machine's noise, and says so.
 Exit codes: 0 pass, 1 fail, 2 the run lacks the cells to answer.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from specbench.fit import best_k_by_batch, crossover, k_schedule
@@ -36,6 +39,11 @@ class DraftVerdict:
     schedule: str  # recommended K per batch size over every measured B
     crossover: str
     missing: list[int] = field(default_factory=list)
+    ranges: dict[int, tuple[float, float]] = field(default_factory=dict)  # named B -> repeats' min, max
+
+    def within_noise(self, bar: float) -> list[int]:
+        """Named batch sizes whose repeats fell on both sides of the bar."""
+        return [b for b, (low, high) in self.ranges.items() if low < bar <= high]
 
 
 @dataclass
@@ -73,6 +81,8 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         # Worst case over workloads/temperatures of the best-K speed-up, per measured B.
         worst = rows.loc[rows.groupby("batch_size")["speedup"].idxmin()]
         by_batch = {int(r.batch_size): (float(r.speedup), int(r.k)) for r in worst.itertuples()}
+        ranges = {int(r.batch_size): _spread(getattr(r, "speedup_runs", None)) for r in worst.itertuples()}
+        ranges = {b: spread for b, spread in ranges.items() if spread and b in batch_sizes}
         missing = [b for b in batch_sizes if b not in by_batch]
         speedups = {b: by_batch[b][0] for b in batch_sizes if b in by_batch}
         best_k = {b: by_batch[b][1] for b in batch_sizes if b in by_batch}
@@ -80,7 +90,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         schedule = k_schedule(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None for b in measured])
         found = crossover(measured, [by_batch[b][0] for b in measured], threshold=min_speedup)
         passes = None if missing else all(s >= min_speedup for s in speedups.values())
-        verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing))
+        verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing, ranges))
 
     if draft is None:  # judge the draft that does best at the named batch sizes
         answerable = [v for v in verdicts if v.passes is not None]
@@ -97,7 +107,22 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     if failing:
         message = (f"{chosen.draft}: speculation is below {min_speedup:g}× at batch size(s) "
                    + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], min_speedup)})" for b in failing))
-        return GateResult(FAIL, chosen.draft, batch_sizes, min_speedup, verdicts, message)
+        return GateResult(FAIL, chosen.draft, batch_sizes, min_speedup, verdicts, message + _noise_note(chosen, min_speedup))
     return GateResult(PASS, chosen.draft, batch_sizes, min_speedup, verdicts,
                       f"{chosen.draft}: at least {min_speedup:g}× at every batch size in "
-                      f"{', '.join(map(str, batch_sizes))}")
+                      f"{', '.join(map(str, batch_sizes))}" + _noise_note(chosen, min_speedup))
+
+
+def _spread(runs) -> tuple[float, float] | None:
+    """(min, max) of a cell's repeat-by-repeat speed-ups; None with fewer than two."""
+    values = [float(x) for x in runs if np.isfinite(x)] if isinstance(runs, (list, tuple, np.ndarray)) else []
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
+def _noise_note(verdict: DraftVerdict, bar: float) -> str:
+    noisy = verdict.within_noise(bar)
+    if not noisy:
+        return ""
+    spans = ", ".join(f"B={b}: {verdict.ranges[b][0]:.3f}×–{verdict.ranges[b][1]:.3f}×" for b in noisy)
+    return (f"; within noise: repeats fell on both sides of {bar:g}× ({spans}), so more --repeats or a "
+            f"--min-speedup margin decides")

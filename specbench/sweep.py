@@ -573,16 +573,24 @@ class SweepTables:
         return self._outputs.get(cell_id) or None
 
 
-def _baseline_throughput(tables: SweepTables, cell: Cell, row: dict) -> float:
-    """tokens/s of the cell's autoregressive baseline (its own, for a baseline cell)."""
-    if not cell.is_speculative:
-        return row["tokens_per_s"]
-    cells = tables.cells
-    if cells.empty or "tokens_per_s" not in cells:
-        return float("nan")
-    match = cells[(cells["cell_id"] == Cell(cell.workload, cell.batch_size, cell.temperature).id)
-                  & (cells["status"] == "ok")]
-    return float(match["tokens_per_s"].iloc[0]) if len(match) else float("nan")
+def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
+    """The speed-up over the cell's own group baseline: `speedup` from the medians, and
+    `speedup_runs` repeat by repeat (the group's cells take turns, so repeat i of both ran side
+    by side); their spread is the measurement noise the gate reports."""
+    if cell.is_speculative:
+        cells = tables.cells
+        match = cells[(cells["cell_id"] == Cell(cell.workload, cell.batch_size, cell.temperature).id)
+                      & (cells["status"] == "ok")] if not cells.empty and "tokens_per_s" in cells else []
+        if not len(match):
+            row["baseline_tokens_per_s"], row["speedup"], row["speedup_runs"] = float("nan"), float("nan"), []
+            return
+        baseline = match.iloc[0]
+    else:
+        baseline = row  # a baseline is its own
+    row["baseline_tokens_per_s"] = float(baseline["tokens_per_s"])
+    row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
+    runs, baseline_runs = list(row["tokens_per_s_runs"]), list(baseline["tokens_per_s_runs"])
+    row["speedup_runs"] = [ours / theirs for ours, theirs in zip(runs, baseline_runs)]  # round by round
 
 
 def run_sweep(
@@ -666,8 +674,7 @@ def run_sweep(
                             row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
                 else:
                     row["lossless"] = "n/a (sampled)"
-                row["baseline_tokens_per_s"] = _baseline_throughput(tables, cell, row)
-                row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
+                _pair_with_baseline(tables, cell, row)
                 tables.add(row, outcome.requests, outcome.steps)
             gc.collect()
             on_event(SweepEvent("done", cell, row, index, len(cells)))

@@ -180,3 +180,21 @@ def test_baseline_drift_flags_a_slower_twin_baseline():
     messages = baseline_drift(cells)
     # Only code B=4 (1.6×); chat B=4 is within tolerance, and B=1's two cells are other workloads.
     assert len(messages) == 1 and messages[0].startswith("code B=4") and "1.60×" in messages[0]
+
+
+def test_gate_says_when_repeats_straddle_the_bar(tmp_path):
+    cells = pd.read_parquet(crafted_run(tmp_path, SPEEDUPS) / "cells.parquet")
+    cells["speedup_runs"] = [[s * 0.97, s, s * 1.03] for s in cells["speedup"]]  # ±3 % repeat to repeat
+    clear = evaluate(cells, [1, 32])  # 1.9 and 1.1: every repeat above 1
+    assert clear.exit_code == 0 and "within noise" not in clear.message
+    assert clear.verdicts[0].ranges[32] == pytest.approx((1.1 * 0.97, 1.1 * 1.03))
+    best_at_32 = cells.index[(cells["draft"] == "1b") & (cells["batch_size"] == 32) & (cells["k"] == 2)][0]
+    cells.at[best_at_32, "speedup_runs"] = [0.98, 1.01, 1.05]  # median above 1, one repeat below
+    noisy = evaluate(cells, [1, 32])
+    assert noisy.exit_code == 0 and "within noise" in noisy.message and "B=32: 0.980×–1.050×" in noisy.message
+    run_dir = tmp_path / "noisy"
+    run_dir.mkdir()
+    write_table(run_dir, "cells", cells)
+    write_json(run_dir / "run.json", {"status": "complete", "hardware": {"gpus": []}})
+    printed = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"])
+    assert printed.exit_code == 0 and "repeats 0.980–1.050×" in printed.output and "within noise" in printed.output

@@ -22,7 +22,7 @@ CELL_COLUMNS = [
     "draft_prefill_s", "peak_memory_bytes",
     "memory_kind", "target_param_bytes", "target_kv_cache_bytes", "draft_param_bytes", "draft_kv_cache_bytes",
     "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
-    "lossless_detail", "speedup", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
+    "lossless_detail", "speedup", "speedup_runs", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
     "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full", "cuda_graphs", "graph_captures_timed",
 ]
 REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
@@ -322,3 +322,5 @@ def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
     assert (cells["status"] == "ok").all() and cells["cuda_graphs"].all()
     assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "exact").all()
     assert (cells["graph_captures_timed"] == 0).all()
+    assert (cells["speedup_runs"].apply(len) == 2).all()  # repeat by repeat against the group's baseline
+    assert list(cells.loc[cells["mode"] == "autoregressive", "speedup_runs"].iloc[0]) == [1.0, 1.0]

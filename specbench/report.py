@@ -119,7 +119,11 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             sub = _select(cells, draft, workload, temperature)
             for k, group in sub.groupby("k"):
                 group = group.sort_values("batch_size")
-                ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")
+                line = ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")[0]
+                low, high = _repeat_spread(group)
+                if low is not None:  # the range of the repeat-by-repeat speed-ups
+                    ax.fill_between(group["batch_size"], low, high, color=line.get_color(), alpha=0.15, linewidth=0,
+                                    label=f"K={k}: range over repeats")
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
             found = _select(a.crossovers, draft, workload, temperature)
             if len(found) and found["crossover_batch_size"].notna().iloc[0]:
@@ -131,6 +135,17 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     _finish(fig, path, CHARTS["speedup_vs_batch"])
+
+
+def _repeat_spread(group: pd.DataFrame) -> tuple[list[float] | None, list[float] | None]:
+    """Per row, min and max of its repeat-by-repeat speed-ups; (None, None) unless every row has
+    at least two repeats."""
+    if "speedup_runs" not in group:
+        return None, None
+    runs = [list(r) if isinstance(r, (list, tuple, np.ndarray)) else [] for r in group["speedup_runs"]]
+    if not runs or min(len(r) for r in runs) < 2:
+        return None, None
+    return [min(r) for r in runs], [max(r) for r in runs]
 
 
 def chart_tau(a: Analysis, path: Path) -> None:

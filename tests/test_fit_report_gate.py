@@ -198,3 +198,12 @@ def test_gate_says_when_repeats_straddle_the_bar(tmp_path):
     write_json(run_dir / "run.json", {"status": "complete", "hardware": {"gpus": []}})
     printed = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"])
     assert printed.exit_code == 0 and "repeats 0.980–1.050×" in printed.output and "within noise" in printed.output
+
+
+def test_speedup_chart_band_is_the_range_over_repeats():
+    from specbench.report import _repeat_spread
+
+    group = pd.DataFrame({"speedup_runs": [[0.9, 1.1, 1.0], np.array([1.2, 1.4])]})
+    assert _repeat_spread(group) == ([0.9, 1.2], [1.1, 1.4])
+    assert _repeat_spread(pd.DataFrame({"speedup_runs": [[1.0], [1.2, 1.3]]})) == (None, None)  # one repeat: no band
+    assert _repeat_spread(pd.DataFrame({"speedup": [1.0]})) == (None, None)

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from specbench.graphs import StaticSteps
+from specbench.graphs import LENGTH_QUANTUM, StaticSteps
 from specbench.kvcache import RaggedKVCache
 
 # Architectures whose logits are exactly head(decoder(x)) with full causal attention everywhere.
@@ -65,10 +65,12 @@ class CausalLM:
             draft.use_static_steps(self.static_steps.capture, length_quantum=self.static_steps.length_quantum)
         return draft
 
-    def use_static_steps(self, capture: bool | None = None, **options) -> "CausalLM":
+    def use_static_steps(self, capture: bool | None = None, length_quantum: int = LENGTH_QUANTUM) -> "CausalLM":
         """Run decode steps (`step`) at fixed shapes over one reused cache, replayed from CUDA
-        graphs when `capture` (default: on CUDA). See specbench.graphs."""
-        self.static_steps = StaticSteps(self, self.device.type == "cuda" if capture is None else capture, **options)
+        graphs when `capture` (default: on CUDA); cache and attention lengths in multiples of
+        `length_quantum` columns. See specbench.graphs."""
+        capture = self.device.type == "cuda" if capture is None else capture
+        self.static_steps = StaticSteps(self, capture, length_quantum)
         return self
 
     @property

@@ -48,8 +48,13 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of a [N, V] probability matrix."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row of a [N, V] matrix of (possibly unnormalised) probabilities: the
+    exponential race argmax(p / E), E ~ Exp(1), which is how torch.multinomial draws one sample
+    (same draws for the same generator on CPU), minus its input check, which reads a value back to
+    the host: on CUDA a synchronisation per call, K + 1 per speculative step."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    # E = 0 has probability ~0 but not exactly 0 in floating point; p = 0 must never win then.
+    return (probs / race.clamp_min_(torch.finfo(race.dtype).tiny)).argmax(dim=-1)
 
 
 def choose_next_tokens(

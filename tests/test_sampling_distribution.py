@@ -165,3 +165,18 @@ def test_warping_matches_transformers():
     for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(10), TopPLogitsWarper(0.8)):
         warped = warper(None, warped)
     torch.testing.assert_close(logits_to_probs(logits, params), warped.softmax(-1))
+
+
+def test_sampler_draws_what_torch_multinomial_draws():
+    """sample_from_probs is the exponential race torch.multinomial runs for one sample (without
+    its host-side input check): same generator, same tokens; unnormalised rows too; a zero-
+    probability token never wins."""
+    from specbench.sampling import sample_from_probs
+
+    for seed in range(50):
+        weights = torch.rand(4, 300, generator=torch.Generator().manual_seed(100 + seed)) ** 4
+        weights[:, ::3] = 0.0
+        expected = torch.multinomial(weights, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+        got = sample_from_probs(weights, torch.Generator().manual_seed(seed))
+        assert torch.equal(got, expected)
+        assert (got % 3 != 0).all()

@@ -48,13 +48,15 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of a [N, V] matrix of (possibly unnormalised) probabilities: the
-    exponential race argmax(p / E), E ~ Exp(1), which is how torch.multinomial draws one sample
-    (same draws for the same generator on CPU), minus its input check, which reads a value back to
-    the host: on CUDA a synchronisation per call, K + 1 per speculative step."""
-    race = torch.empty_like(probs).exponential_(1, generator=generator)
-    # E = 0 has probability ~0 but not exactly 0 in floating point; p = 0 must never win then.
-    return (probs / race.clamp_min_(torch.finfo(race.dtype).tiny)).argmax(dim=-1)
+    """One token per row of a [N, V] matrix of (possibly unnormalised) probabilities, by inverse
+    transform: the first token whose cumulative probability (in float64) exceeds a uniform draw.
+    One random number per row, where torch.multinomial's exponential race draws V of them (ten
+    times slower on CPU) and checks its input with a read back to the host (a synchronisation
+    per call on CUDA). A zero-probability token is never drawn: its cumulative sum equals its
+    predecessor's."""
+    cdf = probs.double().cumsum(dim=-1)
+    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    return torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(-1).clamp_max_(probs.shape[-1] - 1)
 
 
 def choose_next_tokens(

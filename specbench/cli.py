@@ -231,6 +231,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
 
 
 def _print_summary(run_dir: Path) -> None:
+    from specbench.fit import baseline_drift
     from specbench.results import load_run
 
     run = load_run(run_dir)
@@ -245,7 +246,7 @@ def _print_summary(run_dir: Path) -> None:
         if len(busy):
             errors.print(f"[yellow]warning:[/] the machine was busy (load average above {1.5 * cores:g} on {cores} "
                          f"cores) during {len(busy)} cell(s); their timings include the other work", highlight=False)
-    _print_drift(run.cells)
+    _print_drift(baseline_drift(run.cells))
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):
@@ -333,7 +334,7 @@ def report(
     except _known_errors() as error:
         fail(str(error))
     _print_analysis(analysis)
-    _print_drift(run.cells)
+    _print_drift(drift)
     if gate_text:
         console.print(gate_text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
@@ -351,10 +352,8 @@ def _frame_table(frame, title: str, columns: list[str], formats: dict[str, str] 
     return table
 
 
-def _print_drift(cells) -> None:
-    from specbench.fit import baseline_drift
-
-    drift = baseline_drift(cells)
+def _print_drift(drift: list[str]) -> None:
+    """baseline_drift's messages, as warnings."""
     for message in drift:
         errors.print(f"[yellow]warning:[/] {message}", highlight=False)
     if drift:

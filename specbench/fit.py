@@ -134,6 +134,13 @@ def _ok(cells: pd.DataFrame) -> pd.DataFrame:
     return cells[cells["status"] == "ok"] if not cells.empty else cells
 
 
+def repeat_range(runs) -> tuple[float, float] | None:
+    """(min, max) of a cell's repeat-by-repeat speed-ups (`speedup_runs`); None with fewer than
+    two finite ones."""
+    values = [float(x) for x in runs if np.isfinite(x)] if isinstance(runs, (list, tuple, np.ndarray)) else []
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
 def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
     """Autoregressive baselines that do the same work per decode step (same workload and batch
     size, so the same prompts; only the temperature differs) but whose measured step times differ

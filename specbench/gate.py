@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import pandas as pd
 
-from specbench.fit import best_k_by_batch, crossover, k_schedule
+from specbench.fit import best_k_by_batch, crossover, k_schedule, repeat_range
 
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
@@ -81,7 +80,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         # Worst case over workloads/temperatures of the best-K speed-up, per measured B.
         worst = rows.loc[rows.groupby("batch_size")["speedup"].idxmin()]
         by_batch = {int(r.batch_size): (float(r.speedup), int(r.k)) for r in worst.itertuples()}
-        ranges = {int(r.batch_size): _spread(getattr(r, "speedup_runs", None)) for r in worst.itertuples()}
+        ranges = {int(r.batch_size): repeat_range(getattr(r, "speedup_runs", None)) for r in worst.itertuples()}
         ranges = {b: spread for b, spread in ranges.items() if spread and b in batch_sizes}
         missing = [b for b in batch_sizes if b not in by_batch]
         speedups = {b: by_batch[b][0] for b in batch_sizes if b in by_batch}
@@ -111,12 +110,6 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     return GateResult(PASS, chosen.draft, batch_sizes, min_speedup, verdicts,
                       f"{chosen.draft}: at least {min_speedup:g}× at every batch size in "
                       f"{', '.join(map(str, batch_sizes))}" + _noise_note(chosen, min_speedup))
-
-
-def _spread(runs) -> tuple[float, float] | None:
-    """(min, max) of a cell's repeat-by-repeat speed-ups; None with fewer than two."""
-    values = [float(x) for x in runs if np.isfinite(x)] if isinstance(runs, (list, tuple, np.ndarray)) else []
-    return (min(values), max(values)) if len(values) > 1 else None
 
 
 def _noise_note(verdict: DraftVerdict, bar: float) -> str:

@@ -22,8 +22,9 @@ arranges around the engine's ragged cache without changing the loop:
 
 A graph is captured per (bucket, tokens per row, which logits, ragged input or not, length
 bucket) the first time it is needed, together with the same step at every smaller batch bucket
-and every length bucket, so that a warm-up run captures what the measured runs replay. `captures` counts the shapes built (eagerly run ones
-too); a capture inside a timed run costs two eager steps plus the capture.
+and every length bucket, so that a warm-up run captures what the measured runs replay.
+`captures` counts the shapes built (eagerly run ones too); a capture inside a timed run costs
+two eager steps plus the capture.
 
 Off CUDA the same fixed-shape steps run eagerly (capture=False): everything but the capture
 itself, which is what the tests exercise on CPU.
@@ -32,7 +33,6 @@ itself, which is what the tests exercise on CPU.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -76,7 +76,6 @@ class StaticSteps:
         self._outputs: dict[tuple, torch.Tensor] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0  # fixed-shape steps built: CUDA graphs captured, or eager shapes off CUDA
-        self.capture_s = 0.0
 
     def cache_for(self, batch_size: int, max_length: int) -> RaggedKVCache:
         """The model's one decode cache, emptied, with at least `max_length` columns. It is
@@ -113,10 +112,11 @@ class StaticSteps:
             # The whole family at once: every smaller batch bucket, every length bucket. Their
             # capture passes write this step's rows with other numerics (another batch shape, or
             # attention cut short), and the real step below rewrites them.
-            for smaller in batch_buckets(cache.allocated_rows):
+            smaller_buckets = [b for b in batch_buckets(cache.allocated_rows) if b <= bucket]
+            for smaller in smaller_buckets:
                 for length in range(self.length_quantum, cache.max_length + 1, self.length_quantum):
                     family_key = (smaller, *key[1:4], length)
-                    if smaller <= bucket and family_key not in self._steps:
+                    if family_key not in self._steps:
                         self._steps[family_key] = self._new_step(
                             cache, smaller, length, input_ids, positions, logits_at, num_valid)
         step = self._steps[key]
@@ -156,7 +156,6 @@ class StaticSteps:
         step = _Step(ids, where, valid, visible)
         self.captures += 1
         if self.capture:
-            started = time.perf_counter()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces…) off the graph
@@ -174,5 +173,4 @@ class StaticSteps:
             with torch.cuda.graph(step.graph, pool=self._pool, capture_error_mode="thread_local"):
                 step.logits.copy_(self._compute(cache, step, logits_at))
             torch.cuda.synchronize()
-            self.capture_s += time.perf_counter() - started
         return step

@@ -12,8 +12,8 @@ other rows.
 
 The buffers are allocated once, for the batch the run starts with. Finished rows leave the batch
 by compaction in place (the remaining rows move to the front), so addresses never change: a
-fixed-shape step (`specbench.graphs`) can attend over the first `rows` rows and all `max_length`
-columns under the same mask and be replayed as a CUDA graph.
+fixed-shape step (`specbench.graphs`) can attend over the first `rows` rows and a fixed number
+of columns (`bind`'s `visible`) under the same mask and be replayed as a CUDA graph.
 
 The object is duck-typed to what transformers' attention layers call, `update(k, v, layer_idx)`,
 so any decoder that takes `past_key_values`, `position_ids` and a 4-D mask can use it.

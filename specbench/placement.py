@@ -82,11 +82,15 @@ def free_memory_shares(devices: list[str]) -> list[float]:
     return [free_bytes(d) for d in devices]
 
 
+def _bare_cuda_on_several_gpus(devices: list[str]) -> bool:
+    return devices == ["cuda"] and torch.cuda.is_available() and torch.cuda.device_count() > 1
+
+
 def placement_devices(device: str, model_bytes: int) -> list[str]:
     """The devices a model of `model_bytes` goes on: those named, or with a bare `cuda` on a
     machine with several GPUs, all of them when it does not fit in the first's memory budget."""
     devices = parse_devices(device)
-    if devices == ["cuda"] and torch.cuda.is_available() and torch.cuda.device_count() > 1:
+    if _bare_cuda_on_several_gpus(devices):
         if model_bytes > memory_budget("cuda:0"):
             return [f"cuda:{index}" for index in range(torch.cuda.device_count())]
     return devices
@@ -95,4 +99,4 @@ def placement_devices(device: str, model_bytes: int) -> list[str]:
 def may_spread(device: str) -> bool:
     """Whether `device` could place one model on several devices (worth sizing the model first)."""
     devices = parse_devices(device)
-    return len(devices) > 1 or (devices == ["cuda"] and torch.cuda.is_available() and torch.cuda.device_count() > 1)
+    return len(devices) > 1 or _bare_cuda_on_several_gpus(devices)

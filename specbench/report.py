@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
     AR, alpha_table, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, expected_tau,
-    label_synthetic, predictions,
+    label_synthetic, predictions, repeat_range,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -140,12 +140,10 @@ def chart_speedup(a: Analysis, path: Path) -> None:
 def _repeat_spread(group: pd.DataFrame) -> tuple[list[float] | None, list[float] | None]:
     """Per row, min and max of its repeat-by-repeat speed-ups; (None, None) unless every row has
     at least two repeats."""
-    if "speedup_runs" not in group:
+    ranges = [repeat_range(runs) for runs in group["speedup_runs"]] if "speedup_runs" in group else []
+    if not ranges or None in ranges:
         return None, None
-    runs = [list(r) if isinstance(r, (list, tuple, np.ndarray)) else [] for r in group["speedup_runs"]]
-    if not runs or min(len(r) for r in runs) < 2:
-        return None, None
-    return [min(r) for r in runs], [max(r) for r in runs]
+    return [low for low, _ in ranges], [high for _, high in ranges]
 
 
 def chart_tau(a: Analysis, path: Path) -> None:

@@ -135,9 +135,14 @@ class Cell:
         return f"{self.workload}|B{self.batch_size}|T{self.temperature:g}"
 
     @property
+    def baseline_id(self) -> str:
+        """The group's autoregressive cell: what this cell's speed-up and lossless check compare to."""
+        return f"{self.group}|{AR}"
+
+    @property
     def id(self) -> str:
         if self.draft == AR:
-            return f"{self.group}|{AR}"
+            return self.baseline_id
         return f"{self.group}|{self.draft}|K{self.k}" + (f"|a{self.alpha}" if self.alpha else "")
 
     @property
@@ -579,7 +584,7 @@ def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
     by side); their spread is the measurement noise the gate reports."""
     if cell.is_speculative:
         cells = tables.cells
-        match = cells[(cells["cell_id"] == Cell(cell.workload, cell.batch_size, cell.temperature).id)
+        match = cells[(cells["cell_id"] == cell.baseline_id)
                       & (cells["status"] == "ok")] if not cells.empty and "tokens_per_s" in cells else []
         if not len(match):
             row["baseline_tokens_per_s"], row["speedup"], row["speedup_runs"] = float("nan"), float("nan"), []
@@ -627,7 +632,6 @@ def run_sweep(
         if scaled:
             message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
         meta["estimated"] = bool(scaled)
-        write_json(run_dir / "run.json", meta)
     models.copy_bandwidth = measured_bandwidth(models.target.model.device)
     meta["hardware"]["copy_bandwidth_bytes_per_s"] = models.copy_bandwidth
     write_json(run_dir / "run.json", meta)
@@ -663,8 +667,7 @@ def run_sweep(
                 elif models.synthetic:
                     row["lossless"] = "n/a (synthetic)"
                 elif cell.temperature == 0:
-                    baseline_id = Cell(cell.workload, cell.batch_size, cell.temperature).id
-                    expected = tables.baseline_outputs(baseline_id)
+                    expected = tables.baseline_outputs(cell.baseline_id)
                     if expected is None:
                         row["lossless"], row["lossless_detail"] = "unchecked", "no baseline cell"
                     else:

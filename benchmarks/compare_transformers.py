@@ -41,6 +41,11 @@ from specbench.synthetic import build_random_model  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload  # noqa: E402
 
 
+def progress(message: str) -> None:
+    """A line per phase on stderr, so that a run stopped at a time limit shows how far it got."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def median_times(runs, repeats: int, synchronize) -> list[float]:
     """Median seconds of each of `runs`, after a warm-up of each. The runs take turns repeat by
     repeat, so that a slow minute of a shared machine hits every side of a comparison alike."""
@@ -108,6 +113,7 @@ def main() -> int:
             return target_generate(hf_target, ids, n, **extra)
         return run
 
+    progress("autoregressive, B=1")
     # --- autoregressive, batch 1
     ours_ar, theirs_ar = median_times([per_prompt(lambda p: generate_autoregressive(target.model, [p], config)),
                                        per_prompt(hf_generate())], args.repeats, sync)
@@ -115,6 +121,7 @@ def main() -> int:
     rows.append(("autoregressive, B=1", tokens_total / ours_ar, tokens_total / theirs_ar,
                  f"transformers generate; same tokens: {same}"))
 
+    progress("speculative with the draft model, B=1")
     # --- speculative with the draft model, batch 1
     drafter = ModelDrafter(draft.model, name=args.draft)
     assisted = hf_generate(assistant_model=hf_draft, num_assistant_tokens=k,
@@ -125,6 +132,7 @@ def main() -> int:
     rows.append((f"speculative {args.draft}, K={k}, B=1", tokens_total / ours_sd, tokens_total / theirs_sd,
                  f"transformers assisted generation (constant schedule); same tokens: {same}"))
 
+    progress("n-gram prompt lookup, B=1")
     # --- n-gram prompt lookup, batch 1. transformers matches up to 2-grams by default and takes the
     # earliest match; the same policy here, so that both sides verify the same drafts.
     ngram = NGramDrafter(max_ngram=2, earliest=True)
@@ -135,6 +143,7 @@ def main() -> int:
     rows.append((f"n-gram (max 2-gram, earliest match), K={k}, B=1", tokens_total / ours_ng, tokens_total / theirs_ng,
                  f"transformers prompt_lookup_num_tokens; same tokens: {same}"))
 
+    progress("efficiency against the bound, B=1")
     # --- efficiency against the bound, batch 1. The loop and the bare forwards take turns round by
     # round, so that both sides of each round's ratio ran under the same machine speed.
     context = int(statistics.mean(len(p) for p in single)) + n // 2
@@ -164,6 +173,7 @@ def main() -> int:
     efficiency_range = (min(r["efficiency"] for r in rounds), max(r["efficiency"] for r in rounds))
     levi = leviathan_speedup(alpha, k, t_draft / t_ar)
 
+    progress("roofline")
     # --- autoregressive decode against the memory-bandwidth roofline
     bandwidth = copy_bandwidth(args.device)
     roofline = [roofline_row(target.model, args.target, single, n, bandwidth)]
@@ -177,6 +187,7 @@ def main() -> int:
                                      min(n, 32), bandwidth))
         del large
 
+    progress("batched speculation")
     # --- batched speculation against specbench's own baseline
     batched = []
     for batch in (4, 16):

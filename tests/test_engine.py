@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from conftest import random_prompts, tiny_model
-from specbench.drafters import ModelDrafter, NGramDrafter, SelfDrafter, VocabMismatchError
-from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
-from specbench.forward import CausalLM, check_forward_matches
-from specbench.sampling import SamplingParams
+from specbench.native.drafters import ModelDrafter, NGramDrafter, SelfDrafter, VocabMismatchError
+from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative
+from specbench.native.forward import CausalLM, check_forward_matches
+from specbench.native.sampling import SamplingParams
 
 PROMPT_LENGTHS = {1: [11], 3: [5, 23, 12], 8: [3, 17, 9, 30, 6, 14, 21, 8]}
 
@@ -143,7 +143,7 @@ def test_sampled_runs_are_seeded(llama_target, llama_draft):
 
 
 def test_decode_step_bytes_counts_weights_once_and_kv_per_row():
-    from specbench.measure import copy_bandwidth, decode_step_bytes, roofline_tokens_per_s
+    from specbench.native.measure import copy_bandwidth, decode_step_bytes, roofline_tokens_per_s
 
     model = CausalLM.from_hf(tiny_model("llama", layers=2, hidden=64, dtype=torch.float32))
     element = 4

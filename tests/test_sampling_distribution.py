@@ -13,11 +13,11 @@ import torch
 from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import specbench.rejection as rejection
+import specbench.native.rejection as rejection
 from conftest import tiny_model
-from specbench.drafters import ModelDrafter, NGramDrafter
-from specbench.engine import GenerationConfig, generate_speculative
-from specbench.sampling import SamplingParams, logits_to_probs
+from specbench.native.drafters import ModelDrafter, NGramDrafter
+from specbench.native.engine import GenerationConfig, generate_speculative
+from specbench.native.sampling import SamplingParams, logits_to_probs
 
 P_VALUE_FLOOR = 1e-3
 
@@ -173,7 +173,7 @@ def test_sampler_draws_each_token_with_its_probability():
     against a slightly different one)."""
     from scipy.stats import chisquare
 
-    from specbench.sampling import sample_from_probs
+    from specbench.native.sampling import sample_from_probs
 
     weights = torch.tensor([[0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5, 3.0]]).repeat(200_000, 1)
     drawn = sample_from_probs(weights, torch.Generator().manual_seed(0))

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import specbench.native.runner as native_runner
 import specbench.sweep as sweep_module
 from specbench.cli import app
 from specbench.results import load_run
@@ -111,26 +112,26 @@ def test_resume_runs_no_new_cells(finished_run, tiny_model_dirs):
     output, _ = finished_run
     before = load_run(output).cells
     calls = []
-    original = sweep_module.run_cell
-    sweep_module.run_cell = lambda *a, **k: calls.append(a) or original(*a, **k)
+    original = native_runner.CellRun.measure
+    native_runner.CellRun.measure = lambda run, repeat: calls.append(run.cell) or original(run, repeat)
     try:
         result = runner.invoke(app, sweep_args(tiny_model_dirs, output, ["--resume"]))
     finally:
-        sweep_module.run_cell = original
+        native_runner.CellRun.measure = original
     assert result.exit_code == 0, result.output
     assert calls == []
     pd.testing.assert_frame_equal(load_run(output).cells, before)
 
 
 def test_failing_cell_is_recorded_and_the_rest_complete(tiny_model_dirs, tmp_path, monkeypatch):
-    original = sweep_module.run_cell
+    original = native_runner.CellRun.measure
 
-    def flaky(models, cell, *args, **kwargs):
-        if cell.id == "chat|B1|T0|ngram:2|K1":
+    def flaky(run, repeat):
+        if run.cell.id == "chat|B1|T0|ngram:2|K1":
             raise RuntimeError("injected failure")
-        return original(models, cell, *args, **kwargs)
+        return original(run, repeat)
 
-    monkeypatch.setattr(sweep_module, "run_cell", flaky)
+    monkeypatch.setattr(native_runner.CellRun, "measure", flaky)
     result = runner.invoke(app, sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0",
                                                                                  "--batch-sizes", "1"]))
     assert result.exit_code == 0, result.output
@@ -141,14 +142,15 @@ def test_failing_cell_is_recorded_and_the_rest_complete(tiny_model_dirs, tmp_pat
 
 
 def test_out_of_memory_skips_larger_batches(tiny_model_dirs, tmp_path, monkeypatch):
-    original = sweep_module.run_cell
+    original = native_runner.CellRun.measure
 
-    def small_device(models, cell, *args, **kwargs):
+    def small_device(run, repeat):
+        cell = run.cell
         if cell.draft != "autoregressive" and cell.batch_size >= 3 and cell.k == 3:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return original(models, cell, *args, **kwargs)
+        return original(run, repeat)
 
-    monkeypatch.setattr(sweep_module, "run_cell", small_device)
+    monkeypatch.setattr(native_runner.CellRun, "measure", small_device)
     args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1,3,5"])
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -169,7 +171,7 @@ def test_out_of_memory_skips_larger_batches(tiny_model_dirs, tmp_path, monkeypat
     (["--k", "a"], "not a list of ints"),
 ])
 def test_bad_input_is_rejected_before_loading(args, message, monkeypatch, tmp_path):
-    monkeypatch.setattr(sweep_module, "load_models", lambda *a: pytest.fail("loaded models"))
+    monkeypatch.setattr(native_runner, "load_models", lambda *a: pytest.fail("loaded models"))
     result = runner.invoke(app, ["sweep", "--output", str(tmp_path / "x"), *args])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
@@ -183,15 +185,15 @@ def test_dry_run_prints_the_plan(tiny_model_dirs, tmp_path):
 
 
 def ctrl_c_at(cell_id: str, monkeypatch) -> None:
-    """Make the sweep's run_cell raise KeyboardInterrupt when it reaches `cell_id`."""
-    original = sweep_module.run_cell
+    """Make the native engine raise KeyboardInterrupt when it starts measuring `cell_id`."""
+    original = native_runner.CellRun.measure
 
-    def interrupted(models, cell, *a, **k):
-        if cell.id == cell_id:
+    def interrupted(run, repeat):
+        if run.cell.id == cell_id:
             raise KeyboardInterrupt
-        return original(models, cell, *a, **k)
+        return original(run, repeat)
 
-    monkeypatch.setattr(sweep_module, "run_cell", interrupted)
+    monkeypatch.setattr(native_runner.CellRun, "measure", interrupted)
 
 
 def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp_path, monkeypatch):
@@ -213,14 +215,14 @@ def test_ctrl_c_between_repeats_keeps_the_measured_ones(tiny_model_dirs, tmp_pat
     cell with the repeats it has (nothing measured is lost), marked in its message."""
     args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1",
                                                           "--repeats", "3"])
-    original = sweep_module.CellRun.measure
+    original = native_runner.CellRun.measure
 
     def measure(run, repeat):
         if repeat == 1 and run.cell.id == "chat|B1|T0|ngram:2|K1":
             raise KeyboardInterrupt
         return original(run, repeat)
 
-    monkeypatch.setattr(sweep_module.CellRun, "measure", measure)
+    monkeypatch.setattr(native_runner.CellRun, "measure", measure)
     assert runner.invoke(app, args).exit_code == 130
     cells = load_run(tmp_path / "run").cells.set_index("cell_id")
     assert len(cells) == 5 and (cells["status"] == "ok").all()
@@ -288,13 +290,13 @@ def test_repeats_take_turns_within_a_group(tiny_model_dirs, tmp_path, monkeypatc
     """With --repeats, the group's cells alternate repeat by repeat, so machine drift hits the
     baseline and the speculative cells alike."""
     order = []
-    original = sweep_module.CellRun.measure
+    original = native_runner.CellRun.measure
 
     def logged(self, repeat):
         order.append((self.cell.id, repeat))
         return original(self, repeat)
 
-    monkeypatch.setattr(sweep_module.CellRun, "measure", logged)
+    monkeypatch.setattr(native_runner.CellRun, "measure", logged)
     args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1", "--k", "2",
                                                           "--drafts", "ngram", "--repeats", "3"])
     result = runner.invoke(app, args)

@@ -7,16 +7,14 @@ from typer.testing import CliRunner
 
 from conftest import random_prompts, tiny_model
 from specbench.cli import app
-from specbench.drafters import ModelDrafter
-from specbench.engine import GenerationConfig, generate_speculative
+from specbench.native.drafters import ModelDrafter
+from specbench.native.engine import GenerationConfig, generate_speculative
 from specbench.fit import expected_tau, fit_alpha
-from specbench.measure import acceptance_summary
+from specbench.native.measure import acceptance_summary
 from specbench.models import REGISTRY
 from specbench.results import load_run
-from specbench.synthetic import (
-    LayerScaler, build_random_model, config_parameters, expected_acceptance, parse_alpha, rescale_result,
-    shipped_config, synthetic_acceptance,
-)
+from specbench.native.random_models import LayerScaler, build_random_model, rescale_result, synthetic_acceptance
+from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
 
 runner = CliRunner()
 

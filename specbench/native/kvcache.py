@@ -12,7 +12,7 @@ other rows.
 
 The buffers are allocated once, for the batch the run starts with. Finished rows leave the batch
 by compaction in place (the remaining rows move to the front), so addresses never change: a
-fixed-shape step (`specbench.graphs`) can attend over the first `rows` rows and a fixed number
+fixed-shape step (`specbench.native.graphs`) can attend over the first `rows` rows and a fixed number
 of columns (`bind`'s `visible`) under the same mask and be replayed as a CUDA graph.
 
 The object is duck-typed to what transformers' attention layers call, `update(k, v, layer_idx)`,

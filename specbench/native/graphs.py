@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from specbench.kvcache import RaggedKVCache
+from specbench.native.kvcache import RaggedKVCache
 
 if TYPE_CHECKING:
-    from specbench.forward import CausalLM
+    from specbench.native.forward import CausalLM
 
 LENGTH_QUANTUM = 256  # cache columns are allocated in multiples of this, so batches share a cache
 

@@ -12,8 +12,8 @@ from typing import Literal
 
 import torch
 
-from specbench.graphs import LENGTH_QUANTUM, StaticSteps
-from specbench.kvcache import RaggedKVCache
+from specbench.native.graphs import LENGTH_QUANTUM, StaticSteps
+from specbench.native.kvcache import RaggedKVCache
 
 # Architectures whose logits are exactly head(decoder(x)) with full causal attention everywhere.
 # Others may work; `check_forward_matches` tells.
@@ -68,7 +68,7 @@ class CausalLM:
     def use_static_steps(self, capture: bool | None = None, length_quantum: int = LENGTH_QUANTUM) -> "CausalLM":
         """Run decode steps (`step`) at fixed shapes over one reused cache, replayed from CUDA
         graphs when `capture` (default: on CUDA); cache and attention lengths in multiples of
-        `length_quantum` columns. See specbench.graphs."""
+        `length_quantum` columns. See specbench.native.graphs."""
         capture = self.device.type == "cuda" if capture is None else capture
         self.static_steps = StaticSteps(self, capture, length_quantum)
         return self

@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from specbench.drafters import Drafter, Proposal, SequenceBatch
-from specbench.forward import CausalLM
-from specbench.rejection import Acceptance, accept_greedy, accept_rejection_sampling
-from specbench.sampling import SamplingParams, choose_next_tokens, logits_to_probs
+from specbench.native.drafters import Drafter, Proposal, SequenceBatch
+from specbench.native.forward import CausalLM
+from specbench.native.rejection import Acceptance, accept_greedy, accept_rejection_sampling
+from specbench.native.sampling import SamplingParams, choose_next_tokens, logits_to_probs
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.sampling import sample_from_probs
+from specbench.native.sampling import sample_from_probs
 
 
 @dataclass

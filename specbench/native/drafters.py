@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specbench.forward import CausalLM
-from specbench.kvcache import RaggedKVCache, to_device
-from specbench.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specbench.native.forward import CausalLM
+from specbench.native.kvcache import RaggedKVCache, to_device
+from specbench.native.sampling import SamplingParams, logits_to_probs, sample_from_probs
 
 
 class VocabMismatchError(ValueError):

@@ -1,0 +1,241 @@
+"""From the native engine's records to the figures of a cell: request and step rows, acceptance,
+phase times, bare forward timings, the memory-bandwidth roofline and peak memory (definitions in
+specbench.measure)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+import torch
+
+from specbench.native.engine import Clock, GenerationResult
+from specbench.native.forward import CausalLM
+
+
+def request_rows(result: GenerationResult, request_ids: list[str], offset_s: float = 0.0) -> list[dict]:
+    """One row per request of one batch. Its times count from the batch's start; `offset_s` is
+    when the batch started within its repeat (a cell runs its batches one after another)."""
+    rows = []
+    for index, (tokens, times) in enumerate(zip(result.tokens, result.emission_s)):
+        ttft = times[0] if times else float("nan")
+        e2e = times[-1] if times else float("nan")
+        gaps = np.diff(times).tolist() if len(times) > 1 else []
+        rows.append({
+            "request_id": request_ids[index],
+            "prompt_tokens": result.prompt_lengths[index],
+            "output_tokens": len(tokens),
+            "ttft_s": ttft,
+            "e2e_s": e2e,
+            "tpot_s": (e2e - ttft) / (len(tokens) - 1) if len(tokens) > 1 else float("nan"),
+            "itl_s": gaps,
+            "start_offset_s": offset_s,
+            "tokens": list(tokens),
+        })
+    return rows
+
+
+def step_rows(result: GenerationResult, request_ids: list[str]) -> list[dict]:
+    """One row per (step, active request)."""
+    rows = []
+    for step in result.steps:
+        for row, request in enumerate(step.request_ids):
+            rows.append({
+                "step": step.step, "request_id": request_ids[request], "batch_rows": len(step.request_ids),
+                "drafted": step.drafted[row], "accepted": step.accepted[row], "emitted": step.emitted[row],
+                "verify_tokens": step.verify_tokens,
+                "draft_s": step.draft_s, "verify_s": step.verify_s, "overhead_s": step.overhead_s,
+                "end_s": step.end_s,
+            })
+    return rows
+
+
+@dataclass
+class AcceptanceSummary:
+    drafted: int
+    accepted: int
+    verify_rows: int  # (step, row) pairs with at least one drafted token
+    by_position: list[float]  # acceptance rate at draft position 1..K
+    rejections: int = 0  # (step, row) pairs that rejected one of their drafts
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tau(self) -> float:
+        return 1 + self.accepted / self.verify_rows if self.verify_rows else float("nan")
+
+
+def acceptance_summary(results: list[GenerationResult], num_draft_tokens: int) -> AcceptanceSummary:
+    drafted_at = np.zeros(num_draft_tokens)
+    accepted_at = np.zeros(num_draft_tokens)
+    drafted = accepted = verify_rows = rejections = 0
+    positions = np.arange(1, num_draft_tokens + 1)
+    for result in results:
+        for step in result.steps:
+            for d, a in zip(step.drafted, step.accepted):
+                drafted += d
+                accepted += a
+                verify_rows += d > 0
+                rejections += a < d
+                drafted_at += positions <= d
+                accepted_at += positions <= a
+    by_position = [float(a / d) if d else float("nan") for a, d in zip(accepted_at, drafted_at)]
+    return AcceptanceSummary(drafted, accepted, verify_rows, by_position, rejections)
+
+
+def phase_times(results: list[GenerationResult]) -> dict[str, float]:
+    """Where the decode time went, and the per-step medians the cost model uses."""
+    draft = sum(s.draft_s for r in results for s in r.steps)
+    verify = sum(s.verify_s for r in results for s in r.steps)
+    overhead = sum(s.overhead_s for r in results for s in r.steps)
+    prefill = sum(r.prefill_s + r.draft_prefill_s for r in results)
+    total = sum(r.total_s for r in results)
+    steps = [s for r in results for s in r.steps]
+    # Per-step medians over steps with the full batch only: the tail of a run, where finished
+    # rows have left, runs at a smaller batch size.
+    full = [s for r in results for s in r.steps if len(s.request_ids) == len(r.tokens)] or steps
+    return {
+        "prefill_share": prefill / total if total else float("nan"),
+        "draft_share": draft / total if total else float("nan"),
+        "verify_share": verify / total if total else float("nan"),
+        "overhead_share": overhead / total if total else float("nan"),
+        "step_draft_s": float(np.median([s.draft_s for s in full])) if full else float("nan"),
+        "step_verify_s": float(np.median([s.verify_s for s in full])) if full else float("nan"),
+        "step_overhead_s": float(np.median([s.overhead_s for s in full])) if full else float("nan"),
+        "target_forwards": len(steps),
+        "prefill_s": float(np.median([r.prefill_s for r in results])) if results else float("nan"),
+        "draft_prefill_s": float(np.median([r.draft_prefill_s for r in results])) if results else float("nan"),
+    }
+
+
+def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds of one bare forward of `tokens` new positions per row over `context` cached
+    ones (logits at every new position), warm-up excluded: the unit step times are built from."""
+    clock = Clock(model.device)
+    ids = torch.zeros((batch, tokens), dtype=torch.long, device=model.device)
+    samples = []
+    with torch.inference_mode():
+        for attempt in range(warmup + repeats):
+            cache = model.decode_cache(batch, context + tokens)
+            cache.set_lengths([context] * batch)
+            started = clock.now()
+            model.step(cache, ids, logits_at="all" if tokens > 1 else "last")
+            if attempt >= warmup:
+                samples.append(clock.now() - started)
+    return float(np.median(samples))
+
+
+# --- memory-bandwidth roofline ----------------------------------------------------------------
+
+def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, repeats: int = 10) -> float:
+    """Measured memory bandwidth in bytes/s: the best of `dst.copy_(src)` over buffers far larger
+    than any cache (STREAM's convention: the roofline is what the memory can do at its best),
+    counting the read and the write (2 x num_bytes per copy)."""
+    device = torch.device(device)
+    num_bytes = num_bytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+    source = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    destination = torch.empty_like(source)
+    clock = Clock(device)
+    samples = []
+    for attempt in range(repeats + 2):
+        started = clock.now()
+        destination.copy_(source)
+        if attempt >= 2:
+            samples.append(clock.now() - started)
+    del source, destination
+    return 2 * num_bytes / min(samples)
+
+
+def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
+    """Bytes one autoregressive decode step must read at least: every weight once (shared by the
+    batch) except the input embedding, of which only the batch's rows are read, plus each row's
+    K and V over its context."""
+    config = model.config
+    embedding = model.decoder.get_input_embeddings().weight
+    tied = embedding is model.head.weight
+    weights = model.parameter_bytes() - (0 if tied else embedding.numel() * embedding.element_size())
+    kv_heads, head_dim = model.kv_heads_and_dim()
+    element = torch.finfo(model.dtype).bits // 8
+    kv = 2 * config.num_hidden_layers * kv_heads * head_dim * context * element
+    return weights + batch * (kv + config.hidden_size * element)
+
+
+def roofline_tokens_per_s(model: CausalLM, batch: int, context: int, bandwidth: float) -> float:
+    """The memory-bandwidth ceiling on autoregressive decode throughput: batch tokens per step, a
+    step no faster than reading decode_step_bytes at the measured bandwidth."""
+    return batch * bandwidth / decode_step_bytes(model, batch, context)
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+def nvml_index(device: torch.device) -> int:
+    """NVML numbers every GPU of the machine; torch only the visible ones, in CUDA_VISIBLE_DEVICES
+    order."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if index < len(visible) and visible[index].isdigit():
+        return int(visible[index])
+    return index
+
+
+class PeakMemory:
+    """Peak memory while the block runs: on CUDA torch's peak allocated bytes and the devices' used
+    memory sampled through NVML in a background thread, summed over the devices a model spans; on
+    CPU the process's resident set size, sampled."""
+
+    def __init__(self, device: torch.device | str | list, interval_s: float = 0.005) -> None:
+        devices = device if isinstance(device, (list, tuple)) else [device]
+        self.devices = [torch.device(d) for d in devices]
+        self.device = self.devices[0]
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.peak_torch_bytes = 0
+        self.kind = "gpu" if self.device.type == "cuda" else "rss"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml_handles: list = []
+
+    def _read(self) -> int:
+        if self._nvml_handles:
+            import pynvml
+
+            return sum(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) for handle in self._nvml_handles)
+        return psutil.Process(os.getpid()).memory_info().rss
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, self._read())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> "PeakMemory":
+        if self.kind == "gpu":
+            for device in self.devices:
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml_handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(d)) for d in self.devices]
+            except Exception:
+                self._nvml_handles = []
+        if self._nvml_handles or self.kind == "rss":
+            self.peak_bytes = self._read()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, self._read())
+        if self.kind == "gpu":
+            self.peak_torch_bytes = sum(int(torch.cuda.max_memory_allocated(d)) for d in self.devices)
+            if not self._nvml_handles:
+                self.peak_bytes = self.peak_torch_bytes

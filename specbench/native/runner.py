@@ -1,0 +1,412 @@
+"""The native engine behind the sweep: loads the target and drafts once, runs every cell of the
+grid with specbench's own loop, and checks greedy cells token for token against the baseline
+(a divergence at a numerical near-tie of the target's logits is told apart from a real mismatch)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from specbench.engines import CellOutcome, Engine, Stage
+from specbench.grid import AR, Cell, SweepConfig
+from specbench.measure import percentiles
+from specbench.models import (
+    DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, family_of, load_model, lookup_alias,
+    parse_draft_spec, parse_dtype,
+)
+from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
+from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
+from specbench.native.forward import CausalLM
+from specbench.native.measure import (
+    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, phase_times, request_rows, step_rows,
+)
+from specbench.native.placement import free_bytes, memory_budget, parse_devices, placement_devices
+from specbench.native.random_models import (
+    LayerScaler, build_random_model, layers_that_fit, rescale_result, synthetic_acceptance,
+)
+from specbench.native.sampling import SamplingParams
+from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
+from specbench.workloads import encode_prompt
+
+
+def validate_native(config: SweepConfig) -> None:
+    """The native engine's own checks of a config: devices, CUDA graphs, draft kinds."""
+    devices = parse_devices(config.device)
+    if devices[0].startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: CUDA is not available on this machine")
+    for name in devices:
+        if ":" in name and int(name.split(":")[1]) >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
+    if config.cuda_graphs and (not devices[0].startswith("cuda") or len(devices) > 1):
+        raise ValueError(f"--cuda-graphs needs the models on one CUDA device, got --device {config.device}")
+
+
+class NativeEngine(Engine):
+    name = "native"
+
+    def __init__(self, config: SweepConfig) -> None:
+        super().__init__(config)
+        self.models: Models | None = None
+
+    def open(self) -> str:
+        config = self.config
+        models = self.models = load_models(config)
+        if config.cuda_graphs:
+            for model in [models.target.model] + [loaded.model for loaded in models.draft_models.values()]:
+                model.use_static_steps()  # CUDA graphs (validate() checked the device)
+        message = f"target {models.target.name} from {models.target.resolved.source} ({models.target.load_s:.1f}s)"
+        if models.synthetic:
+            message += ("; TIMING-ONLY: random weights, synthetic acceptance at α = " + ", ".join(config.alphas))
+            scaled = [f"target {models.target_scaler.built_layers}/{models.target_scaler.full_layers} layers"] \
+                if models.target_scaler else []
+            scaled += [f"{label} {s.built_layers}/{s.full_layers} layers" for label, s in models.draft_scalers.items()]
+            if scaled:
+                message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
+        models.copy_bandwidth = measured_bandwidth(models.target.model.device)
+        return message
+
+    def annotate(self, meta: dict) -> None:
+        super().annotate(meta)
+        if self.models is not None:
+            meta["hardware"]["copy_bandwidth_bytes_per_s"] = self.models.copy_bandwidth
+            meta["estimated"] = self.models.target_scaler is not None or bool(self.models.draft_scalers)
+
+    def encode(self, record) -> list[int]:
+        return _prompt_ids(record, self.models, self.config)
+
+    def stages(self, cells: list[Cell]) -> list[Stage]:
+        groups: dict[str, list[Cell]] = {}
+        for cell in cells:
+            groups.setdefault(cell.group, []).append(cell)
+        return [NativeStage(self, list(groups.values()))] if groups else []
+
+    def lossless_check(self, prompts, baseline: list[dict], outcome: CellOutcome) -> tuple[str, str]:
+        return lossless_check(self.models.target.model, prompts, [list(r["tokens"]) for r in baseline],
+                              outcome.outputs)
+
+    def failure_status(self, error: BaseException) -> str:
+        if isinstance(error, torch.cuda.OutOfMemoryError):
+            return "oom"
+        status = super().failure_status(error)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return status
+
+
+class NativeStage(Stage):
+    """Every cell of the run, on the models loaded once; a (workload, batch, temperature) group's
+    cells take turns."""
+
+    def __init__(self, engine: NativeEngine, turns: list[list[Cell]]) -> None:
+        super().__init__("native engine", turns)
+        self.engine = engine
+
+    def measurement(self, cell: Cell, prompts, prompt_ids) -> "CellRun":
+        return CellRun(self.engine.models, cell, prompts, prompt_ids, self.engine.config)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Models:
+    target: LoadedModel
+    drafts: dict[str, DraftSpec]
+    draft_models: dict[str, LoadedModel]  # by draft label, for kind "model"
+    synthetic: bool = False
+    target_scaler: LayerScaler | None = None  # set when only a layer subset of the target was built
+    draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
+    copy_bandwidth: float = float("nan")  # bytes/s on the target's device, for the roofline
+
+    def drafter(self, label: str) -> Drafter:
+        spec = self.drafts[label]
+        if spec.kind == "ngram":
+            return NGramDrafter(max_ngram=spec.ngram)
+        if spec.kind == "self":
+            return SelfDrafter(self.target.model, spec.layers)
+        return ModelDrafter(self.draft_models[label].model, name=label)
+
+
+def _context_estimate(config: SweepConfig) -> int:
+    return 96 + config.max_new_tokens // 2
+
+
+def measured_bandwidth(device: torch.device) -> float:
+    """Copy bandwidth of the target's device, over buffers that leave room for the run; NaN when
+    even that does not fit."""
+    budget = free_bytes(str(device)) * 0.1 if device.type == "cuda" else 256 << 20
+    try:
+        return copy_bandwidth(device, int(min(budget, 2 << 30)) // 4 * 4)
+    except (RuntimeError, MemoryError):
+        return float("nan")
+
+
+def load_random_models(config: SweepConfig) -> Models:
+    """Targets and drafts from the shipped configs with random weights; when the target does not
+    fit, only its first layers (timings scaled to full depth by a LayerScaler)."""
+    import time
+
+    from specbench.models import ResolvedModel, load_tokenizer
+
+    started = time.perf_counter()
+    dtype = config.torch_dtype
+    target_alias, target_config = shipped_config(config.target)
+    family = lookup_alias(target_alias).family
+    bytes_per = torch.finfo(dtype).bits // 8
+    drafts, draft_sizes = {}, {}
+    for label in config.drafts:
+        spec = parse_draft_spec(label)
+        drafts[label] = spec
+        if spec.kind == "model":
+            draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
+            alias, draft_config = shipped_config(spec.model, family)
+            draft_sizes[label] = (alias, draft_config, draft_dtype,
+                                  config_parameters(draft_config) * (torch.finfo(draft_dtype).bits // 8))
+    draft_budget = sum(size for *_, size in draft_sizes.values())
+    needed = config_parameters(target_config) * bytes_per + draft_budget
+    target_devices = placement_devices(config.device, needed)
+    budget = sum(memory_budget(device) for device in target_devices)
+    layers = config.target_layers
+    if layers is None and needed > budget:
+        layers = layers_that_fit(target_config, dtype, max(budget - min(draft_budget, budget * 0.4), 0))
+    target = build_random_model(target_alias, dtype, target_devices, num_layers=layers, seed=config.seed)
+    try:
+        tokenizer = load_tokenizer(DEFAULT_TARGET)  # a proxy for prompt lengths; the ids are timing-only
+    except Exception:
+        tokenizer = None
+    context = _context_estimate(config)
+    target_scaler = LayerScaler(target.model, target.full_layers, context) if target.is_subset else None
+    draft_models, draft_scalers = {}, {}
+    # Drafts share the first device with (a part of) the target.
+    left = budget - target.model.parameter_bytes() if len(target_devices) == 1 else memory_budget(target_devices[0])
+    share = left / max(1, len(draft_sizes))
+    for seed, (label, (alias, draft_config, draft_dtype, size)) in enumerate(draft_sizes.items(), start=1):
+        draft_layers = None if size <= share else layers_that_fit(draft_config, draft_dtype, share)
+        built = build_random_model(alias, draft_dtype, target_devices[0], num_layers=draft_layers,
+                                   seed=config.seed + seed)
+        if built.is_subset:
+            draft_scalers[label] = LayerScaler(built.model, built.full_layers, context)
+        draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
+                                                                                 "random weights"), 0.0)
+    loaded = LoadedModel(target.model, tokenizer,
+                         ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
+                         time.perf_counter() - started)
+    return Models(loaded, drafts, draft_models, synthetic=True, target_scaler=target_scaler,
+                  draft_scalers=draft_scalers)
+
+
+def load_models(config: SweepConfig) -> Models:
+    if config.synthetic:
+        return load_random_models(config)
+    dtype = config.torch_dtype
+    target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
+                        trust_remote_code=config.trust_remote_code)
+    family = family_of(target)
+    drafts, models = {}, {}
+    for label in config.drafts:
+        spec = parse_draft_spec(label)
+        drafts[label] = spec
+        if spec.kind != "model":
+            continue
+        draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
+        loaded = load_model(spec.model, str(target.model.devices()[0]), draft_dtype, family=family,
+                            allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
+        check_tokenizers_compatible(target, loaded)
+        models[label] = loaded
+    return Models(target, drafts, models)
+
+
+
+
+# --- one cell ----------------------------------------------------------------------------------
+
+def _tie_tolerance(dtype: torch.dtype) -> float:
+    return {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3}.get(dtype, 3e-2)
+
+
+def first_divergence(target: CausalLM, prompt: list[int], expected: list[int], got: list[int]) -> tuple[int, float]:
+    """Position of the first differing token, and the target's logit gap between the two
+    candidates there (relative to the largest logit): a gap near 0 is a numerical near-tie,
+    where batched and unbatched arithmetic may legitimately pick different argmaxes."""
+    position = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
+    context = prompt + expected[:position]
+    with torch.inference_mode():
+        cache = target.new_cache(1, len(context) + 1)
+        logits = target.forward(cache, torch.tensor([context], device=target.device), logits_at="last")[0].float()
+    gap = (logits[expected[position]] - logits[got[position]]).abs().item()
+    return position, gap / max(1.0, logits.abs().max().item())
+
+
+def lossless_check(target: CausalLM, prompts: list[list[int]], expected: list[list[int]],
+                   got: list[list[int]]) -> tuple[str, str]:
+    """("exact" | "near-tie" | "MISMATCH", detail) for a greedy speculative cell."""
+    tolerance = _tie_tolerance(target.dtype)
+    ties, mismatches = [], []
+    for index, (prompt, e, g) in enumerate(zip(prompts, expected, got)):
+        if e == g:
+            continue
+        if len(e) != len(g) and e[: len(g)] == g[: len(e)]:
+            mismatches.append(f"request {index}: {len(g)} tokens instead of {len(e)}")
+            continue
+        position, gap = first_divergence(target, prompt, e, g)
+        (ties if gap <= tolerance else mismatches).append(f"request {index} token {position} (gap {gap:.2e})")
+    if mismatches:
+        return "MISMATCH", "; ".join(mismatches[:3])
+    if ties:
+        return "near-tie", f"{len(ties)}/{len(prompts)} requests diverge at a near-tie: " + "; ".join(ties[:3])
+    return "exact", ""
+
+
+def _generate(models: Models, cell: Cell, drafter: Drafter | None, prompts, config: GenerationConfig) -> GenerationResult:
+    if drafter is None:
+        result = generate_autoregressive(models.target.model, prompts, config)
+    elif cell.alpha:
+        result = generate_speculative(models.target.model, drafter, prompts, config, cell.k,
+                                      accept=synthetic_acceptance(parse_alpha(cell.alpha)))
+    else:
+        result = generate_speculative(models.target.model, drafter, prompts, config, cell.k)
+    draft_scaler = models.draft_scalers.get(cell.draft)
+    if models.target_scaler is not None or draft_scaler is not None:
+        unit = lambda batch, tokens: 1.0  # noqa: E731
+        result = rescale_result(result, models.target_scaler.factor if models.target_scaler else unit,
+                                draft_scaler.factor if draft_scaler else None)
+    return result
+
+
+class CellRun:
+    """One cell's measurement in steps (warm up, measure a repeat, finish), so that the cells of
+    a group can take turns repeat by repeat: slow drift of the machine then hits the baseline and
+    the speculative cells alike instead of whichever cell ran during a slow minute."""
+
+    def __init__(self, models: Models, cell: Cell, prompts: list[list[int]], prompt_ids: list[str],
+                 config: SweepConfig) -> None:
+        self.models, self.cell, self.prompts, self.prompt_ids, self.config = models, cell, prompts, prompt_ids, config
+        self.drafter = models.drafter(cell.draft) if cell.is_speculative else None
+        self.sampling = SamplingParams(cell.temperature, config.top_p if cell.temperature else 1.0,
+                                       config.top_k if cell.temperature else 0)
+        self.batches = [list(range(i, i + cell.batch_size)) for i in range(0, len(prompts), cell.batch_size)]
+        self.results: list[GenerationResult] = []
+        self.request_table: list[dict] = []
+        self.step_table: list[dict] = []
+        self.throughput_per_repeat: list[float] = []
+        self.outputs: list[list[int]] = [[] for _ in prompts]
+        self.peak_bytes = self.peak_torch_bytes = 0
+        self.memory_kind = ""
+        self.timed_graph_captures = 0
+
+    def _graph_captures(self) -> int:
+        models = [self.models.target.model] + ([self.drafter.model] if isinstance(self.drafter, ModelDrafter) else [])
+        return sum(m.static_steps.captures for m in models if m.static_steps is not None)
+
+    def warm_up(self) -> None:
+        """Excluded from every figure. With CUDA graphs it runs at full length, so that the
+        graphs the measured runs replay are captured here."""
+        if self.config.warmup:
+            length = self.config.max_new_tokens if self.config.cuda_graphs else min(8, self.config.max_new_tokens)
+            warm = GenerationConfig(max_new_tokens=length, sampling=self.sampling, seed=self.config.seed)
+            _generate(self.models, self.cell, self.drafter, [self.prompts[i] for i in self.batches[0]], warm)
+
+    def measure(self, repeat: int) -> None:
+        cell, config = self.cell, self.config
+        tokens = seconds = 0.0
+        captures_before = self._graph_captures()
+        with PeakMemory(self.models.target.model.devices()) as memory:
+            for batch_index, rows in enumerate(self.batches):
+                generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
+                                              seed=config.seed + 1000 * repeat + batch_index)
+                result = _generate(self.models, cell, self.drafter, [self.prompts[i] for i in rows], generation)
+                self.results.append(result)
+                ids = [self.prompt_ids[i] for i in rows]
+                for record in request_rows(result, ids, offset_s=seconds):
+                    self.request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                for record in step_rows(result, ids):
+                    self.step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
+                if repeat == 0:
+                    for i, out in zip(rows, result.tokens):
+                        self.outputs[i] = out
+                tokens += result.num_generated
+                seconds += result.total_s
+        self.throughput_per_repeat.append(tokens / seconds)
+        self.timed_graph_captures += self._graph_captures() - captures_before
+        self.peak_bytes = max(self.peak_bytes, memory.peak_bytes)
+        self.peak_torch_bytes = max(self.peak_torch_bytes, memory.peak_torch_bytes)
+        self.memory_kind = memory.kind
+
+    def finish(self) -> CellOutcome:
+        models, cell, config, drafter = self.models, self.cell, self.config, self.drafter
+        prompts, results, request_table = self.prompts, self.results, self.request_table
+        throughput_per_repeat, device = self.throughput_per_repeat, self.models.target.model.device
+        frame = pd.DataFrame(request_table)
+        itl = [gap for gaps in frame["itl_s"] for gap in gaps]
+        phases = phase_times(results)
+        interrupted = len(throughput_per_repeat) < config.repeats  # Ctrl-C during the group's repeats
+        row = {
+            "cell_id": cell.id, "status": "ok", "engine": "native",
+            "message": f"interrupted: {len(throughput_per_repeat)} of {config.repeats} repeats" if interrupted else "",
+            "mode": "speculative" if drafter else AR,
+            "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
+            "temperature": cell.temperature, "requests": len(prompts), "repeats": len(throughput_per_repeat),
+            "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
+            "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
+            "tokens_per_s": float(np.median(throughput_per_repeat)),
+            "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
+            "wall_s": float(sum(r.total_s for r in results)),
+            **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
+            **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
+            **phases,
+            # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
+            # for the sweep; the analytic parts below separate the target from the draft.
+            "peak_memory_bytes": self.peak_bytes, "peak_torch_bytes": self.peak_torch_bytes,
+            "memory_kind": self.memory_kind,
+            "target_param_bytes": models.target.model.parameter_bytes(),
+            "target_kv_cache_bytes": max(r.kv_cache_bytes for r in results),
+            "draft_param_bytes": 0, "draft_kv_cache_bytes": 0, "draft_memory_bytes": 0,
+            "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
+            # Another busy process on the machine inflates every timing: recorded so it shows.
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+            "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
+            # CUDA graphs captured inside measured runs (their capture time is in the figures).
+            "cuda_graphs": config.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,
+            "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
+            "target_layers_built": models.target.model.config.num_hidden_layers,
+            "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
+            models.target.model.config.num_hidden_layers,
+        }
+        if drafter is None and not row["estimated"] and math.isfinite(models.copy_bandwidth):
+            # How close the baseline's decode steps come to reading the weights and KV cache at
+            # the measured memory bandwidth: far below 1 means the baseline itself is slow.
+            context = int(row["prompt_tokens_mean"] + config.max_new_tokens / 2)
+            roofline = decode_step_bytes(models.target.model, cell.batch_size, context) / models.copy_bandwidth
+            row["roofline_step_s"] = roofline
+            row["roofline_fraction"] = roofline / (row["step_verify_s"] + row["step_overhead_s"])
+        if drafter is not None:
+            summary = acceptance_summary(results, cell.k)
+            draft_kv = max(r.draft_kv_cache_bytes for r in results)
+            row.update({
+                "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
+                "num_drafts": summary.verify_rows, "rejections": summary.rejections,
+                "acceptance_by_position": summary.by_position,
+                "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
+                "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,
+            })
+            if cell.alpha:
+                row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(parse_alpha(cell.alpha), cell.k)
+        return CellOutcome(row, request_table, self.step_table, self.outputs)
+
+
+def _prompt_ids(record, models: Models, config: SweepConfig) -> list[int]:
+    """Token ids of a prompt; with random weights only their number matters (a proxy tokenizer
+    measures it, or 4 characters a token), and they are kept inside the target's vocabulary."""
+    tokenizer = models.target.tokenizer
+    if tokenizer is not None:
+        ids = encode_prompt(record, tokenizer, config.chat_template)
+    else:
+        ids = [ord(c) for c in record.text[::4]]
+    if models.synthetic:
+        ids = [i % models.target.model.vocab_size for i in ids]
+    return ids

@@ -48,12 +48,32 @@ def split_list(text: str, cast, name: str) -> list:
         raise UsageError(f"{name}: {text!r} is not a list of {cast.__name__}s") from None
 
 
+def split_drafts(text: str) -> list[str]:
+    """--drafts: a comma list whose items may be json:{...} with commas inside the braces."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    items = [item.strip() for item in items]
+    if not text.strip() or any(not item for item in items):
+        raise UsageError(f"--drafts needs a comma-separated list, got {text!r}")
+    return items
+
+
 def _known_errors():
+    from specbench.engines import StageFailed
     from specbench.models import IncompatibleModels, ModelNotAvailable
     from specbench.results import RunNotFound
+    from specbench.served.server import ServerError
     from specbench.workloads import WorkloadError
 
-    return (UsageError, ModelNotAvailable, IncompatibleModels, WorkloadError, RunNotFound, ValueError)
+    return (UsageError, ModelNotAvailable, IncompatibleModels, WorkloadError, RunNotFound, ValueError, ServerError,
+            StageFailed)
 
 
 def _fmt(value, spec: str = ".2f", empty: str = "–") -> str:
@@ -138,20 +158,36 @@ def sweep(
                                                            "(automatic when the target does not fit)."),
     cuda_graphs: bool = typer.Option(False, help="Replay decode, draft and verify steps from CUDA graphs "
                                                  "(fixed shapes over one reused cache; one CUDA device)."),
+    engine: str = typer.Option("native", help="native (specbench's own exact engine, step-level detail) or vllm "
+                                              "(a vLLM server per speculative configuration; batch size = "
+                                              "requests in flight)."),
+    tensor_parallel_size: int = typer.Option(1, help="vLLM: GPUs the target is split over (tensor parallel)."),
+    pipeline_parallel_size: int = typer.Option(1, help="vLLM: pipeline-parallel stages."),
+    max_model_len: Optional[int] = typer.Option(None, help="vLLM: --max-model-len of every server."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: --gpu-memory-utilization."),
+    enforce_eager: bool = typer.Option(False, help="vLLM: no CUDA graphs or compilation (starts in ~1 min on a CPU)."),
+    vllm_args: str = typer.Option("", help="vLLM: more server arguments, e.g. '--max-num-seqs 64'."),
+    vllm_python: Optional[str] = typer.Option(None, help="vLLM: the Python that runs the servers (another "
+                                                         "environment); default: this one."),
+    server_timeout: float = typer.Option(900.0, help="vLLM: seconds a server may take to answer /health."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
-    from specbench.sweep import SweepConfig
+    from specbench.sweep import SweepConfig, VllmOptions
 
     try:
+        vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                           max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                           enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
+                           startup_timeout_s=server_timeout)
         config = SweepConfig(
-            target=target, drafts=split_list(drafts, str, "--drafts"), ks=split_list(k, int, "--k"),
+            target=target, drafts=split_drafts(drafts), ks=split_list(k, int, "--k"),
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes"),
             temperatures=split_list(temperatures, float, "--temperatures"),
             workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
-            target_layers=target_layers, cuda_graphs=cuda_graphs)
+            target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm)
         config.validate()
     except _known_errors() as error:
         fail(str(error))
@@ -204,16 +240,25 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     total = len(plan_cells(config))
     task = progress.add_task("loading models", total=total)
     finished: list[dict] = []
+    completed = [0]  # cells finished, earlier runs' included (a served engine runs them out of plan order)
     live = Live(Group(progress), console=console, refresh_per_second=4, transient=True)
 
     def on_event(event) -> None:
         if event.kind == "loaded":
-            console.print(event.message)
+            console.print(event.message, highlight=False, soft_wrap=True)
+            completed[0] = event.index
+            progress.update(task, completed=completed[0])
+        elif event.kind == "stage":
+            if event.message != "native engine":
+                console.print(event.message, highlight=False, soft_wrap=True)
+        elif event.kind == "stage_failed":
+            errors.print(f"[bold red]error:[/] {event.message}", highlight=False, soft_wrap=True)
         elif event.kind == "start":
-            progress.update(task, description=f"{event.cell.id}", completed=event.index)
+            progress.update(task, description=f"{event.cell.id}")
         elif event.kind == "done":
             finished.append(event.row)
-            progress.update(task, completed=event.index + 1)
+            completed[0] += 1
+            progress.update(task, completed=completed[0])
             live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
             if event.row.get("lossless") == "MISMATCH":
                 errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {event.row.get('lossless_detail')}")
@@ -250,7 +295,7 @@ def _print_summary(run_dir: Path) -> None:
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):
-        errors.print(f"[bold red]{len(mismatches)} greedy cell(s) failed the lossless check[/]")
+        errors.print(f"[bold red]{len(mismatches)} speculative cell(s) failed the lossless check[/]")
         raise typer.Exit(1)
 
 
@@ -474,6 +519,8 @@ def plan(
     for (workload, temperature), group in table.groupby(["workload", "temperature"]):
         best = group[group["draft"] != "autoregressive"].sort_values("speedup", ascending=False) \
             .drop_duplicates(["draft", "batch_size"]).sort_values(["draft", "batch_size"])
+        if best.empty:
+            continue
         shown = Table(title=f"predicted best K per batch size: {workload}, T={temperature:g}", title_justify="left",
                       header_style="bold")
         for column in ("draft", "B", "best K", "α", "τ", "speed-up", "tok/s", unit):

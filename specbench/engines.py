@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from specbench.grid import Cell, SweepConfig
+from specbench.lossless import ScoredToken
 
 
 @dataclass
@@ -34,6 +36,10 @@ class CellMeasurement(Protocol):
     def measure(self, repeat: int) -> None: ...
 
     def finish(self) -> CellOutcome: ...
+
+    def sample(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Outputs at the cell's settings, untimed (the sampled lossless check's probe)."""
+        ...
 
 
 class StageFailed(RuntimeError):
@@ -58,6 +64,10 @@ class Stage(ABC):
     def __exit__(self, *exc) -> None:
         return None
 
+    def describe(self) -> str:
+        """A line for the console once the stage is set up."""
+        return self.label
+
     @abstractmethod
     def measurement(self, cell: Cell, prompts: list[list[int]], prompt_ids: list[str]) -> CellMeasurement: ...
 
@@ -65,8 +75,9 @@ class Stage(ABC):
 class Engine(ABC):
     name: str
 
-    def __init__(self, config: SweepConfig) -> None:
+    def __init__(self, config: SweepConfig, run_dir: Path) -> None:
         self.config = config
+        self.run_dir = run_dir  # where the run's tables (and a served engine's server logs) go
 
     @abstractmethod
     def open(self) -> str:
@@ -87,6 +98,15 @@ class Engine(ABC):
         """("exact" | "near-tie" | "MISMATCH", detail) of a greedy speculative cell against the
         repeat-0 request rows of its baseline."""
 
+    @abstractmethod
+    def score(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[ScoredToken]]:
+        """Each generated token as the target sees it after its prompt and the tokens before it
+        (rank, raw log-probability, the top-20 raw log-probabilities): the sampled check's data."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
     def annotate(self, meta: dict) -> None:
         """Add what the engine knows to run.json's dict: at least meta["engine"]["name"]."""
         meta["engine"] = {"name": self.name}
@@ -97,11 +117,11 @@ class Engine(ABC):
         return "oom" if "out of memory" in text or "can't allocate memory" in text else "failed"
 
 
-def open_engine(config: SweepConfig) -> Engine:
+def open_engine(config: SweepConfig, run_dir: Path) -> Engine:
     if config.engine == "vllm":
         from specbench.served.vllm_engine import VllmEngine
 
-        return VllmEngine(config)
+        return VllmEngine(config, run_dir)
     from specbench.native.runner import NativeEngine
 
-    return NativeEngine(config)
+    return NativeEngine(config, run_dir)

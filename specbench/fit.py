@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,8 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p (rounding can put p = 1 a hair above centre + half).
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def fit_alpha(drafted: np.ndarray, accepted: np.ndarray) -> AlphaFit:
@@ -104,20 +105,43 @@ def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return float(expected_tau(alpha, k)) / (k * cost_ratio + 1)
 
 
+def acceptance_counts(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per speculative cell: accepted tokens, rejections (draft steps that rejected one of their
+    drafts) and drafted tokens; from the steps table where a cell has steps (the native engine),
+    else from the cell's own counters (a served engine's spec-decode metrics)."""
+    rows = []
+    with_steps = set(steps["cell_id"]) if not steps.empty else set()
+    if with_steps:
+        used = steps[steps["drafted"] > 0]
+        for cell_id, group in used.groupby("cell_id"):
+            rows.append({"cell_id": cell_id, "accepted": int(group["accepted"].sum()),
+                         "rejections": int((group["accepted"] < group["drafted"]).sum()),
+                         "drafted": int(group["drafted"].sum())})
+    if "rejections" in cells:
+        served = cells[~cells["cell_id"].isin(with_steps) & cells["rejections"].notna()]
+        for row in served.itertuples():
+            rows.append({"cell_id": row.cell_id, "accepted": int(row.accepted), "rejections": int(row.rejections),
+                         "drafted": int(row.drafted)})
+    return pd.DataFrame(rows, columns=["cell_id", "accepted", "rejections", "drafted"])
+
+
 def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (draft, workload, temperature): fitted alpha with its interval, pooling K and B."""
     speculative = _ok_real(cells)
-    speculative = speculative[speculative["mode"] != AR]
-    if speculative.empty or steps.empty:
+    speculative = speculative[speculative["mode"] != AR] if not speculative.empty else speculative
+    if speculative.empty:
         return pd.DataFrame()
-    merged = steps.merge(speculative[["cell_id", "draft", "workload", "temperature"]], on="cell_id")
+    counts = acceptance_counts(speculative, steps)
+    merged = counts.merge(speculative[["cell_id", "draft", "workload", "temperature"]], on="cell_id")
     rows = []
     for (draft, workload, temperature), group in merged.groupby(["draft", "workload", "temperature"]):
-        fit = fit_alpha(group["drafted"].to_numpy(), group["accepted"].to_numpy())
-        rows.append({"draft": draft, "workload": workload, "temperature": temperature, "alpha_iid": fit.alpha,
-                     "alpha_low": fit.low, "alpha_high": fit.high, "accepted": fit.accepted,
-                     "rejections": fit.rejections,
-                     "acceptance_rate": group["accepted"].sum() / max(1, group["drafted"].sum())})
+        successes, rejections = int(group["accepted"].sum()), int(group["rejections"].sum())
+        trials = successes + rejections
+        low, high = wilson_interval(successes, trials)
+        rows.append({"draft": draft, "workload": workload, "temperature": temperature,
+                     "alpha_iid": successes / trials if trials else float("nan"),
+                     "alpha_low": low, "alpha_high": high, "accepted": successes, "rejections": rejections,
+                     "acceptance_rate": successes / max(1, int(group["drafted"].sum()))})
     return pd.DataFrame(rows)
 
 
@@ -268,11 +292,74 @@ class CostModel:
         return autoregressive / speculative
 
 
+@dataclass
+class ServedCostModel(CostModel):
+    """The cost model of a served engine, which exposes no step times: a decode step of B
+    requests in flight is the median time per output token (TPOT) of the autoregressive cell, and
+    a speculative step is TPOT x the measured τ of the speculative cell (a step emits τ tokens per
+    request). Unmeasured K: a line in K through the measured K of that draft and B (draft cost
+    grows with K); unmeasured B: a line in B. With a cell's own step time, its prediction checks
+    the acceptance model (τ from the fitted α); step times enter only where they were not measured.
+    Prefill is the median TTFT (continuous batching: arrivals prefill between decode steps)."""
+
+    iteration: dict[tuple[str, int, int], float] = field(default_factory=dict)  # (draft, K, B) -> step time
+
+    def _step_time(self, draft: str, k: int, batch_size: int) -> float:
+        if (draft, k, batch_size) in self.iteration:
+            return self.iteration[(draft, k, batch_size)]
+        same_b = [(kk, t) for (d, kk, b), t in self.iteration.items() if d == draft and b == batch_size]
+        if len({kk for kk, _ in same_b}) >= 2:
+            return self._line(same_b, k)
+        same_k = {b: t for (d, kk, b), t in self.iteration.items() if d == draft and kk == k}
+        if same_k:
+            return self._by_batch(same_k, batch_size)
+        return float("nan")
+
+    def decode_speedup(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
+        return float(expected_tau(alpha, k)) * self.t_ar(batch_size) / self._step_time(draft, k, batch_size)
+
+    def speedup(self, alpha: float, draft: str, k: int, batch_size: int) -> float:
+        """Per request, prefill plus its decode steps: e2e time, which sets closed-loop throughput."""
+        decoded = self.new_tokens - 1
+        prefill = self._by_batch(self.prefill, batch_size)
+        autoregressive = prefill + decoded * self.t_ar(batch_size)
+        speculative = prefill + decoded * self._step_time(draft, k, batch_size) / float(expected_tau(alpha, k))
+        return autoregressive / speculative
+
+
+def served_cost_models(cells: pd.DataFrame) -> dict[tuple[str, float], CostModel]:
+    """One ServedCostModel per (workload, temperature) from cells without steps."""
+    models: dict = {}
+    for (workload, temperature), group in cells.groupby(["workload", "temperature"]):
+        ar, sd = group[group["mode"] == AR], group[group["mode"] != AR]
+        ar_step = {int(r.batch_size): float(r.tpot_p50_s) for r in ar.itertuples() if np.isfinite(r.tpot_p50_s)}
+        if not ar_step:
+            continue
+        prefill = {int(r.batch_size): float(r.ttft_p50_s) for r in ar.itertuples()}
+        iteration = {(r.draft, int(r.k), int(r.batch_size)): float(r.tpot_p50_s) * float(r.tau)
+                     for r in sd.itertuples() if np.isfinite(r.tpot_p50_s) and np.isfinite(r.tau)}
+        presence = {(d, b): float("nan") for d, _, b in iteration}
+        models[(workload, temperature)] = ServedCostModel(
+            ar_step, presence, {}, prefill, {}, {}, {}, int(group["max_new_tokens"].max()), iteration)
+    return models
+
+
 def cost_models(cells: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, float], CostModel]:
-    """One cost model per (workload, temperature) from the ok cells and their steps."""
+    """One cost model per (workload, temperature) from the ok cells and their steps; a served
+    engine's cells (no steps) get a ServedCostModel."""
     cells = _ok(cells)
     models: dict = {}
-    if cells.empty or steps.empty:
+    if cells.empty:
+        return models
+    with_steps = set(steps["cell_id"]) if not steps.empty else set()
+    served = cells[~cells["cell_id"].isin(with_steps)]
+    if "engine" in served:
+        served = served[served["engine"].fillna("native") != "native"]
+    else:
+        served = served.iloc[0:0]
+    if len(served):
+        models.update(served_cost_models(served))
+    if steps.empty:
         return models
     columns = ["cell_id", "mode", "draft", "k", "batch_size", "workload", "temperature"]
     merged = steps.merge(cells[columns], on="cell_id")
@@ -469,6 +556,8 @@ def plan_table(models: dict[tuple[str, float], CostModel], alphas: pd.DataFrame,
                 alpha = float(fit["alpha_iid"].iloc[0])
                 for k in ks:
                     speedup = model.speedup(alpha, draft, k, b)
+                    if not np.isfinite(speedup):  # a served engine's step time at an unmeasured K
+                        continue
                     rows.append({"workload": workload, "temperature": temperature, "draft": draft, "k": k,
                                  "batch_size": b, "alpha_iid": alpha, "tau": float(expected_tau(alpha, k)),
                                  "speedup": speedup, "tokens_per_s": ar_tokens_per_s * speedup,

@@ -14,6 +14,9 @@ Definitions (compatible with vLLM's spec-decode metrics and the load tools' late
 
 from __future__ import annotations
 
+import threading
+from typing import Callable
+
 import numpy as np
 
 PERCENTILES = (50, 90, 99)
@@ -26,3 +29,30 @@ def percentiles(values, prefix: str) -> dict[str, float]:
     out = {f"{prefix}_p{p}_s": float(np.percentile(array, p)) for p in PERCENTILES}
     out[f"{prefix}_mean_s"] = float(array.mean())
     return out
+
+
+class PeakSampler:
+    """The largest value `read()` returns while the block runs, sampled every `interval_s` in a
+    background thread (and at both ends)."""
+
+    def __init__(self, read: Callable[[], int], interval_s: float) -> None:
+        self.read, self.interval_s = read, interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, self.read())
+
+    def __enter__(self) -> "PeakSampler":
+        self.peak = self.read()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak = max(self.peak, self.read())

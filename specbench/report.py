@@ -365,6 +365,16 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             tables["autoregressive baseline vs memory-bandwidth roofline"] = baseline[
                 ["workload", "batch_size", "temperature", "decode_step_ms", "roofline_step_ms", "roofline_fraction"]
             ].sort_values(["workload", "temperature", "batch_size"])
+    if "kv_cache_tokens" in cells and cells["kv_cache_tokens"].notna().any():
+        served = cells.copy()
+        served["peak_memory_gib"] = served["peak_memory_bytes"] / 1024 ** 3
+        for name in ("ttft_mean_s", "server_ttft_mean_s", "itl_mean_s", "server_itl_mean_s"):
+            served[name.replace("_s", "_ms")] = served[name] * 1e3
+        served["client_cpu_per_token_us"] = served["client_cpu_per_token_s"] * 1e6
+        tables["server: KV-cache capacity, memory, and the server's own latencies next to the client's"] = served[
+            ["workload", "batch_size", "temperature", "draft", "k", "kv_cache_tokens", "kv_cache_max_concurrency",
+             "peak_memory_gib", "ttft_mean_ms", "server_ttft_mean_ms", "itl_mean_ms", "server_itl_mean_ms",
+             "client_cpu_per_token_us"]].sort_values(["workload", "temperature", "batch_size", "draft", "k"])
     if not a.alphas.empty:
         tables["alpha fit"] = a.alphas
     if not a.predicted.empty:
@@ -424,10 +434,16 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     title = f"specbench: {config.get('target', '?')} on {gpu} / {hardware.get('cpu', '?')}"
     if meta.get("synthetic"):
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
+    engine = meta.get("engine") or {"name": "native"}
+    if engine.get("name") == "vllm":
+        how = (f"engine vLLM {engine.get('version', '?')}: one server per speculative configuration, batch size = "
+               f"requests in flight (closed loop)")
+    else:
+        how = f"native engine, decode steps {'replayed from CUDA graphs' if config.get('cuda_graphs') else 'eager'}"
     provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
-                  f" · decode steps {'replayed from CUDA graphs' if config.get('cuda_graphs') else 'eager'}")
+                  f" · {how}")
     sections = dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]

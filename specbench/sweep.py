@@ -8,6 +8,7 @@ when greedy, checked token for token against it.
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed, open_engine
 from specbench.grid import AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell  # noqa: F401
+from specbench.lossless import PROBE_MIN_TOKENS, PROBE_TOKENS, sampled_check
 from specbench.models import lookup_alias, parse_draft_spec, resolve_model
 from specbench.results import (
     append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
@@ -61,16 +63,16 @@ class SweepEvent:
 class SweepTables:
     """The tables of a run being written: the cells table in memory and rewritten after every
     cell; requests and steps appended per cell as part files (merged by `close`). Keeps every
-    cell's repeat-0 requests for the lossless check of the cells that follow."""
+    cell's requests for the lossless checks of the cells that follow."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.cells = read_table(run_dir, "cells")
         requests = read_table(run_dir, "requests")
-        self._first_repeat: dict[str, list[dict]] = {}
+        self._requests: dict[str, list[dict]] = {}
         if len(requests):
-            for cell_id, rows in requests[requests["repeat"] == 0].groupby("cell_id", sort=False):
-                self._first_repeat[cell_id] = rows.to_dict("records")
+            for cell_id, rows in requests.groupby("cell_id", sort=False):
+                self._requests[cell_id] = rows.to_dict("records")
 
     def finished_ids(self) -> set[str]:
         return set(self.cells["cell_id"]) if len(self.cells) else set()
@@ -80,7 +82,7 @@ class SweepTables:
         self.cells = new_row if self.cells.empty else pd.concat([self.cells, new_row], ignore_index=True)
         if requests:
             append_part(self.run_dir, "requests", pd.DataFrame(requests))
-            self._first_repeat[row["cell_id"]] = [r for r in requests if r["repeat"] == 0]
+            self._requests[row["cell_id"]] = list(requests)
         if steps:
             append_part(self.run_dir, "steps", pd.DataFrame(steps))
         write_table(self.run_dir, "cells", self.cells)
@@ -88,9 +90,11 @@ class SweepTables:
     def close(self) -> None:
         merge_parts(self.run_dir)
 
-    def baseline_requests(self, cell_id: str) -> list[dict] | None:
-        """A finished cell's repeat-0 request rows, in request order (None if it has none)."""
-        return self._first_repeat.get(cell_id) or None
+    def baseline_requests(self, cell_id: str, repeat: int | None = 0) -> list[dict] | None:
+        """A finished cell's request rows of one repeat (every repeat with None), in request
+        order; None if it has none."""
+        rows = [r for r in self._requests.get(cell_id, []) if repeat is None or r["repeat"] == repeat]
+        return rows or None
 
 
 def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
@@ -140,7 +144,7 @@ def run_sweep(
         meta["resumed_from_started"] = json.loads(previous.read_text()).get("started")
     write_json(run_dir / "run.json", meta)
 
-    engine = open_engine(config)
+    engine = open_engine(config, run_dir)
     cells = plan_cells(config)
     position = {cell.id: index for index, cell in enumerate(cells)}
     done = tables.finished_ids()
@@ -149,7 +153,7 @@ def run_sweep(
         message = engine.open()
         engine.annotate(meta)
         write_json(run_dir / "run.json", meta)
-        on_event(SweepEvent("loaded", message=message))
+        on_event(SweepEvent("loaded", message=message, index=len(done), total=len(cells)))
         for stage in engine.stages([cell for cell in cells if cell.id not in done]):
             sweep.run_stage(stage)
             engine.annotate(meta)
@@ -157,6 +161,9 @@ def run_sweep(
         meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
+        raise
+    except Exception:
+        meta["status"] = "failed"
         raise
     finally:
         engine.close()
@@ -208,21 +215,24 @@ class _Sweep:
                 pass  # the baseline itself: nothing to compare
             elif self.config.synthetic:
                 row["lossless"] = "n/a (synthetic)"
-            elif cell.temperature == 0:
-                baseline = tables.baseline_requests(cell.baseline_id)
-                if baseline is None:
-                    row["lossless"], row["lossless_detail"] = "unchecked", "no baseline cell"
-                else:
-                    verdict, detail = self.engine.lossless_check(self.prompts(cell)[0], baseline, outcome)
-                    row["lossless"], row["lossless_detail"] = verdict, detail
-                    if verdict == "MISMATCH":
-                        row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
             else:
-                row["lossless"] = "n/a (sampled)"
+                verdict, detail = self.lossless(cell, outcome)
+                row["lossless"], row["lossless_detail"] = verdict, detail
+                if verdict == "MISMATCH":
+                    row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
             _pair_with_baseline(tables, cell, row)
             tables.add(row, outcome.requests, outcome.steps)
         gc.collect()
         self.on_event(SweepEvent("done", cell, row, self.position[cell.id], self.total))
+
+    def lossless(self, cell: Cell, outcome: CellOutcome) -> tuple[str, str]:
+        """Greedy: token for token against the baseline. Sampled: `probe` has judged it already."""
+        if cell.temperature > 0:
+            return outcome.row.get("lossless", "unchecked"), outcome.row.get("lossless_detail", "")
+        baseline = self.tables.baseline_requests(cell.baseline_id)
+        if baseline is None:
+            return "unchecked", "no baseline cell"
+        return self.engine.lossless_check(self.prompts(cell)[0], baseline, outcome)
 
     def attempt(self, cell: Cell, action):
         """action(), or None after recording the cell as failed. A stage that fails as a whole
@@ -236,17 +246,21 @@ class _Sweep:
             return None
 
     def run_stage(self, stage: Stage) -> None:
-        recorded = set(self.tables.finished_ids())
+        """Every turn of a stage. A stage that cannot be set up records its cells as failed; when
+        it holds baselines nothing else can be compared, and the sweep stops with that error."""
         try:
             with stage:
-                self.on_event(SweepEvent("stage", message=stage.label))
+                self.on_event(SweepEvent("stage", message=stage.describe()))
                 for turn in stage.turns:
                     self.run_turn(stage, turn)
         except StageFailed as error:
             finished = self.tables.finished_ids()
             for cell in stage.cells:
-                if cell.id not in finished and cell.id not in recorded:
+                if cell.id not in finished:
                     self.record(cell, error=error)
+            if any(not cell.is_speculative for cell in stage.cells):
+                raise
+            self.on_event(SweepEvent("stage_failed", message=str(error)))
 
     def run_turn(self, stage: Stage, turn: list[Cell]) -> None:
         """The turn's cells take turns repeat by repeat; each is recorded after its last repeat
@@ -282,5 +296,26 @@ class _Sweep:
 
     def finish(self, cell: Cell, run: CellMeasurement) -> None:
         outcome = self.attempt(cell, run.finish)
+        if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.synthetic:
+            if self.attempt(cell, lambda: self.probe(cell, run, outcome)) is None:
+                return  # recorded as failed
         if outcome is not None:
             self.record(cell, outcome)
+
+    def probe(self, cell: Cell, run: CellMeasurement, outcome: CellOutcome) -> bool:
+        """The sampled check of a speculative cell: its measured outputs (every repeat), topped up
+        with untimed ones at its settings to PROBE_MIN_TOKENS positions, scored by the target."""
+        prompts = self.prompts(cell)[0]
+        measured = [list(r["tokens"]) for r in outcome.requests]
+        contexts = [prompts[i % len(prompts)] for i in range(len(measured))]
+        length = min(PROBE_TOKENS, self.config.max_new_tokens)
+        missing = max(0, PROBE_MIN_TOKENS - sum(map(len, measured)))
+        extra = [prompts[(len(measured) + i) % len(prompts)] for i in range(math.ceil(missing / length))]
+        outputs = measured + (run.sample(extra, length) if extra else [])
+        scored = self.engine.score(contexts + extra, outputs)
+        config = self.config
+        verdict, detail, figures = sampled_check(scored, cell.temperature, config.top_k, config.top_p,
+                                                 self.engine.vocab_size)
+        outcome.row.update(figures)
+        outcome.row["lossless"], outcome.row["lossless_detail"] = verdict, detail
+        return True

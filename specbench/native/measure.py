@@ -5,14 +5,13 @@ specbench.measure)."""
 from __future__ import annotations
 
 import os
-import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import psutil
 import torch
 
+from specbench.measure import PeakSampler
 from specbench.native.engine import Clock, GenerationResult
 from specbench.native.forward import CausalLM
 
@@ -197,8 +196,7 @@ class PeakMemory:
         self.peak_bytes = 0
         self.peak_torch_bytes = 0
         self.kind = "gpu" if self.device.type == "cuda" else "rss"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler: PeakSampler | None = None
         self._nvml_handles: list = []
 
     def _read(self) -> int:
@@ -207,11 +205,6 @@ class PeakMemory:
 
             return sum(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) for handle in self._nvml_handles)
         return psutil.Process(os.getpid()).memory_info().rss
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, self._read())
-            time.sleep(self.interval_s)
 
     def __enter__(self) -> "PeakMemory":
         if self.kind == "gpu":
@@ -225,16 +218,13 @@ class PeakMemory:
             except Exception:
                 self._nvml_handles = []
         if self._nvml_handles or self.kind == "rss":
-            self.peak_bytes = self._read()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
+            self._sampler = PeakSampler(self._read, self.interval_s).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self.peak_bytes = max(self.peak_bytes, self._read())
+        if self._sampler is not None:
+            self._sampler.__exit__(*exc)
+            self.peak_bytes = self._sampler.peak
         if self.kind == "gpu":
             self.peak_torch_bytes = sum(int(torch.cuda.max_memory_allocated(d)) for d in self.devices)
             if not self._nvml_handles:

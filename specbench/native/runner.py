@@ -14,6 +14,7 @@ import torch
 
 from specbench.engines import CellOutcome, Engine, Stage
 from specbench.grid import AR, Cell, SweepConfig
+from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, family_of, load_model, lookup_alias,
@@ -49,8 +50,8 @@ def validate_native(config: SweepConfig) -> None:
 class NativeEngine(Engine):
     name = "native"
 
-    def __init__(self, config: SweepConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: SweepConfig, run_dir) -> None:
+        super().__init__(config, run_dir)
         self.models: Models | None = None
 
     def open(self) -> str:
@@ -88,6 +89,13 @@ class NativeEngine(Engine):
     def lossless_check(self, prompts, baseline: list[dict], outcome: CellOutcome) -> tuple[str, str]:
         return lossless_check(self.models.target.model, prompts, [list(r["tokens"]) for r in baseline],
                               outcome.outputs)
+
+    def score(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[ScoredToken]]:
+        return score_outputs(self.models.target.model, prompts, outputs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.models.target.model.vocab_size
 
     def failure_status(self, error: BaseException) -> str:
         if isinstance(error, torch.cuda.OutOfMemoryError):
@@ -229,37 +237,41 @@ def _tie_tolerance(dtype: torch.dtype) -> float:
     return {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3}.get(dtype, 3e-2)
 
 
-def first_divergence(target: CausalLM, prompt: list[int], expected: list[int], got: list[int]) -> tuple[int, float]:
-    """Position of the first differing token, and the target's logit gap between the two
-    candidates there (relative to the largest logit): a gap near 0 is a numerical near-tie,
-    where batched and unbatched arithmetic may legitimately pick different argmaxes."""
-    position = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
-    context = prompt + expected[:position]
+def logit_gap(target: CausalLM, context: list[int], expected: int, got: int) -> float:
+    """The target's logit gap between two candidate tokens after `context`, relative to its
+    largest logit: near 0 is a numerical near-tie, where batched and unbatched arithmetic may
+    legitimately pick different argmaxes."""
     with torch.inference_mode():
         cache = target.new_cache(1, len(context) + 1)
         logits = target.forward(cache, torch.tensor([context], device=target.device), logits_at="last")[0].float()
-    gap = (logits[expected[position]] - logits[got[position]]).abs().item()
-    return position, gap / max(1.0, logits.abs().max().item())
+    gap = (logits[expected] - logits[got]).abs().item()
+    return gap / max(1.0, logits.abs().max().item())
 
 
 def lossless_check(target: CausalLM, prompts: list[list[int]], expected: list[list[int]],
                    got: list[list[int]]) -> tuple[str, str]:
     """("exact" | "near-tie" | "MISMATCH", detail) for a greedy speculative cell."""
-    tolerance = _tie_tolerance(target.dtype)
-    ties, mismatches = [], []
-    for index, (prompt, e, g) in enumerate(zip(prompts, expected, got)):
-        if e == g:
-            continue
-        if len(e) != len(g) and e[: len(g)] == g[: len(e)]:
-            mismatches.append(f"request {index}: {len(g)} tokens instead of {len(e)}")
-            continue
-        position, gap = first_divergence(target, prompt, e, g)
-        (ties if gap <= tolerance else mismatches).append(f"request {index} token {position} (gap {gap:.2e})")
-    if mismatches:
-        return "MISMATCH", "; ".join(mismatches[:3])
-    if ties:
-        return "near-tie", f"{len(ties)}/{len(prompts)} requests diverge at a near-tie: " + "; ".join(ties[:3])
-    return "exact", ""
+    return greedy_check(prompts, expected, got, lambda context, e, g: logit_gap(target, context, e, g),
+                        _tie_tolerance(target.dtype))
+
+
+def score_outputs(target: CausalLM, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[ScoredToken]]:
+    """Each generated token's rank, raw log-probability and the target's top raw log-probabilities."""
+    scored = []
+    with torch.inference_mode():
+        for prompt, tokens in zip(prompts, outputs):
+            if not tokens:
+                scored.append([])
+                continue
+            sequence = list(prompt) + list(tokens)
+            cache = target.new_cache(1, len(sequence))
+            logits = target.forward(cache, torch.tensor([sequence], device=target.device), logits_at="all")[0]
+            logprobs = torch.log_softmax(logits[len(prompt) - 1: len(sequence) - 1, : target.vocab_size].double(), -1)
+            chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logprobs.device)]
+            ranks = 1 + (logprobs > chosen[:, None]).sum(dim=-1)
+            top = torch.topk(logprobs, min(TOP_LOGPROBS, logprobs.shape[-1]), dim=-1).values
+            scored.append([ScoredToken(int(r), float(c), t.tolist()) for r, c, t in zip(ranks, chosen, top)])
+    return scored
 
 
 def _generate(models: Models, cell: Cell, drafter: Drafter | None, prompts, config: GenerationConfig) -> GenerationResult:
@@ -336,6 +348,16 @@ class CellRun:
         self.peak_bytes = max(self.peak_bytes, memory.peak_bytes)
         self.peak_torch_bytes = max(self.peak_torch_bytes, memory.peak_torch_bytes)
         self.memory_kind = memory.kind
+
+    def sample(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Untimed outputs at the cell's settings and batch size (seeds apart from the measured)."""
+        outputs = []
+        for start in range(0, len(prompts), self.cell.batch_size):
+            generation = GenerationConfig(max_new_tokens=max_tokens, sampling=self.sampling,
+                                          seed=self.config.seed + 500_000 + start)
+            chunk = prompts[start:start + self.cell.batch_size]
+            outputs.extend(_generate(self.models, self.cell, self.drafter, chunk, generation).tokens)
+        return outputs
 
     def finish(self) -> CellOutcome:
         models, cell, config, drafter = self.models, self.cell, self.config, self.drafter

@@ -1,0 +1,123 @@
+"""The load generator for served engines: one request function that streams an OpenAI-compatible
+completion and timestamps every token as it arrives, and a closed loop that keeps B requests in
+flight (what `vllm bench serve --max-concurrency B` does).
+
+Prompts go as token ids, so that every engine gets exactly the ids the native engine gets (the
+chat template is applied once, by specbench). A streamed chunk may carry several tokens (a
+speculative step emits them together): they are counted as tokens that arrived at that chunk's
+time, so inter-token latency keeps the zeros of a burst, as on the native engine. The client's own
+CPU time is measured in its thread, so that every cell shows it is far below the latencies it
+reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class StreamedRequest:
+    index: int
+    prompt_tokens: int
+    sent_s: float = 0.0  # when it was sent, seconds from the start of its load run
+    arrivals_s: list[float] = field(default_factory=list)  # per output token, seconds after sending
+    tokens: list[int] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ttft_s(self) -> float:
+        return self.arrivals_s[0] if self.arrivals_s else float("nan")
+
+    @property
+    def e2e_s(self) -> float:
+        return self.arrivals_s[-1] if self.arrivals_s else float("nan")
+
+
+@dataclass
+class LoadRun:
+    requests: list[StreamedRequest]
+    wall_s: float  # first request sent -> last token received
+    client_cpu_s: float  # CPU time of the client's thread over the run
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.requests)
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"request {r.index}: {r.error}" for r in self.requests if r.error]
+
+
+def _token_ids(choice: dict) -> list[int] | None:
+    ids = choice.get("token_ids")
+    return list(ids) if ids is not None else None
+
+
+async def stream_completion(session: aiohttp.ClientSession, url: str, payload: dict, request: StreamedRequest,
+                            origin: float, headers: dict | None = None) -> StreamedRequest:
+    """POST one streaming completion; fills `request` with token ids and their arrival times."""
+    sent = time.perf_counter()
+    request.sent_s = sent - origin
+    try:
+        async with session.post(url, json=payload, headers=headers) as response:
+            if response.status != 200:
+                body = (await response.text())[:300].replace("\n", " ")
+                request.error = f"HTTP {response.status}: {body}"
+                return request
+            async for raw in response.content:
+                arrived = time.perf_counter() - sent
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    request.error = str(chunk["error"])[:300]
+                    return request
+                for choice in chunk.get("choices") or []:
+                    ids = _token_ids(choice)
+                    if ids is None:  # a server without token ids: one token per non-empty text chunk
+                        ids = [-1] if choice.get("text") else []
+                    request.tokens.extend(ids)
+                    request.arrivals_s.extend([arrived] * len(ids))
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as error:
+        request.error = f"{type(error).__name__}: {error}"
+    return request
+
+
+async def _closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
+                       timeout_s: float, headers: dict | None) -> LoadRun:
+    requests = [StreamedRequest(i, prompt_lengths[i]) for i in range(len(payloads))]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(payloads)):
+        queue.put_nowait(i)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        origin = time.perf_counter()
+
+        async def worker() -> None:
+            while not queue.empty():
+                i = queue.get_nowait()
+                await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+
+        cpu = time.thread_time()
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(payloads)))))
+        client_cpu = time.thread_time() - cpu
+    ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
+    wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
+    return LoadRun(requests, wall, client_cpu)
+
+
+def run_closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
+                    timeout_s: float = 600.0, headers: dict | None = None) -> LoadRun:
+    """Every payload streamed to `url` with `concurrency` requests in flight (closed loop: a new
+    request starts when one finishes), in payload order."""
+    return asyncio.run(_closed_loop(url, payloads, concurrency, prompt_lengths, timeout_s, headers))

@@ -1,0 +1,292 @@
+"""The vLLM engine without vLLM: configuration mapping, /metrics parsing, the streaming client,
+and the whole sweep against a stand-in server (tests/fake_vllm) that speaks vLLM's command line
+and API, including every way a server can fail: it never outlives specbench."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.models import parse_draft_spec
+from specbench.results import load_run
+from specbench.served.client import run_closed_loop
+from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
+from specbench.served.server import ServerProcess, free_port
+from specbench.served.vllm_engine import speculative_config, synthetic_rates
+
+runner = CliRunner()
+FAKE = Path(__file__).parent / "fake_vllm"
+SERVER_MARK = "vllm.entrypoints.openai.api_server"
+
+
+def server_processes() -> list[psutil.Process]:
+    """Every process on the machine running a (fake or real) vLLM server, or its sleeping child."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if SERVER_MARK in line or "time.sleep(600)" in line:
+            found.append(process)
+    return found
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """Servers started by the vLLM engine are the stand-in (first on PYTHONPATH)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FAKE_VLLM_MODE", raising=False)
+    assert not server_processes(), "a server from an earlier test is still running"
+    yield monkeypatch
+    leftovers = server_processes()
+    for process in leftovers:
+        process.kill()
+    assert not leftovers, f"servers outlived the test: {[p.pid for p in leftovers]}"
+
+
+def vllm_args(target: str, output: Path, extra=()) -> list[str]:
+    return ["sweep", "--engine", "vllm", "--target", target, "--drafts", "ngram:3,ngram", "--k", "2",
+            "--batch-sizes", "1,3", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "12",
+            "--num-prompts", "3", "--dtype", "fp32", "--output", str(output), "--server-timeout", "60", *extra]
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+def test_drafts_map_to_speculative_configs():
+    config = lambda text, k=3, **kw: speculative_config(parse_draft_spec(text, allow_served=True), k, **kw)  # noqa: E731
+    assert config("ngram:4") == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+                                 "prompt_lookup_min": 1}
+    assert config("smollm2-135m", draft_model="/models/draft") == {
+        "method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 3}
+    assert config("eagle3:org/head", 5) == {"method": "eagle3", "model": "org/head", "num_speculative_tokens": 5}
+    assert config("mtp", 1) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert config('json:{"method":"suffix"}', 2) == {"method": "suffix", "num_speculative_tokens": 2}
+    assert config('json:{"method":"ngram","num_speculative_tokens":6}', 2)["num_speculative_tokens"] == 6
+    synthetic = config("ngram", 3, alpha="0.8")
+    assert synthetic["rejection_sample_method"] == "synthetic"
+    assert synthetic["synthetic_acceptance_rates"] == pytest.approx([0.8, 0.64, 0.512])
+
+
+def test_synthetic_rates_are_vllms_unconditional_ones():
+    assert synthetic_rates((0.9, 0.5), 4) == pytest.approx([0.9, 0.45, 0.225, 0.1125])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "vllm", "--drafts", "self:4"], "runs only on the native engine"),
+    (["--engine", "vllm", "--drafts", "smollm2-135m@bf16", "--dtype", "fp32"], "vLLM runs a draft model in the target's dtype"),
+    (["--engine", "vllm", "--cuda-graphs"], "--cuda-graphs is the native engine's"),
+    (["--engine", "vllm", "--vllm-args", "--max-num-seqs '4"], "--vllm-args"),
+    (["--engine", "vllm", "--vllm-python", "/nonexistent/python"], "not an executable file"),
+    (["--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+    (["--engine", "sglang"], "--engine must be one of native, vllm"),
+    (["--drafts", "eagle3:some/head"], "runs only on a served engine"),
+    (["--engine", "vllm", "--drafts", "json:{oops"], "not valid JSON"),
+])
+def test_bad_vllm_input_is_one_line(args, message, tmp_path):
+    result = runner.invoke(app, ["sweep", "--output", str(tmp_path / "x"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_json_drafts_keep_their_commas():
+    from specbench.cli import split_drafts
+
+    assert split_drafts('ngram,json:{"method":"ngram","prompt_lookup_max":4},1b') == [
+        "ngram", 'json:{"method":"ngram","prompt_lookup_max":4}', "1b"]
+
+
+# --- /metrics and the client --------------------------------------------------------------------
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 4.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 6.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 2.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 5.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="46592"} 1.0
+"""
+
+
+def test_metrics_snapshots_and_their_deltas():
+    before = Snapshot.parse(METRICS)
+    after = Snapshot.parse(METRICS.replace(" 10.0", " 17.0").replace("2.5", "4.5").replace("count{engine=\"0\",model_name=\"m\"} 5.0", "count{engine=\"0\",model_name=\"m\"} 9.0"))
+    assert before.total("vllm:spec_decode_num_drafts_total") == 14  # summed over engines
+    assert delta(before, after, "vllm:spec_decode_num_drafts_total") == 7
+    assert before.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position") == {"0": 9.0, "1": 6.0}
+    assert histogram_mean_delta(before, after, "vllm:time_to_first_token_seconds") == pytest.approx(0.5)
+    assert before.info_labels("vllm:cache_config_info")["kv_cache_size_tokens"] == "46592"
+
+
+@pytest.fixture
+def fake_server(tmp_path, fake_vllm):
+    """One stand-in server with K=3 speculation: chunks of 4 tokens."""
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
+                            json.dumps({"method": "ngram", "num_speculative_tokens": 3})], tmp_path / "server.log", port)
+    server.start()
+    server.wait_until_healthy(60)
+    yield server
+    server.stop()
+
+
+def test_the_client_counts_tokens_not_chunks(fake_server):
+    payloads = [{"model": "m", "prompt": [i, 2, 3], "max_tokens": 10, "stream": True, "return_token_ids": True}
+                for i in range(5)]
+    run = run_closed_loop(fake_server.url + "/v1/completions", payloads, 2, [3] * 5)
+    assert not run.errors and run.output_tokens == 50
+    for request in run.requests:
+        assert len(request.tokens) == len(request.arrivals_s) == 10
+        gaps = [b - a for a, b in zip(request.arrivals_s, request.arrivals_s[1:])]
+        assert sum(gap == 0 for gap in gaps) == 7  # chunks of 4, 4, 2: tokens of one chunk arrive together
+    # Closed loop, 2 in flight: the third request starts only when one of the first two ended.
+    ends = sorted(r.sent_s + r.e2e_s for r in run.requests[:2])
+    assert run.requests[2].sent_s >= ends[0] - 1e-3
+    assert run.client_cpu_s > 0 and run.wall_s > 0
+
+
+def test_a_request_error_is_recorded_not_raised(fake_server):
+    payloads = [{"model": "m", "prompt": "not token ids", "max_tokens": 3, "stream": True}]
+    run = run_closed_loop(fake_server.url + "/v1/completions", payloads, 1, [1])
+    assert run.errors and "request 0" in run.errors[0]
+
+
+# --- the sweep on stand-in servers --------------------------------------------------------------
+
+@pytest.fixture
+def target_dir(tiny_model_dirs):
+    return tiny_model_dirs["target"]
+
+
+def test_a_vllm_sweep_writes_the_same_tables(fake_vllm, target_dir, tmp_path):
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "run")
+    cells = run.cells.set_index("cell_id")
+    assert len(cells) == 2 * (1 + 2) and (cells["status"] == "ok").all() and (cells["engine"] == "vllm").all()
+    speculative = cells[cells["mode"] == "speculative"]
+    assert (speculative["lossless"] == "exact").all()
+    # The stand-in streams K+1 tokens a step and counts K accepted: α = 1, τ = K + 1 from its counters.
+    assert (speculative["alpha"] == 1.0).all() and (speculative["tau"] == 3.0).all()
+    assert speculative["acceptance_by_position"].map(list).tolist() == [[1.0, 1.0]] * 4
+    assert (cells["output_tokens"] == cells["requests"] * 12).all()
+    assert (cells["kv_cache_tokens"] > 0).all() and (cells["peak_memory_bytes"] > 0).all()
+    assert (cells["client_cpu_per_token_s"] < cells["itl_mean_s"].max()).all()
+    assert run.steps.empty and set(run.requests["cell_id"]) == set(cells.index)
+    meta = run.meta
+    assert meta["engine"]["name"] == "vllm" and len(meta["engine"]["servers"]) == 3
+    assert all(SERVER_MARK in " ".join(s["command"]) for s in meta["engine"]["servers"])
+    assert (tmp_path / "run" / "servers").is_dir()
+    # report, check and plan know nothing of the engine
+    assert runner.invoke(app, ["report", str(tmp_path / "run")]).exit_code == 0
+    assert (tmp_path / "run" / "report" / "report.html").exists()
+    assert runner.invoke(app, ["check", str(tmp_path / "run"), "--batch-sizes", "1,3", "--min-speedup", "0.01"]).exit_code == 0
+    assert runner.invoke(app, ["check", str(tmp_path / "run"), "--batch-sizes", "1,3", "--min-speedup", "100"]).exit_code == 1
+    planned = runner.invoke(app, ["plan", str(tmp_path / "run"), "--k", "2", "--batch-sizes", "1,2,3"])
+    assert planned.exit_code == 0 and "PREDICTIONS" in planned.output, planned.output
+
+
+def test_a_server_that_fails_to_start_is_one_line_naming_its_log(fake_vllm, target_dir, tmp_path):
+    fake_vllm.setenv("FAKE_VLLM_MODE", "exit_at_start")
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run"))
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert any("exited with code 3 before it was ready" in line and "00_autoregressive.log" in line and
+               "the fake model path does not hold a model" in line for line in lines), result.output
+    assert (tmp_path / "run" / "servers" / "00_autoregressive.tail.txt").exists()
+    run = load_run(tmp_path / "run")
+    assert run.meta["status"] == "failed" and (run.cells["status"] == "failed").all()
+
+
+def test_a_server_that_never_answers_is_stopped(fake_vllm, target_dir, tmp_path):
+    fake_vllm.setenv("FAKE_VLLM_MODE", "never_healthy")
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run", ["--server-timeout", "3"]))
+    assert result.exit_code == 2 and "did not answer /health within 3 s" in result.output
+
+
+def test_a_server_dying_mid_cell_fails_that_cell_and_the_sweep_goes_on(fake_vllm, target_dir, tmp_path):
+    # The baseline server dies in the first measured request of its first cell (after 1 warm-up).
+    fake_vllm.setenv("FAKE_VLLM_MODE", "die_once=2")
+    fake_vllm.setenv("FAKE_VLLM_MARKER", str(tmp_path / "died"))
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "run")
+    cells = run.cells.set_index("cell_id")
+    failed = cells.loc["chat|B1|T0|autoregressive"]
+    assert failed["status"] == "failed" and "the server exited with code 7" in failed["message"]
+    assert "the fake engine core died" in failed["message"] and "00_autoregressive.log" in failed["message"]
+    assert (cells.drop("chat|B1|T0|autoregressive")["status"] == "ok").all()  # a restarted server carried on
+    assert [s["label"] for s in run.meta["engine"]["servers"]].count("autoregressive") == 2
+
+
+def test_sampled_outputs_from_outside_the_targets_distribution_fail(fake_vllm, target_dir, tmp_path):
+    fake_vllm.setenv("FAKE_VLLM_MODE", "garbage")
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run", ["--temperatures", "0.7",
+                                                                         "--batch-sizes", "3"]))
+    assert result.exit_code == 1, result.output
+    cells = load_run(tmp_path / "run").cells
+    speculative = cells[cells["mode"] == "speculative"]
+    assert (speculative["lossless"] == "MISMATCH").all() and (speculative["status"] == "failed").all()
+    assert speculative["lossless_detail"].str.contains("outside the target's top 20 at 100.0%").all()
+
+
+def sweep_process(target: str, output: Path, env: dict) -> subprocess.Popen:
+    command = [sys.executable, "-m", "specbench.cli", *vllm_args(target, output)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env, "COLUMNS": "200"})
+
+
+def wait_for_line(process: subprocess.Popen, text: str, timeout_s: float = 120) -> str:
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        seen.append(line)
+        if text in line:
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"no {text!r} in the output: {''.join(seen)}")
+
+
+def test_ctrl_c_stops_the_server_and_its_children(fake_vllm, target_dir, tmp_path):
+    process = sweep_process(target_dir, tmp_path / "run", {"FAKE_VLLM_MODE": "child"})
+    wait_for_line(process, "vLLM server: autoregressive ready")
+    assert server_processes(), "the stand-in and its child are running"
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    time.sleep(0.5)
+    assert not server_processes()
+    assert load_run(tmp_path / "run").meta["status"] == "interrupted"
+
+
+def test_sigterm_to_the_sweep_stops_the_server(fake_vllm, target_dir, tmp_path):
+    process = sweep_process(target_dir, tmp_path / "run", {})
+    wait_for_line(process, "vLLM server: autoregressive ready")
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    time.sleep(0.5)
+    assert not server_processes()
+
+
+def test_a_killed_sweep_takes_its_server_with_it(fake_vllm, target_dir, tmp_path):
+    """SIGKILL leaves specbench no chance to clean up: the server dies with its parent."""
+    process = sweep_process(target_dir, tmp_path / "run", {})
+    wait_for_line(process, "vLLM server: autoregressive ready")
+    process.kill()
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while server_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not server_processes()

@@ -172,12 +172,16 @@ def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
     a cell with its own group's baseline, so drift *between* groups cancels, but the same drift
     *inside* a group (cells run one after another unless --repeats interleaves them) does not."""
     ok = _ok(cells)
-    if ok.empty or "step_verify_s" not in ok:
+    if ok.empty or not ({"step_verify_s", "tpot_p50_s"} & set(ok.columns)):
         return []
     baselines = ok[ok["mode"] == AR].copy()
     if "estimated" in baselines:
         baselines = baselines[~baselines["estimated"].fillna(False).astype(bool)]
-    baselines["step_s"] = baselines["step_verify_s"] + baselines["step_overhead_s"].fillna(0.0)
+    # A decode step: the native engine's measured step, else (a served engine) the median TPOT.
+    native = baselines["step_verify_s"] + baselines["step_overhead_s"].fillna(0.0) \
+        if "step_verify_s" in baselines else pd.Series(float("nan"), index=baselines.index)
+    served = baselines["tpot_p50_s"] if "tpot_p50_s" in baselines else native
+    baselines["step_s"] = native.fillna(served)
     messages = []
     for (workload, batch_size), group in baselines.groupby(["workload", "batch_size"]):
         group = group.dropna(subset=["step_s"])

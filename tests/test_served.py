@@ -242,10 +242,16 @@ def test_sampled_outputs_from_outside_the_targets_distribution_fail(fake_vllm, t
     assert speculative["lossless_detail"].str.contains("outside the target's top 20 at 100.0%").all()
 
 
+def interruptible() -> None:
+    """In the child: Ctrl-C raises KeyboardInterrupt again (a shell that starts a job in the
+    background, as CI may, leaves SIGINT ignored, and Python then keeps it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sweep_process(target: str, output: Path, env: dict) -> subprocess.Popen:
     command = [sys.executable, "-m", "specbench.cli", *vllm_args(target, output)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **env, "COLUMNS": "200"})
+                            env={**os.environ, **env, "COLUMNS": "200"}, preexec_fn=interruptible)
 
 
 def wait_for_line(process: subprocess.Popen, text: str, timeout_s: float = 120) -> str:

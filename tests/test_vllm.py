@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -151,7 +150,8 @@ def test_ctrl_c_stops_a_real_server(tmp_path):
     command = [sys.executable, "-m", "specbench.cli", "sweep", *GRID, "--drafts", "ngram", "--temperatures", "0",
                "--output", str(tmp_path / "run")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "COLUMNS": "200"})
+                               env={**os.environ, "COLUMNS": "200"},  # Ctrl-C raises again in the child:
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see test_served
     deadline, seen = time.monotonic() + 300, []
     while time.monotonic() < deadline:
         line = process.stdout.readline()

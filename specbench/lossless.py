@@ -125,12 +125,11 @@ def evidence(tokens: list[ScoredToken], temperature: float, top_k: int, top_p: f
     """log of the test supermartingale's value: the mean over alternatives and ε of
     prod_t (1 - ε) + ε q(x_t)/p(x_t)."""
     import numpy as np
-    from scipy.special import logsumexp
 
     ratios = np.array([log_ratio_bounds(t, temperature, top_k, top_p, vocab_size) for t in tokens])  # [n, 3]
     logs = [np.logaddexp(math.log(1 - epsilon), math.log(epsilon) + ratios[:, alternative]).sum()
             for alternative in range(3) for epsilon in EPSILONS]
-    return float(logsumexp(logs) - math.log(len(logs)))
+    return float(np.logaddexp.reduce(logs) - math.log(len(logs)))
 
 
 def sampled_check(outputs: list[list[ScoredToken]], temperature: float, top_k: int, top_p: float,

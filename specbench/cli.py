@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="Measure whether speculative decoding pays off on your models, traffic and hardware.")
-console = Console()
-errors = Console(stderr=True)
+# Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
+# wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
+_LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000
+console = Console(width=_LOG_WIDTH)
+errors = Console(stderr=True, width=_LOG_WIDTH)
 
 
 class UsageError(Exception):
@@ -23,7 +30,7 @@ class UsageError(Exception):
 
 
 def fail(message: str, code: int = 2) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -95,7 +102,7 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
     for column, justify in (("workload", "left"), ("B", "right"), ("T", "right"), ("draft", "left"), ("K", "right"),
                             ("tok/s", "right"), ("speed-up", "right"), ("α", "right"), ("τ", "right"),
                             ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
-        table.add_column(column, justify=justify)
+        table.add_column(column, overflow="fold", justify=justify)
     import pandas as pd
 
     from specbench.fit import label_synthetic
@@ -132,7 +139,7 @@ def sweep(
                                help="Comma list: model alias/path (bare sizes like 1b resolve in the target's "
                                     "family), ALIAS@DTYPE, ngram[:N] (prompt lookup), self:N (first N layers)."),
     k: str = typer.Option("2,4", "--k", help="Draft tokens per step, comma list."),
-    batch_sizes: str = typer.Option("1,4", help="Comma list."),
+    batch_sizes: str = typer.Option("1,4,16", help="Comma list (for a served engine: requests in flight)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
     workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
     max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
@@ -195,7 +202,7 @@ def sweep(
 
 
 def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None:
-    from specbench.results import latest_run
+    from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
     from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, run_sweep
 
     _quiet_libraries(config.allow_download)
@@ -203,7 +210,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
         plan = describe_plan(config)
         table = Table(title="plan", title_justify="left")
         for column in ("workload", "B", "T", "cells", "requests/cell", "output tokens/cell"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         groups: dict = {}
         for cell in plan_cells(config):
             groups.setdefault((cell.workload, cell.batch_size, cell.temperature), []).append(cell)
@@ -222,18 +229,20 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
         return
 
     resume_dir = None
-    if resume:
-        try:
-            resume_dir = output or latest_run()
-        except _known_errors() as error:
-            fail(str(error))
-        if not (resume_dir / "run.json").exists():
-            fail(f"--resume: {resume_dir} is not a specbench run")
-    elif output is not None:
-        if output.exists() and any(output.iterdir()):
-            fail(f"--output {output} exists and is not empty (add --resume to continue it)")
-        output.mkdir(parents=True, exist_ok=True)
-        resume_dir = output
+    try:
+        if resume:
+            resume_dir = output or latest_run(finished_only=False)
+            if not (resume_dir / "run.json").exists():
+                raise UsageError(f"--resume: {resume_dir} is not a specbench run")
+        elif output is not None:
+            if prepare_output(output):
+                console.print(f"{output} holds a sweep that stopped before its first cell: running it again there",
+                              highlight=False, soft_wrap=True)
+            resume_dir = output
+        else:
+            check_writable(DEFAULT_RESULTS_DIR)
+    except _known_errors() as error:
+        fail(str(error))
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
@@ -241,27 +250,33 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     task = progress.add_task("loading models", total=total)
     finished: list[dict] = []
     completed = [0]  # cells finished, earlier runs' included (a served engine runs them out of plan order)
-    live = Live(Group(progress), console=console, refresh_per_second=4, transient=True)
+    interactive = console.is_terminal
+    live = Live(Group(progress), console=console, refresh_per_second=4, transient=True) if interactive else nullcontext()
+    started = time.monotonic()
 
     def on_event(event) -> None:
         if event.kind == "loaded":
-            console.print(event.message, highlight=False, soft_wrap=True)
+            console.print(escape(event.message), highlight=False, soft_wrap=True)
             completed[0] = event.index
             progress.update(task, completed=completed[0])
         elif event.kind == "stage":
             if event.message != "native engine":
-                console.print(event.message, highlight=False, soft_wrap=True)
+                console.print(escape(event.message), highlight=False, soft_wrap=True)
         elif event.kind == "stage_failed":
-            errors.print(f"[bold red]error:[/] {event.message}", highlight=False, soft_wrap=True)
+            errors.print(f"[bold red]error:[/] {escape(event.message)}", highlight=False, soft_wrap=True)
         elif event.kind == "start":
             progress.update(task, description=f"{event.cell.id}")
         elif event.kind == "done":
             finished.append(event.row)
             completed[0] += 1
             progress.update(task, completed=completed[0])
-            live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
+            if interactive:
+                live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
+            else:
+                console.print(escape(progress_line(event.row, completed[0], total, time.monotonic() - started)),
+                              highlight=False, soft_wrap=True)
             if event.row.get("lossless") == "MISMATCH":
-                errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {event.row.get('lossless_detail')}")
+                errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {escape(_text(event.row.get('lossless_detail')))}")
 
     run_dir = None
     try:
@@ -275,8 +290,23 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     _print_summary(run_dir)
 
 
+def progress_line(row: dict, done: int, total: int, elapsed_s: float) -> str:
+    """One finished cell as a plain line, for logs: id, tokens/s, speed-up, acceptance, checks, status."""
+    parts = [f"[{done}/{total}]", _text(row.get("cell_id")), f"{_fmt(row.get('tokens_per_s'), '.1f')} tok/s"]
+    if row.get("draft") not in (None, "autoregressive"):
+        parts.append(f"{_fmt(row.get('speedup'), '.2f')}×")
+        parts.append(f"α {_fmt(row.get('alpha'))}")
+    if _text(row.get("lossless")):
+        parts.append(_text(row.get("lossless")))
+    status = _text(row.get("status"))
+    parts.append(status if status == "ok" else f"{status}: {_text(row.get('message'))}")
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    parts.append(f"({minutes}m{seconds:02d}s)")
+    return "  ".join(parts)
+
+
 def _print_summary(run_dir: Path) -> None:
-    from specbench.fit import baseline_drift
+    from specbench.fit import measurement_warnings
     from specbench.results import load_run
 
     run = load_run(run_dir)
@@ -284,14 +314,8 @@ def _print_summary(run_dir: Path) -> None:
     failed = run.cells[run.cells["status"] != "ok"]
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):
-        errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {_text(row.get('message'))}", highlight=False)
-    if "load_average" in run.cells and (run.cells["device"] == "cpu").any():
-        cores = os.cpu_count() or 1
-        busy = run.cells[run.cells["load_average"] > 1.5 * cores]
-        if len(busy):
-            errors.print(f"[yellow]warning:[/] the machine was busy (load average above {1.5 * cores:g} on {cores} "
-                         f"cores) during {len(busy)} cell(s); their timings include the other work", highlight=False)
-    _print_drift(baseline_drift(run.cells))
+        errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {escape(_text(row.get('message')))}", highlight=False)
+    _print_warnings(measurement_warnings(run.cells))
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):
@@ -307,7 +331,7 @@ def models() -> None:
 
     table = Table(title="model aliases", title_justify="left", header_style="bold")
     for column in ("alias", "family", "size", "params", "hub id", "available here"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for spec in REGISTRY.values():
         where = local_availability(spec)
         table.add_row(spec.alias, spec.family, spec.size, f"{spec.params_b:g}B", spec.hub_id,
@@ -335,7 +359,7 @@ def workloads(
     unit = "tokens" if tok is not None else "chars"
     table = Table(title=f"workloads (prompt lengths in {unit})", title_justify="left", header_style="bold")
     for column in ("name", "prompts", "categories", "mean", "p50", "max", "source"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for name in available_workloads():
         try:
             workload = load_workload(name)
@@ -359,7 +383,7 @@ def report(
     output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
-    from specbench.fit import baseline_drift
+    from specbench.fit import measurement_warnings
     from specbench.gate import evaluate
     from specbench.report import write_report
     from specbench.results import load_run
@@ -368,18 +392,16 @@ def report(
         run = load_run(run_dir)
         if gpus < 1:
             raise UsageError("--gpus must be >= 1")
-        measured = sorted(run.cells["batch_size"].unique().tolist()) if not run.cells.empty else []
+        measured = measured_batch_sizes(run.cells)
         verdict = evaluate(run.cells, measured) if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text}
-        drift = baseline_drift(run.cells)
-        if drift:
-            sections["measurement warnings"] = "\n".join(drift)
+        warnings = measurement_warnings(run.cells)  # write_report puts them on the page too
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections)
     except _known_errors() as error:
         fail(str(error))
     _print_analysis(analysis)
-    _print_drift(drift)
+    _print_warnings(warnings)
     if gate_text:
         console.print(gate_text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
@@ -387,26 +409,27 @@ def report(
 
 
 def _frame_table(frame, title: str, columns: list[str], formats: dict[str, str] | None = None) -> Table:
+    from pandas.api.types import is_numeric_dtype
+
     formats = formats or {}
     table = Table(title=title, title_justify="left", header_style="bold")
     present = [c for c in columns if c in frame]
     for column in present:
-        table.add_column(column, justify="left" if frame[column].dtype == object else "right")
+        table.add_column(column, overflow="fold", justify="right" if is_numeric_dtype(frame[column]) else "left")
     for row in frame[present].itertuples(index=False):
         table.add_row(*[_fmt(v, formats.get(c, ".3g")) if isinstance(v, float) else _text(v) for c, v in zip(present, row)])
     return table
 
 
-def _print_drift(drift: list[str]) -> None:
-    """baseline_drift's messages, as warnings."""
-    for message in drift:
-        errors.print(f"[yellow]warning:[/] {message}", highlight=False)
-    if drift:
-        errors.print("  speed-ups inside such a group are skewed by the drift; --repeats 3 or more interleaves a "
-                     "group's cells and takes medians", highlight=False)
+def _print_warnings(warnings: list[str]) -> None:
+    """measurement_warnings' messages, as warnings."""
+    for message in warnings:
+        errors.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _print_analysis(analysis) -> None:
+    from specbench.fit import b_star_rule
+
     if not analysis.alphas.empty:
         console.print(_frame_table(analysis.alphas, "α fit (i.i.d. MLE, 95% interval)",
                                    ["draft", "workload", "temperature", "alpha_iid", "alpha_low", "alpha_high",
@@ -421,11 +444,22 @@ def _print_analysis(analysis) -> None:
         console.print(f"speed-up prediction error: median |error| {p['speedup_error'].abs().median():.1%}, "
                       f"max {p['speedup_error'].abs().max():.1%} over {len(p)} cells")
     if not analysis.crossovers.empty:
-        console.print(_frame_table(analysis.crossovers, "crossover batch size B* (best K per B below 1×)",
+        console.print(_frame_table(analysis.crossovers, "crossover batch size B*",
                                    ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
+        console.print(f"  {b_star_rule()}; `worst case` rows: at each batch size the least favourable workload and "
+                      f"temperature (what `check` judges)", highlight=False, soft_wrap=True)
+
+
+def measured_batch_sizes(cells) -> list[int]:
+    """Batch sizes with at least one finished cell, ascending."""
+    if cells.empty or "batch_size" not in cells:
+        return []
+    ok = cells[cells["status"] == "ok"] if "status" in cells else cells
+    return sorted(int(b) for b in ok["batch_size"].dropna().unique())
 
 
 def _gate_text(result) -> str:
+    from specbench.fit import b_star_rule, best_draft_rule
     from specbench.gate import format_speedup
 
     lines = []
@@ -438,13 +472,16 @@ def _gate_text(result) -> str:
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
     lines.append(f"verdict: {result.message} (exit {result.exit_code})")
+    lines.append(f"  {best_draft_rule(result.min_speedup)}")
+    lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
     return "\n".join(lines)
 
 
 @app.command()
 def check(
     run_dir: Optional[Path] = typer.Argument(None, help="Run directory (default: the latest under results/)."),
-    batch_sizes: str = typer.Option("32,64", help="Batch sizes that must meet the bar."),
+    batch_sizes: Optional[str] = typer.Option(None, help="Batch sizes that must meet the bar (default: every "
+                                                         "batch size the run measured), e.g. 32,64."),
     min_speedup: float = typer.Option(1.0, help="The bar: speed-up at least this."),
     draft: Optional[str] = typer.Option(None, help="Judge this draft (default: the best one at those batch sizes)."),
     workloads: Optional[str] = typer.Option(None, help="Only these workloads (default: all; the worst counts)."),
@@ -459,8 +496,8 @@ def check(
     from specbench.results import load_run
 
     try:
-        sizes = split_list(batch_sizes, int, "--batch-sizes")
         run = load_run(run_dir)
+        sizes = split_list(batch_sizes, int, "--batch-sizes") if batch_sizes else measured_batch_sizes(run.cells)
         result = evaluate(run.cells, sizes, min_speedup, draft,
                           split_list(workloads, str, "--workloads") if workloads else None,
                           split_list(temperatures, float, "--temperatures") if temperatures else None)
@@ -472,7 +509,8 @@ def check(
     if json_output:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        console.print(f"does speculation keep ≥ {min_speedup:g}× at batch size(s) {', '.join(map(str, sizes))}? "
+        which = "" if batch_sizes else " (every batch size the run measured; --batch-sizes to choose)"
+        console.print(f"does speculation keep ≥ {min_speedup:g}× at batch size(s) {', '.join(map(str, sizes))}?{which} "
                       f"(run {run.path})", highlight=False, soft_wrap=True)
         console.print(_gate_text(result), highlight=False, soft_wrap=True)
     raise typer.Exit(result.exit_code)
@@ -490,7 +528,10 @@ def plan(
     json_output: bool = typer.Option(False, "--json", help="Print the predictions as JSON records."),
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K and batch sizes not measured."""
-    from specbench.fit import alpha_table, cost_models, crossover, default_gpu_price, plan_table
+    from specbench.fit import (
+        alpha_table, b_star_rule, best_draft_rule, cost_models, crossover, default_gpu_price, measurement_warnings,
+        pick_best_draft, plan_table,
+    )
     from specbench.results import load_run
 
     try:
@@ -516,6 +557,7 @@ def plan(
         return
     console.print(f"[bold yellow]PREDICTIONS[/] from step times of {timings.path} and α of {accept_run.path} "
                   f"(not measurements; {note})", highlight=False)
+    _print_warnings(measurement_warnings(timings.cells))
     for (workload, temperature), group in table.groupby(["workload", "temperature"]):
         best = group[group["draft"] != "autoregressive"].sort_values("speedup", ascending=False) \
             .drop_duplicates(["draft", "batch_size"]).sort_values(["draft", "batch_size"])
@@ -524,7 +566,7 @@ def plan(
         shown = Table(title=f"predicted best K per batch size: {workload}, T={temperature:g}", title_justify="left",
                       header_style="bold")
         for column in ("draft", "B", "best K", "α", "τ", "speed-up", "tok/s", unit):
-            shown.add_column(column)
+            shown.add_column(column, overflow="fold")
         for row in best.itertuples():
             batch = f"{row.batch_size}*" if row.extrapolated else str(row.batch_size)
             shown.add_row(row.draft, batch, str(row.k), f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
@@ -533,9 +575,13 @@ def plan(
         for draft, rows in best.groupby("draft"):
             found = crossover(rows["batch_size"].tolist(), rows["speedup"].tolist())
             console.print(f"  {draft}: predicted {found.text}", highlight=False)
+        leader = pick_best_draft(best, sizes)
+        if leader:
+            console.print(f"  predicted best draft: {leader}", highlight=False)
         if group["extrapolated"].any():
             console.print("  * outside the measured batch sizes: step times extrapolated linearly in B; "
                           "sweep those sizes before relying on them", highlight=False)
+    console.print(f"{b_star_rule()}; {best_draft_rule()}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

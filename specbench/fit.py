@@ -171,9 +171,14 @@ def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
     by more than `tolerance`: the machine's speed changed during the sweep. Each speed-up pairs
     a cell with its own group's baseline, so drift *between* groups cancels, but the same drift
     *inside* a group (cells run one after another unless --repeats interleaves them) does not."""
+    return [message for _, _, message in drifted_groups(cells, tolerance)]
+
+
+def _baseline_steps(cells: pd.DataFrame) -> pd.DataFrame:
+    """Measured autoregressive cells with `step_s`, their decode step time."""
     ok = _ok(cells)
     if ok.empty or not ({"step_verify_s", "tpot_p50_s"} & set(ok.columns)):
-        return []
+        return pd.DataFrame()
     baselines = ok[ok["mode"] == AR].copy()
     if "estimated" in baselines:
         baselines = baselines[~baselines["estimated"].fillna(False).astype(bool)]
@@ -182,18 +187,56 @@ def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
         if "step_verify_s" in baselines else pd.Series(float("nan"), index=baselines.index)
     served = baselines["tpot_p50_s"] if "tpot_p50_s" in baselines else native
     baselines["step_s"] = native.fillna(served)
-    messages = []
+    return baselines
+
+
+def drifted_groups(cells: pd.DataFrame, tolerance: float = 1.3) -> list[tuple[str, int, str]]:
+    """(workload, batch size, message) of each group whose baselines drifted apart."""
+    baselines = _baseline_steps(cells)
+    found = []
+    if baselines.empty:
+        return found
     for (workload, batch_size), group in baselines.groupby(["workload", "batch_size"]):
         group = group.dropna(subset=["step_s"])
         if len(group) < 2:
             continue
         fast, slow = group.loc[group["step_s"].idxmin()], group.loc[group["step_s"].idxmax()]
         if slow["step_s"] > tolerance * fast["step_s"]:
-            messages.append(
+            found.append((workload, int(batch_size),
                 f"{workload} B={batch_size}: the same autoregressive decode step took {fast['step_s'] * 1e3:.1f} ms "
                 f"at T={fast['temperature']:g} and {slow['step_s'] * 1e3:.1f} ms at T={slow['temperature']:g} "
-                f"({slow['step_s'] / fast['step_s']:.2f}×): the machine's speed drifted during the sweep")
-    return messages
+                f"({slow['step_s'] / fast['step_s']:.2f}×): the machine's speed drifted during the sweep"))
+    return found
+
+
+DRIFT_ADVICE = ("speed-ups inside such a group are skewed by the drift; --repeats 3 or more interleaves a group's "
+                "cells and takes medians")
+
+
+def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
+    """A warning when CPU cells ran while the machine's load average was well above its cores."""
+    import os
+
+    if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
+        return None
+    cores = cores or os.cpu_count() or 1
+    busy = cells[cells["load_average"] > 1.5 * cores]
+    if not len(busy):
+        return None
+    return (f"the machine was busy (load average above {1.5 * cores:g} on {cores} cores) during {len(busy)} cell(s); "
+            f"their timings include the other work")
+
+
+def measurement_warnings(cells: pd.DataFrame) -> list[str]:
+    """Every warning about how far a run's timings can be trusted, for the console, plan, summary and HTML."""
+    warnings = [message for message in [busy_machine(cells)] if message]
+    drift = baseline_drift(cells)
+    return warnings + drift + ([DRIFT_ADVICE] if drift else [])
+
+
+def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:
+    """(workload, batch size) groups whose baselines drifted: charts mark them."""
+    return {(workload, batch_size) for workload, batch_size, _ in drifted_groups(cells)}
 
 
 # --- cost model --------------------------------------------------------------------------------
@@ -485,7 +528,42 @@ def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 
     return Crossover(None, "; ".join(parts))
 
 
+WORST_CASE = "worst case"  # the workload label of rows taken over every workload and temperature
+
+
+def b_star_rule(bar: float = 1.0) -> str:
+    return (f"B* = the batch size where the best-K speed-up falls below {bar:g}×, interpolated in log2(B) "
+            f"between the measured sizes either side of it")
+
+
+def best_draft_rule(bar: float = 1.0) -> str:
+    return (f"best draft = the one whose lowest speed-up over the batch sizes judged is highest (at each batch size: "
+            f"the best K, the worst workload and temperature); bar {bar:g}×")
+
+
+def worst_case_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, B): the best-K speed-up of the least favourable workload and temperature, with
+    the K, workload and temperature where it occurs. What the gate judges."""
+    best = best_k_by_batch(cells)
+    if best.empty:
+        return best
+    return best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()].sort_values(
+        ["draft", "batch_size"]).reset_index(drop=True)
+
+
+def pick_best_draft(worst: pd.DataFrame, batch_sizes: list[int]) -> str | None:
+    """The draft best_draft_rule names, among drafts measured at every one of `batch_sizes`."""
+    scores = {}
+    for draft, rows in worst.groupby("draft"):
+        judged = rows[rows["batch_size"].isin(batch_sizes)]
+        if len(judged) == len(set(batch_sizes)):
+            scores[draft] = (judged["speedup"].min(), judged["speedup"].mean())
+    return max(scores, key=scores.get) if scores else None
+
+
 def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame:
+    """B* per draft, workload and temperature, and per draft over the worst case of them
+    (workload `worst case`): the one the gate reports."""
     best = best_k_by_batch(cells)
     rows = []
     if best.empty:
@@ -493,6 +571,10 @@ def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame
     for (draft, workload, temperature), group in best.groupby(["draft", "workload", "temperature"]):
         found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
         rows.append({"draft": draft, "workload": workload, "temperature": temperature,
+                     "crossover_batch_size": found.batch_size, "crossover": found.text})
+    for draft, group in worst_case_by_batch(cells).groupby("draft"):
+        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
+        rows.append({"draft": draft, "workload": WORST_CASE, "temperature": float("nan"),
                      "crossover_batch_size": found.batch_size, "crossover": found.text})
     return pd.DataFrame(rows)
 

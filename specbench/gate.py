@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from specbench.fit import best_k_by_batch, crossover, k_schedule, repeat_range
+from specbench.fit import best_k_by_batch, crossover, k_schedule, pick_best_draft, repeat_range
 
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
@@ -74,11 +74,10 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         return GateResult(UNANSWERABLE, draft, batch_sizes, min_speedup, [],
                           f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
 
+    worst_all = best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()]
     verdicts = []
     for name in drafts:
-        rows = best[best["draft"] == name]
-        # Worst case over workloads/temperatures of the best-K speed-up, per measured B.
-        worst = rows.loc[rows.groupby("batch_size")["speedup"].idxmin()]
+        worst = worst_all[worst_all["draft"] == name]  # worst workload/temperature of the best-K speed-up, per B
         by_batch = {int(r.batch_size): (float(r.speedup), int(r.k)) for r in worst.itertuples()}
         ranges = {int(r.batch_size): repeat_range(getattr(r, "speedup_runs", None)) for r in worst.itertuples()}
         ranges = {b: spread for b, spread in ranges.items() if spread and b in batch_sizes}
@@ -91,9 +90,9 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         passes = None if missing else all(s >= min_speedup for s in speedups.values())
         verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing, ranges))
 
-    if draft is None:  # judge the draft that does best at the named batch sizes
-        answerable = [v for v in verdicts if v.passes is not None]
-        chosen = max(answerable, key=lambda v: min(v.speedups.values())) if answerable else verdicts[0]
+    if draft is None:  # judge the best draft (best_draft_rule) at the named batch sizes
+        name = pick_best_draft(worst_all, batch_sizes)
+        chosen = next(v for v in verdicts if v.draft == name) if name else verdicts[0]
     else:
         chosen = next(v for v in verdicts if v.draft == draft)
     measured = sorted(best["batch_size"].unique().tolist())

@@ -35,7 +35,7 @@ class SweepConfig:
     target: str = DEFAULT_TARGET
     drafts: list[str] = field(default_factory=lambda: ["ngram", "smollm2-135m@bf16"])
     ks: list[int] = field(default_factory=lambda: [2, 4])
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 4])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     workloads: list[str] = field(default_factory=lambda: ["chat", "code"])
     max_new_tokens: int = 48

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
-    AR, alpha_table, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, expected_tau,
-    label_synthetic, predictions, repeat_range,
+    AR, alpha_table, b_star_rule, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, drifted_keys,
+    expected_tau, label_synthetic, measurement_warnings, predictions, repeat_range,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -97,8 +97,8 @@ def _select(frame: pd.DataFrame, draft: str, workload: str, temperature: float) 
     return frame[(frame["draft"] == draft) & (frame["workload"] == workload) & (frame["temperature"] == temperature)]
 
 
-def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2):
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2, sharey: bool = False):
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey)
     return fig, axes
 
 
@@ -112,7 +112,8 @@ def _batch_axis(ax, sizes) -> None:
 def chart_speedup(a: Analysis, path: Path) -> None:
     cells, facets, drafts = a.cells, _facets(a.cells), _drafts(a.cells)
     sizes = sorted(cells["batch_size"].unique())
-    fig, axes = _grid(len(facets), max(1, len(drafts)))
+    drifted = drifted_keys(a.run.cells)
+    fig, axes = _grid(len(facets), max(1, len(drafts)), sharey=True)  # one scale: panels compare at a glance
     for i, (workload, temperature) in enumerate(facets):
         for j, draft in enumerate(drafts):
             ax = axes[i][j]
@@ -120,6 +121,10 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             for k, group in sub.groupby("k"):
                 group = group.sort_values("batch_size")
                 line = ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")[0]
+                marked = group[[(workload, int(b)) in drifted for b in group["batch_size"]]]
+                if len(marked):  # the baselines of this group drifted: the speed-up is suspect
+                    ax.scatter(marked["batch_size"], marked["speedup"], s=140, facecolors="none", edgecolors="red",
+                               linewidths=1.5, zorder=5, label="baseline drifted (see warnings)")
                 low, high = _repeat_spread(group)
                 if low is not None:  # the range of the repeat-by-repeat speed-ups
                     ax.fill_between(group["batch_size"], low, high, color=line.get_color(), alpha=0.15, linewidth=0,
@@ -136,7 +141,10 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             ax.set_ylabel("speed-up (×)")
             ax.set_title(f"{draft} · {workload} · T={temperature:g}", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.tick_params(labelleft=True)
+            handles, labels = ax.get_legend_handles_labels()
+            unique = dict(zip(labels, handles))
+            ax.legend(unique.values(), unique.keys(), fontsize=7)
     _finish(fig, path, CHARTS["speedup_vs_batch"])
 
 
@@ -393,7 +401,8 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     if not a.predicted.empty:
         tables["predicted vs measured"] = a.predicted.drop(columns=["cell_id"])
     if not a.crossovers.empty:
-        tables["crossover batch size"] = a.crossovers
+        tables[f"crossover batch size ({b_star_rule()}; per workload and temperature, and their worst case)"] = \
+            a.crossovers
     if not a.costs.empty:
         tables[a.cost_unit] = a.costs.drop(columns=["cell_id", "mode"])
     failed = a.run.cells[a.run.cells["status"] != "ok"] if not a.run.cells.empty else pd.DataFrame()
@@ -457,19 +466,25 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
                   f" · {how}")
-    sections = dict(extra_sections or {})
+    warnings = measurement_warnings(run.cells)
+    sections = ({"measurement warnings": "\n".join(warnings)} if warnings else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
     for name, text in sections.items():
-        parts.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(text)}</pre>")
+        css = " class=warn" if name == "measurement warnings" else ""
+        parts.append(f"<h2>{html.escape(name)}</h2><pre{css}>{html.escape(text)}</pre>")
     for name, path in images.items():
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<h2>{html.escape(CHARTS[name])}</h2><img alt='{name}' src='data:image/png;base64,{data}'>")
     for name, frame in tables.items():
-        parts.append(f"<h2>{html.escape(name)}</h2>{html_table(frame)}")
+        parts.append(f"<h2>{html.escape(name)}</h2><div class=wide>{html_table(frame)}</div>")
+    # Long verdict lines wrap and wide tables scroll inside their own box: the page never scrolls sideways.
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}img{max-width:100%;border:1px solid #ddd}"
+             ".wide{overflow-x:auto;max-width:100%}"
              "table{border-collapse:collapse;font-size:12px;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;"
-             "text-align:right}th{background:#f3f3f3}.meta{color:#666;font-size:12px}pre{background:#f7f7f7;padding:1em}")
+             "text-align:right}th{background:#f3f3f3}.meta{color:#666;font-size:12px;overflow-wrap:anywhere}"
+             "pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}"
+             ".warn{background:#fff4e5;border-left:4px solid #e69500}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
     (out_dir / "report.html").write_text(page)
 

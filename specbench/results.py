@@ -29,6 +29,10 @@ class RunNotFound(FileNotFoundError):
     pass
 
 
+class OutputError(ValueError):
+    """--output (or results/) cannot take a run."""
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -45,11 +49,49 @@ def new_run_dir(root: Path, target: str) -> Path:
     return path
 
 
-def latest_run(root: Path = DEFAULT_RESULTS_DIR) -> Path:
-    runs = sorted((p for p in Path(root).glob("*/run.json")), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise RunNotFound(f"no runs under {root}/ (run `specbench sweep` first, or name a run directory)")
-    return runs[-1].parent
+def has_cells(run_dir: Path) -> bool:
+    """A directory is a run once a cell finished (measured or failed): before that it holds only
+    run.json (and maybe server logs) of a sweep that stopped early."""
+    return (Path(run_dir) / "cells.parquet").exists()
+
+
+def latest_run(root: Path = DEFAULT_RESULTS_DIR, finished_only: bool = True) -> Path:
+    """The newest run with at least one finished cell (any run with finished_only=False); runs that
+    stopped before their first cell are skipped."""
+    runs = sorted((p.parent for p in Path(root).glob("*/run.json")), key=lambda p: (p / "run.json").stat().st_mtime)
+    finished = [run for run in runs if has_cells(run) or not finished_only]
+    if not finished:
+        skipped = f" ({len(runs)} stopped before their first cell, e.g. {runs[-1]})" if runs else ""
+        raise RunNotFound(f"no runs under {root}/{skipped}: run `specbench sweep` first, or name a run directory")
+    return finished[-1]
+
+
+def prepare_output(output: Path) -> bool:
+    """Check that --output can hold a new run; returns True when it holds an earlier attempt that
+    stopped before its first cell (retried in place). Raises OutputError with one line otherwise."""
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"--output {output} is a file, not a directory")
+    retry = output.is_dir() and (output / "run.json").exists() and not has_cells(output)
+    if output.is_dir() and any(output.iterdir()) and not retry:
+        raise OutputError(f"--output {output} exists and is not empty (add --resume to continue it)")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".specbench-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise OutputError(f"cannot write results to {output}: {error.strerror or error}") from None
+    return retry
+
+
+def check_writable(root: Path) -> None:
+    """The results root (created if missing) takes a new run directory."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot create {root}/ for results: {error.strerror or error} (use --output DIR)") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write results to {root}/: permission denied (use --output DIR)")
 
 
 def _csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
@@ -136,6 +178,10 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     if not (path / "run.json").exists():
         raise RunNotFound(f"{path} is not a specbench run (no run.json)")
     meta = json.loads((path / "run.json").read_text())
+    if not has_cells(path):
+        error = f": {meta['error']}" if meta.get("error") else ""
+        raise RunNotFound(f"{path} has no finished cells (its sweep is {meta.get('status', 'unknown')}{error}); "
+                          f"retry it with `specbench sweep --output {path}`")
     tables = {name: read_table(path, name) for name in TABLES}
     return Run(path, meta, tables["cells"], tables["requests"], tables["steps"])
 

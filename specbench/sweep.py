@@ -168,8 +168,9 @@ def run_sweep(
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
         raise
-    except Exception:
+    except Exception as error:
         meta["status"] = "failed"
+        meta["error"] = (str(error).splitlines() or [type(error).__name__])[0]
         raise
     finally:
         engine.close()

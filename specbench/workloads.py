@@ -72,6 +72,26 @@ def _load_dataset(kind: str, **kwargs):
     return datasets.load_dataset(kind, split=kwargs.pop("split", "train"), **kwargs)
 
 
+def _load_file(kind: str, path: Path):
+    """A local prompt file through datasets; what it cannot parse is one line naming the file."""
+    import datasets
+
+    level = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # it logs the parser's traceback itself
+    try:
+        return _load_dataset(kind, data_files=str(path))
+    except Exception as error:
+        cause = error
+        while cause.__cause__ is not None:  # datasets wraps the parser's error
+            cause = cause.__cause__
+        reason = (str(cause).splitlines() or [""])[0] or type(cause).__name__
+        if "corresponds to no data" in reason:
+            raise WorkloadError(f"workload file {path} holds no rows") from None
+        raise WorkloadError(f"cannot read workload file {path} as {kind}: {reason[:200]}") from None
+    finally:
+        datasets.utils.logging.set_verbosity(level)
+
+
 def _as_messages(value, column: str) -> list[dict]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
@@ -80,7 +100,7 @@ def _as_messages(value, column: str) -> list[dict]:
                 for m in value]
     if isinstance(value, list) and value and isinstance(value[0], str):  # MT-Bench style turns
         return [{"role": "user", "content": value[0]}]
-    raise WorkloadError(f"column {column!r} holds {type(value).__name__}, not text or chat messages")
+    raise WorkloadError(f"{column} holds {type(value).__name__}, not text or chat messages")
 
 
 def _records_from_rows(rows, name: str, column: str | None) -> list[PromptRecord]:
@@ -97,7 +117,7 @@ def _records_from_rows(rows, name: str, column: str | None) -> list[PromptRecord
         records.append(PromptRecord(
             id=str(row[id_column]) if id_column else f"{name}-{index}",
             category=str(row.get("category") or name),
-            messages=_as_messages(row[column], column),
+            messages=_as_messages(row[column], f"{name}: {column}"),
         ))
     if not records:
         raise WorkloadError(f"workload {name} is empty")
@@ -138,7 +158,11 @@ def load_workload(name: str) -> Workload:
     if path.suffix in kinds:
         if not path.exists():
             raise WorkloadError(f"workload file {path} does not exist")
-        rows = _load_dataset(kinds[path.suffix], data_files=str(path))
+        if not path.is_file():
+            raise WorkloadError(f"workload {path} is not a file")
+        if path.stat().st_size == 0:
+            raise WorkloadError(f"workload file {path} is empty")
+        rows = _load_file(kinds[path.suffix], path)
         return Workload(path.stem, str(path), _records_from_rows(rows, path.stem, column or None))
     raise WorkloadError(
         f"unknown workload {name!r}: use {', '.join(available_workloads())}, a .jsonl/.csv/.parquet file "

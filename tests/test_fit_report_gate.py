@@ -130,9 +130,12 @@ SPEEDUPS = {("1b", 2, 1): 1.6, ("1b", 4, 1): 1.9, ("1b", 2, 32): 1.1, ("1b", 4, 
 def test_check_exit_codes(tmp_path):
     run_dir = crafted_run(tmp_path, SPEEDUPS)
     assert runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"]).exit_code == 0
-    failing = runner.invoke(app, ["check", str(run_dir)])  # defaults: 32,64
+    failing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "32,64"])
     assert failing.exit_code == 1
     assert "B=32: 1.100× (K=2)" in failing.output and "B=64: 0.800× (K=2)" in failing.output
+    measured = runner.invoke(app, ["check", str(run_dir)])  # default: every batch size the run measured
+    assert measured.exit_code == 1 and "batch size(s) 1, 32, 64? (every batch size the run measured" in measured.output
+    assert "B=1: 1.900× (K=4)" in measured.output and "best draft = " in measured.output and "B* = " in measured.output
     assert "below 1× at batch size(s) 64 (0.800×)" in failing.output
     assert "{1: 4, 2-32: 2, 33+: off}" in failing.output and "B* ≈" in failing.output
     missing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "128"])

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 
@@ -61,6 +62,14 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
     assert meta["hardware"]["cpu"] and meta["config"]["seed"] == 0
     assert "results:" in printed and "specbench report" in printed
+
+
+def test_sweep_log_has_a_plain_line_per_cell(finished_run):
+    """Without a terminal (CliRunner, CI, nohup) each finished cell prints one line as it ends."""
+    lines = [line for line in finished_run[1].splitlines() if line.startswith("[") and "/20]" in line]
+    assert len(lines) == 20
+    assert all(re.search(r"^\[\d+/20\]  chat\|B[13]\|T0(\.8)?\|\S+  [\d.]+ tok/s  .*\bok  \(\d+m\d\ds\)$", line)
+               for line in lines), lines
 
 
 def test_cells_hold_plausible_measurements(finished_run):

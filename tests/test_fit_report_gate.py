@@ -210,3 +210,20 @@ def test_speedup_chart_band_is_the_range_over_repeats():
     assert _repeat_spread(group) == ([0.9, 1.2], [1.1, 1.4])
     assert _repeat_spread(pd.DataFrame({"speedup_runs": [[1.0], [1.2, 1.3]]})) == (None, None)  # one repeat: no band
     assert _repeat_spread(pd.DataFrame({"speedup": [1.0]})) == (None, None)
+
+
+def test_measurement_warnings_gather_busy_machine_and_drift():
+    from specbench.fit import DRIFT_ADVICE, drifted_keys, measurement_warnings
+
+    def baseline(temperature, step_s, load):
+        return {"status": "ok", "mode": "autoregressive", "workload": "code", "temperature": temperature,
+                "batch_size": 4, "step_verify_s": step_s, "step_overhead_s": 0.0, "estimated": False,
+                "device": "cpu", "load_average": load}
+
+    quiet = pd.DataFrame([baseline(0.0, 0.050, 0.5), baseline(0.7, 0.052, 0.5)])
+    assert measurement_warnings(quiet) == [] and drifted_keys(quiet) == set()
+    noisy = pd.DataFrame([baseline(0.0, 0.050, 0.5), baseline(0.7, 0.080, 99.0)])
+    warnings = measurement_warnings(noisy)
+    assert len(warnings) == 3 and "busy" in warnings[0] and "during 1 cell(s)" in warnings[0]
+    assert warnings[1].startswith("code B=4") and warnings[2] == DRIFT_ADVICE
+    assert drifted_keys(noisy) == {("code", 4)}

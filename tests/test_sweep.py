@@ -335,3 +335,26 @@ def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
     assert (cells["graph_captures_timed"] == 0).all()
     assert (cells["speedup_runs"].apply(len) == 2).all()  # repeat by repeat against the group's baseline
     assert list(cells.loc[cells["mode"] == "autoregressive", "speedup_runs"].iloc[0]) == [1.0, 1.0]
+
+
+def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_run, tmp_path, monkeypatch):
+    import specbench.report as report_module
+
+    warning = "chat B=1: the same autoregressive decode step took 10.0 ms at T=0 and 20.0 ms at T=0.8 (2.00×)"
+    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells: [warning])
+    monkeypatch.setattr(report_module, "drifted_keys", lambda cells: {("chat", 1)})
+    out_dir, _ = report_module.write_report(load_run(finished_run[0]), tmp_path / "report")
+    summary, page = (out_dir / "summary.md").read_text(), (out_dir / "report.html").read_text()
+    assert "## measurement warnings" in summary and warning in summary
+    assert "<pre class=warn>" in page and "(2.00×)" in page
+    assert page.index("measurement warnings") < page.index("speedup_vs_batch")  # above the charts
+    assert "overflow-x:auto" in page and "white-space:pre-wrap" in page  # no sideways scrolling of the page
+
+
+def test_plan_carries_the_runs_warnings(finished_run, monkeypatch):
+    import specbench.fit as fit_module
+
+    monkeypatch.setattr(fit_module, "measurement_warnings", lambda cells: ["the machine was busy (test)"])
+    result = runner.invoke(app, ["plan", str(finished_run[0]), "--k", "1,3", "--batch-sizes", "1,3"])
+    assert result.exit_code == 0, result.output
+    assert "warning: the machine was busy (test)" in result.output and "B* = " in result.output

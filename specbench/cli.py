@@ -240,7 +240,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
                               highlight=False, soft_wrap=True)
             resume_dir = output
         else:
-            check_writable(DEFAULT_RESULTS_DIR)
+            check_writable(DEFAULT_RESULTS_DIR, " (use --output DIR)")
     except _known_errors() as error:
         fail(str(error))
 
@@ -383,7 +383,6 @@ def report(
     output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
-    from specbench.fit import measurement_warnings
     from specbench.gate import evaluate
     from specbench.report import write_report
     from specbench.results import load_run
@@ -396,12 +395,11 @@ def report(
         verdict = evaluate(run.cells, measured) if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text}
-        warnings = measurement_warnings(run.cells)  # write_report puts them on the page too
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections)
     except _known_errors() as error:
         fail(str(error))
     _print_analysis(analysis)
-    _print_warnings(warnings)
+    _print_warnings(analysis.warnings)
     if gate_text:
         console.print(gate_text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "

@@ -541,10 +541,9 @@ def best_draft_rule(bar: float = 1.0) -> str:
             f"the best K, the worst workload and temperature); bar {bar:g}×")
 
 
-def worst_case_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per (draft, B): the best-K speed-up of the least favourable workload and temperature, with
-    the K, workload and temperature where it occurs. What the gate judges."""
-    best = best_k_by_batch(cells)
+def worst_case_by_batch(best: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, B) of a best_k_by_batch frame: the best-K speed-up of the least favourable
+    workload and temperature, with the K, workload and temperature where it occurs. What the gate judges."""
     if best.empty:
         return best
     return best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()].sort_values(
@@ -572,7 +571,7 @@ def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame
         found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
         rows.append({"draft": draft, "workload": workload, "temperature": temperature,
                      "crossover_batch_size": found.batch_size, "crossover": found.text})
-    for draft, group in worst_case_by_batch(cells).groupby("draft"):
+    for draft, group in worst_case_by_batch(best).groupby("draft"):
         found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
         rows.append({"draft": draft, "workload": WORST_CASE, "temperature": float("nan"),
                      "crossover_batch_size": found.batch_size, "crossover": found.text})

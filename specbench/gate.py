@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from specbench.fit import best_k_by_batch, crossover, k_schedule, pick_best_draft, repeat_range
+from specbench.fit import best_k_by_batch, crossover, k_schedule, pick_best_draft, repeat_range, worst_case_by_batch
 
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
@@ -74,7 +74,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         return GateResult(UNANSWERABLE, draft, batch_sizes, min_speedup, [],
                           f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
 
-    worst_all = best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()]
+    worst_all = worst_case_by_batch(best)
     verdicts = []
     for name in drafts:
         worst = worst_all[worst_all["draft"] == name]  # worst workload/temperature of the best-K speed-up, per B

@@ -43,6 +43,7 @@ class Analysis:
     costs: pd.DataFrame
     cost_unit: str
     price_note: str
+    warnings: list[str]  # measurement_warnings: on the console, the page and the summary
 
 
 def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
@@ -59,7 +60,7 @@ def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis
     if not costs.empty:
         costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
     return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
-                    note + (f"; {gpus} devices" if gpus != 1 else ""))
+                    note + (f"; {gpus} devices" if gpus != 1 else ""), measurement_warnings(run.cells))
 
 
 # --- charts ------------------------------------------------------------------------------------
@@ -466,8 +467,7 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
                   f" · {how}")
-    warnings = measurement_warnings(run.cells)
-    sections = ({"measurement warnings": "\n".join(warnings)} if warnings else {}) | dict(extra_sections or {})
+    sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
     for name, text in sections.items():

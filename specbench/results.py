@@ -74,24 +74,20 @@ def prepare_output(output: Path) -> bool:
     retry = output.is_dir() and (output / "run.json").exists() and not has_cells(output)
     if output.is_dir() and any(output.iterdir()) and not retry:
         raise OutputError(f"--output {output} exists and is not empty (add --resume to continue it)")
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        probe = output / ".specbench-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise OutputError(f"cannot write results to {output}: {error.strerror or error}") from None
+    check_writable(output)
     return retry
 
 
-def check_writable(root: Path) -> None:
-    """The results root (created if missing) takes a new run directory."""
+def check_writable(directory: Path, hint: str = "") -> None:
+    """`directory` exists (created if missing) and takes a file: by trying, which also holds for
+    root, read-only mounts and ACLs, where permission bits mislead. OutputError with one line if not."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".specbench-write-test"
+        probe.write_text("")
+        probe.unlink()
     except OSError as error:
-        raise OutputError(f"cannot create {root}/ for results: {error.strerror or error} (use --output DIR)") from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write results to {root}/: permission denied (use --output DIR)")
+        raise OutputError(f"cannot write results to {directory}: {error.strerror or error}{hint}") from None
 
 
 def _csv_ready(frame: pd.DataFrame) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -96,10 +97,18 @@ def _text(value) -> str:
     return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
+def load_text(row: dict) -> str:
+    """A cell's load: its batch size (B=4) or, open-loop, its request rate (4/s)."""
+    rate = row.get("request_rate")
+    if rate is not None and rate == rate and rate > 0:
+        return ("inf" if rate == float("inf") else f"{rate:g}") + "/s"
+    return _text(row.get("batch_size"))
+
+
 def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
     """The key columns of a cells table: one row per cell."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for column, justify in (("workload", "left"), ("B", "right"), ("T", "right"), ("draft", "left"), ("K", "right"),
+    for column, justify in (("workload", "left"), ("load", "right"), ("T", "right"), ("draft", "left"), ("K", "right"),
                             ("tok/s", "right"), ("speed-up", "right"), ("α", "right"), ("τ", "right"),
                             ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
         table.add_column(column, overflow="fold", justify=justify)
@@ -123,7 +132,7 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
         status = _text(row.get("status"))
         tpot = row.get("tpot_p50_s")
         table.add_row(
-            _text(row.get("workload")), _text(row.get("batch_size")), _fmt(row.get("temperature"), "g"),
+            _text(row.get("workload")), load_text(row), _fmt(row.get("temperature"), "g"),
             "AR" if baseline else _text(row.get("draft")), "" if baseline else _text(row.get("k")),
             _fmt(row.get("tokens_per_s"), ".1f"), speed_text, _fmt(row.get("alpha")), _fmt(row.get("tau")),
             _fmt(tpot * 1e3 if tpot is not None else None, ".1f"), lossless,
@@ -135,11 +144,26 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
 @app.command()
 def sweep(
     target: str = typer.Option("smollm2-135m", help="Target model: alias, local dir, .gguf file or hub id."),
-    drafts: str = typer.Option("ngram,smollm2-135m@bf16",
-                               help="Comma list: model alias/path (bare sizes like 1b resolve in the target's "
-                                    "family), ALIAS@DTYPE, ngram[:N] (prompt lookup), self:N (first N layers)."),
-    k: str = typer.Option("2,4", "--k", help="Draft tokens per step, comma list."),
-    batch_sizes: str = typer.Option("1,4,16", help="Comma list (for a served engine: requests in flight)."),
+    drafts: Optional[str] = typer.Option(
+        None, help="Comma list: model alias/path (bare sizes like 1b resolve in the target's family), ALIAS@DTYPE, "
+                   "ngram[:N] (prompt lookup), self:N (first N layers); on vLLM also DRAFT@schedule:{1-8: 4, 9+: 2} "
+                   "(a K per batch size). Default ngram,smollm2-135m@bf16; with --endpoint a label (endpoint)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Draft tokens per step, comma list (default 2,4; with "
+                                                      "--endpoint the K its server runs, 0 = unknown)."),
+    batch_sizes: Optional[str] = typer.Option(None, help="Comma list (default 1,4,16; for a served engine: "
+                                                         "requests in flight, a closed loop)."),
+    request_rates: Optional[str] = typer.Option(None, help="Served engines: requests per second, comma list, inf "
+                                                           "= all at once (an open loop, instead of --batch-sizes)."),
+    burstiness: float = typer.Option(1.0, help="Open loop: gamma shape of the gaps between arrivals (1 = Poisson, "
+                                               "< 1 burstier), as vllm bench serve."),
+    slo: Optional[str] = typer.Option(None, help="Service-level objective in seconds, e.g. ttft=1.0,tpot=0.05[,p90] "
+                                                 "(default p99): report and check judge goodput against it."),
+    endpoint: Optional[str] = typer.Option(None, help="Measure a running OpenAI-compatible server (its URL) "
+                                                      "instead of starting one."),
+    baseline_endpoint: Optional[str] = typer.Option(None, help="With --endpoint: the same model served without "
+                                                               "speculation (the baseline)."),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", help="Endpoints: the environment variable holding an API "
+                                                           "key (sent as a bearer token, never written)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
     workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
     max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
@@ -182,13 +206,27 @@ def sweep(
     from specbench.sweep import SweepConfig, VllmOptions
 
     try:
+        if batch_sizes is not None and request_rates is not None:
+            raise UsageError("--batch-sizes (closed loop) and --request-rates (open loop): a run uses one or the other")
+        if endpoint:
+            if engine != "native":
+                raise UsageError("--endpoint measures a running server: leave out --engine")
+            engine = "endpoint"
+        elif baseline_endpoint:
+            raise UsageError("--baseline-endpoint needs --endpoint (the server with speculation)")
         vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                            enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
                            startup_timeout_s=server_timeout)
         config = SweepConfig(
-            target=target, drafts=split_drafts(drafts), ks=split_list(k, int, "--k"),
-            batch_sizes=split_list(batch_sizes, int, "--batch-sizes"),
+            target=target,
+            drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
+            ks=split_list(k, int, "--k") if k is not None else ([0] if endpoint else [2, 4]),
+            batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
+            else ([] if request_rates is not None else [1, 4, 16]),
+            request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],
+            burstiness=burstiness, slo=slo or "", endpoint=endpoint or "", baseline_endpoint=baseline_endpoint or "",
+            api_key_env=api_key_env,
             temperatures=split_list(temperatures, float, "--temperatures"),
             workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
@@ -209,14 +247,16 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     if dry_run:
         plan = describe_plan(config)
         table = Table(title="plan", title_justify="left")
-        for column in ("workload", "B", "T", "cells", "requests/cell", "output tokens/cell"):
+        for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
             table.add_column(column, overflow="fold")
         groups: dict = {}
         for cell in plan_cells(config):
-            groups.setdefault((cell.workload, cell.batch_size, cell.temperature), []).append(cell)
-        for (workload, batch, temperature), cells in groups.items():
+            groups.setdefault((cell.workload, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
+        for (workload, batch, rate, temperature), cells in groups.items():
             requests = requests_per_cell(config, batch) * config.repeats
-            table.add_row(workload, str(batch), f"{temperature:g}", f"{len(cells)} (1 AR + {len(cells) - 1} SD)",
+            baselines = sum(not c.is_speculative for c in cells)
+            table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
+                          f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
                           str(requests), str(requests * config.max_new_tokens))
         console.print(table)
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
@@ -381,27 +421,41 @@ def report(
     gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (per machine-hour on a CPU run)."),
     gpus: int = typer.Option(1, help="Devices the deployment uses (multiplies the hourly price)."),
     output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
+    slo: Optional[str] = typer.Option(None, help="Goodput and capacity under this SLO, e.g. ttft=1.0,tpot=0.05[,p90] "
+                                                 "(default: the run's --slo)."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
-    from specbench.gate import evaluate
+    from specbench.fit import parse_slo
+    from specbench.gate import evaluate, evaluate_slo
     from specbench.report import write_report
     from specbench.results import load_run
+    from specbench.served.vllm_engine import base_speculative_configs
 
     try:
         run = load_run(run_dir)
         if gpus < 1:
             raise UsageError("--gpus must be >= 1")
+        if slo:
+            parse_slo(slo)
         measured = measured_batch_sizes(run.cells)
-        verdict = evaluate(run.cells, measured) if measured else None
+        drafts = sorted(set(run.cells["draft"]) - {"autoregressive"})
+        verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, drafts)) \
+            if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
-        sections = {"rollout check at every measured batch size": gate_text}
-        out_dir, analysis = write_report(run, output, gpu_price, gpus, sections)
+        sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
+        slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
+        if slo_text:
+            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text))
+            sections["rollout check under the SLO"] = _slo_gate_text(slo_result)
+        out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict)
     except _known_errors() as error:
         fail(str(error))
+    if analysis.answer:
+        console.print(f"[bold]{escape(analysis.answer)}[/]", highlight=False, soft_wrap=True)
     _print_analysis(analysis)
     _print_warnings(analysis.warnings)
-    if gate_text:
-        console.print(gate_text, highlight=False, soft_wrap=True)
+    for text in sections.values():
+        console.print(text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
                   f"summary.md)")
 
@@ -452,7 +506,9 @@ def measured_batch_sizes(cells) -> list[int]:
     """Batch sizes with at least one finished cell, ascending."""
     if cells.empty or "batch_size" not in cells:
         return []
-    ok = cells[cells["status"] == "ok"] if "status" in cells else cells
+    from specbench.fit import closed_loop
+
+    ok = closed_loop(cells[cells["status"] == "ok"] if "status" in cells else cells)
     return sorted(int(b) for b in ok["batch_size"].dropna().unique())
 
 
@@ -472,6 +528,27 @@ def _gate_text(result) -> str:
     lines.append(f"verdict: {result.message} (exit {result.exit_code})")
     lines.append(f"  {best_draft_rule(result.min_speedup)}")
     lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
+    for v in result.verdicts:
+        if v.speculative_config:
+            lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")
+    return "\n".join(lines)
+
+
+def _slo_gate_text(result) -> str:
+    from specbench.fit import capacity_text
+
+    lines = []
+    for v in result.verdicts:
+        state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
+        with_k = f" (K={v.k})" if v.k is not None else ""
+        lines.append(f"{state} {v.workload}, T={v.temperature:g}: with {result.draft} "
+                     f"{capacity_text(v.capacity, v.max_measured, result.load)}{with_k}, {_fmt(v.tokens_per_s, '.1f')} tok/s; "
+                     f"without {capacity_text(v.baseline_capacity, v.max_measured, result.load)}, "
+                     f"{_fmt(v.baseline_tokens_per_s, '.1f')} tok/s")
+    lines.append(f"verdict: {result.message} (exit {result.exit_code})")
+    lines.append("  capacity = the highest measured load up to which every measured load meets the SLO (at each load "
+                 "the best K); a load meets it when the SLO's percentile of every bounded metric over its requests is "
+                 "within the bound")
     return "\n".join(lines)
 
 
@@ -484,26 +561,51 @@ def check(
     draft: Optional[str] = typer.Option(None, help="Judge this draft (default: the best one at those batch sizes)."),
     workloads: Optional[str] = typer.Option(None, help="Only these workloads (default: all; the worst counts)."),
     temperatures: Optional[str] = typer.Option(None, help="Only these temperatures (default: all; the worst counts)."),
+    slo: Optional[str] = typer.Option(None, help="Judge the SLO instead: speculation must not lower the highest "
+                                                 "load meeting it, e.g. ttft=1.0,tpot=0.05[,p90] (default: the "
+                                                 "run's --slo on a request-rate run)."),
     json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
-    """Rollout gate: exit 0 if speculation meets the bar at every named batch size, 1 if not,
-    2 if the run lacks the cells to answer."""
-    import json
-
-    from specbench.gate import UNANSWERABLE, evaluate
+    """Rollout gate: exit 0 if speculation meets the bar at every named batch size (with --slo:
+    does not lower the highest load meeting the SLO), 1 if not, 2 if the run lacks the cells to answer."""
+    from specbench.fit import open_loop, parse_slo
+    from specbench.gate import UNANSWERABLE, evaluate, evaluate_slo
     from specbench.results import load_run
+    from specbench.served.vllm_engine import base_speculative_configs
 
+    slo_result = None
     try:
         run = load_run(run_dir)
-        sizes = split_list(batch_sizes, int, "--batch-sizes") if batch_sizes else measured_batch_sizes(run.cells)
-        result = evaluate(run.cells, sizes, min_speedup, draft,
-                          split_list(workloads, str, "--workloads") if workloads else None,
-                          split_list(temperatures, float, "--temperatures") if temperatures else None)
+        chosen_workloads = split_list(workloads, str, "--workloads") if workloads else None
+        chosen_temperatures = split_list(temperatures, float, "--temperatures") if temperatures else None
+        recorded = (run.meta.get("config") or {}).get("slo") or ""
+        if slo or not open_loop(run.cells).empty:
+            if not (slo or recorded):
+                raise UsageError("a request-rate run is judged against an SLO: pass --slo ttft=SECONDS,tpot=SECONDS")
+            if batch_sizes:
+                raise UsageError("--batch-sizes judges speed-ups; with --slo (or on a request-rate run) the loads "
+                                 "judged are every load the run measured")
+            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo or recorded), draft,
+                                      chosen_workloads, chosen_temperatures)
+        else:
+            sizes = split_list(batch_sizes, int, "--batch-sizes") if batch_sizes else measured_batch_sizes(run.cells)
+            drafts = sorted(set(run.cells["draft"]) - {"autoregressive"})
+            result = evaluate(run.cells, sizes, min_speedup, draft, chosen_workloads, chosen_temperatures,
+                              base_speculative_configs(run.meta, drafts))
     except _known_errors() as error:
         if json_output:
             print(json.dumps({"exit_code": UNANSWERABLE, "message": str(error)}))
             raise typer.Exit(UNANSWERABLE)
         fail(str(error))
+    if slo_result is not None:
+        if json_output:
+            print(json.dumps(slo_result.to_dict(), indent=2))
+        else:
+            unit = "request rate" if slo_result.load == "request_rate" else "concurrency"
+            console.print(f"does speculation keep the highest {unit} meeting the SLO ({slo_result.slo})? "
+                          f"(run {run.path})", highlight=False, soft_wrap=True)
+            console.print(_slo_gate_text(slo_result), highlight=False, soft_wrap=True)
+        raise typer.Exit(slo_result.exit_code)
     if json_output:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -74,6 +74,8 @@ class Stage(ABC):
 
 class Engine(ABC):
     name: str
+    scores_samples = True  # the sampled check can score outputs with the target
+    scores_samples_note = ""  # why not, when it cannot
 
     def __init__(self, config: SweepConfig, run_dir: Path) -> None:
         self.config = config
@@ -122,6 +124,10 @@ def open_engine(config: SweepConfig, run_dir: Path) -> Engine:
         from specbench.served.vllm_engine import VllmEngine
 
         return VllmEngine(config, run_dir)
+    if config.engine == "endpoint":
+        from specbench.served.endpoint import EndpointEngine
+
+        return EndpointEngine(config, run_dir)
     from specbench.native.runner import NativeEngine
 
     return NativeEngine(config, run_dir)

@@ -14,7 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from specbench.fit import best_k_by_batch, crossover, k_schedule, pick_best_draft, repeat_range, worst_case_by_batch
+from specbench.fit import (
+    Slo, best_k_by_batch, capacity_ratio, capacity_text, crossover, k_schedule, load_column, pick_best_draft, repeat_range,
+    schedule_ranges, slo_capacity, slo_table, vllm_speculative_config, worst_case_by_batch,
+)
 
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
@@ -39,6 +42,8 @@ class DraftVerdict:
     crossover: str
     missing: list[int] = field(default_factory=list)
     ranges: dict[int, tuple[float, float]] = field(default_factory=dict)  # named B -> repeats' min, max
+    # the schedule as a complete vLLM --speculative-config (None: the draft's config is unknown, or it never pays)
+    speculative_config: dict | None = None
 
     def within_noise(self, bar: float) -> list[int]:
         """Named batch sizes whose repeats fell on both sides of the bar."""
@@ -60,7 +65,8 @@ class GateResult:
 
 def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1.0,
              draft: str | None = None, workloads: list[str] | None = None,
-             temperatures: list[float] | None = None) -> GateResult:
+             temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None) -> GateResult:
+    """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is added."""
     best = best_k_by_batch(cells)
     if not best.empty and workloads:
         best = best[best["workload"].isin(workloads)]
@@ -88,7 +94,11 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         schedule = k_schedule(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None for b in measured])
         found = crossover(measured, [by_batch[b][0] for b in measured], threshold=min_speedup)
         passes = None if missing else all(s >= min_speedup for s in speedups.values())
-        verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing, ranges))
+        ranges_k = schedule_ranges(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None
+                                              for b in measured])
+        base = (base_configs or {}).get(name)
+        config = vllm_speculative_config(base, ranges_k) if base is not None else None
+        verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing, ranges, config))
 
     if draft is None:  # judge the best draft (best_draft_rule) at the named batch sizes
         name = pick_best_draft(worst_all, batch_sizes)
@@ -118,3 +128,100 @@ def _noise_note(verdict: DraftVerdict, bar: float) -> str:
     spans = ", ".join(f"B={b}: {verdict.ranges[b][0]:.3f}×–{verdict.ranges[b][1]:.3f}×" for b in noisy)
     return (f"; within noise: repeats fell on both sides of {bar:g}× ({spans}), so more --repeats or a "
             f"--min-speedup margin decides")
+
+
+# --- the same question under an SLO ------------------------------------------------------------
+
+@dataclass
+class SloVerdict:
+    workload: str
+    temperature: float
+    baseline_capacity: float | None  # the highest load meeting the SLO without speculation (None: none)
+    capacity: float | None  # ... with the draft, best K per load
+    k: int | None
+    max_measured: float
+    passes: bool | None
+    baseline_tokens_per_s: float = float("nan")  # at the baseline's capacity
+    tokens_per_s: float = float("nan")  # at the draft's capacity
+
+
+@dataclass
+class SloGateResult:
+    exit_code: int
+    draft: str | None
+    slo: str
+    load: str  # "request_rate" or "batch_size"
+    verdicts: list[SloVerdict]
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: str | None = None,
+                 workloads: list[str] | None = None, temperatures: list[float] | None = None) -> SloGateResult:
+    """Speculation must not lower the highest load (request rate, or concurrency) at which every
+    measured load up to it meets the SLO, for any workload and temperature. The draft judged is
+    `draft`, else the one whose worst ratio of capacities is highest. Exit 2 when the run lacks
+    the cells or requests, or no load meets the SLO with or without speculation."""
+    column = load_column(cells)
+    table = slo_table(cells, requests, slo)
+    if not table.empty and workloads:
+        table = table[table["workload"].isin(workloads)]
+    if not table.empty and temperatures is not None:
+        table = table[table["temperature"].isin(temperatures)]
+
+    def unanswerable(message: str) -> SloGateResult:
+        return SloGateResult(UNANSWERABLE, draft, slo.text, column, [], message)
+
+    if table.empty:
+        return unanswerable("the run has no finished cells with per-request records to judge the SLO on")
+    capacity = slo_capacity(table)
+    baseline = capacity[capacity["mode"] == "autoregressive"]
+    speculative = capacity[capacity["mode"] != "autoregressive"]
+    if baseline.empty or speculative.empty:
+        return unanswerable("the run needs both autoregressive and speculative cells (an --endpoint run needs "
+                            "--baseline-endpoint)")
+    drafts = sorted(speculative["draft"].unique())
+    if draft is not None and draft not in drafts:
+        return unanswerable(f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
+
+    def verdicts_for(name: str) -> list[SloVerdict]:
+        out = []
+        for row in speculative[speculative["draft"] == name].itertuples():
+            base = baseline[(baseline["workload"] == row.workload) & (baseline["temperature"] == row.temperature)]
+            if base.empty:
+                continue
+            b = base.iloc[0]
+            ours = None if pd.isna(row.max_load) else float(row.max_load)
+            theirs = None if pd.isna(b["max_load"]) else float(b["max_load"])
+            passes = None if ours is None and theirs is None else (theirs is None or (ours or 0) >= theirs)
+            out.append(SloVerdict(row.workload, float(row.temperature), theirs, ours,
+                                  None if pd.isna(row.k) else int(row.k), float(row.max_measured_load), passes,
+                                  float(b["tokens_per_s"]), float(row.tokens_per_s)))
+        return out
+
+    by_draft = {name: verdicts_for(name) for name in drafts}
+
+    def score(name: str) -> float:
+        ratios = [capacity_ratio(v.capacity, v.baseline_capacity) for v in by_draft[name] if v.passes is not None]
+        return min(ratios) if ratios else -1.0
+
+    name = draft or max(drafts, key=score)
+    verdicts = by_draft[name]
+    if not verdicts or all(v.passes is None for v in verdicts):
+        return SloGateResult(UNANSWERABLE, name, slo.text, column, verdicts,
+                             f"no measured load meets {slo.describe()}, with or without speculation: measure "
+                             f"lower loads or relax the SLO")
+    failing = [v for v in verdicts if v.passes is False]
+    unit = "request rate" if column == "request_rate" else "concurrency"
+    if failing:
+        worst = failing[0]
+        return SloGateResult(FAIL, name, slo.text, column, verdicts,
+                             f"{name}: speculation lowers the highest {unit} meeting {slo.describe()} "
+                             f"({worst.workload}, T={worst.temperature:g}: "
+                             f"{capacity_text(worst.capacity, worst.max_measured, column)} against "
+                             f"{capacity_text(worst.baseline_capacity, worst.max_measured, column)} without)")
+    return SloGateResult(PASS, name, slo.text, column, verdicts,
+                         f"{name}: speculation does not lower the highest {unit} meeting {slo.describe()} "
+                         f"in any workload and temperature")

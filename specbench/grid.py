@@ -1,19 +1,97 @@
 """The measured grid: what a sweep is asked to run (SweepConfig) and its cells.
 
-Every (workload, batch size, temperature) group has one autoregressive cell and, on the same
-prompts and seeds, one speculative cell per draft x K. On a served engine the batch size is the
-number of requests kept in flight (closed-loop concurrency).
+Every (workload, load, temperature) group has one autoregressive cell and, on the same prompts
+and seeds, one speculative cell per draft x K. The load is a batch size (on a served engine: the
+number of requests kept in flight, a closed loop) or, on a served engine, a request rate (an open
+loop: requests arrive at Poisson or gamma times whatever the server does). A run uses one or the
+other. A draft with a K schedule (`ngram@schedule:{1-4: 3, 5+: off}`) is one cell per group, run
+at the K its schedule gives (on a server: the schedule itself, K chosen per engine step).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from specbench.models import DEFAULT_TARGET
 
 AR = "autoregressive"
-ENGINES = ("native", "vllm")
+ENGINES = ("native", "vllm", "endpoint")
+SERVED_ENGINES = ("vllm", "endpoint")
+SCHEDULE_MARK = "@schedule:"
+OPEN_ENDED = 1 << 20  # the end of a schedule's last range ("33+")
+
+
+# --- K schedules -------------------------------------------------------------------------------
+
+Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K); K = 0 is off
+
+
+def split_schedule(draft: str) -> tuple[str, Schedule | None]:
+    """`ngram@schedule:{1-8: 4, 9-32: 2, 33+: off}` -> ("ngram", [(1, 8, 4), (9, 32, 2), (33, OPEN_ENDED, 0)])."""
+    base, mark, text = draft.partition(SCHEDULE_MARK)
+    return (draft, None) if not mark else (base, parse_schedule(text, draft))
+
+
+def parse_schedule(text: str, where: str = "") -> Schedule:
+    """A K schedule as `check` prints it, `{1-8: 4, 9-32: 2, 33+: off}` (braces optional; `=` for
+    `:`, `;` or `/` for `,`, 0 for off). The ranges must cover every batch size from 1 up."""
+    label = f"draft {where!r}: " if where else ""
+    body = text.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    entries = [e.strip() for e in re.split(r"[,;/]", body) if e.strip()]
+    if not entries:
+        raise ValueError(f"{label}an empty K schedule (e.g. @schedule:{{1-8: 4, 9+: off}})")
+    schedule: Schedule = []
+    for entry in entries:
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+)|(\+))?\s*[:=]\s*(off|\d+)", entry)
+        if not m:
+            raise ValueError(f"{label}cannot read {entry!r} of the K schedule (write FIRST-LAST: K, FIRST+: K or N: K)")
+        first = int(m.group(1))
+        last = OPEN_ENDED if m.group(3) else int(m.group(2) or first)
+        k = 0 if m.group(4) == "off" else int(m.group(4))
+        if last < first:
+            raise ValueError(f"{label}range {entry!r} ends before it starts")
+        schedule.append((first, last, k))
+    schedule.sort()
+    expected = 1
+    for first, last, _ in schedule:
+        if first != expected:
+            raise ValueError(f"{label}the K schedule must cover every batch size from 1 up without overlaps "
+                             f"(expected a range starting at {expected}, got {first})")
+        expected = last + 1
+    if schedule[-1][1] != OPEN_ENDED:
+        first, last, k = schedule[-1]
+        schedule[-1] = (first, OPEN_ENDED, k)  # vLLM carries the last K forward too
+    if max(k for _, _, k in schedule) < 1:
+        raise ValueError(f"{label}the K schedule never drafts (every K is off)")
+    return schedule
+
+
+def schedule_k(schedule: Schedule, batch_size: int) -> int:
+    for first, last, k in schedule:
+        if first <= batch_size <= last:
+            return k
+    return schedule[-1][2]
+
+
+def format_schedule(schedule: Schedule) -> str:
+    parts = []
+    for first, last, k in schedule:
+        span = f"{first}+" if last == OPEN_ENDED else (f"{first}-{last}" if last != first else f"{first}")
+        parts.append(f"{span}: {k if k else 'off'}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def vllm_schedule(schedule: Schedule) -> list[list[int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size`: inclusive [start, end, K] ranges."""
+    return [[first, last, k] for first, last, k in schedule]
+
+
+def format_rate(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
 
 
 @dataclass
@@ -56,6 +134,16 @@ class SweepConfig:
     cuda_graphs: bool = False  # decode steps at fixed shapes, replayed from CUDA graphs
     engine: str = "native"
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    request_rates: list[float] = field(default_factory=list)  # open loop (served engines); replaces batch sizes
+    burstiness: float = 1.0  # gamma shape of inter-arrival times: 1 is Poisson, < 1 burstier
+    slo: str = ""  # e.g. "ttft=1.0,tpot=0.05": recorded for report and check (they can override it)
+    endpoint: str = ""  # engine "endpoint": a running OpenAI-compatible server to measure
+    baseline_endpoint: str = ""  # ... and the same model served without speculation
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.request_rates)
 
     @property
     def torch_dtype(self):
@@ -76,16 +164,35 @@ class SweepConfig:
 
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        for name, values in (("--drafts", self.drafts), ("--k", self.ks), ("--batch-sizes", self.batch_sizes),
+        load = ("--request-rates", self.request_rates) if self.request_rates else ("--batch-sizes", self.batch_sizes)
+        for name, values in (("--drafts", self.drafts), ("--k", self.ks), load,
                              ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
             if not values:
                 raise ValueError(f"{name} is empty")
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} repeats a value: {values}")
-        if any(k < 1 for k in self.ks):
+        if any(k < 1 for k in self.ks) and not (self.engine == "endpoint" and self.ks == [0]):
             raise ValueError(f"K must be >= 1, got {self.ks}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if self.request_rates:
+            if self.engine not in SERVED_ENGINES:
+                raise ValueError("--request-rates needs a served engine (--engine vllm or --endpoint): "
+                                 "the native engine runs static batches")
+            if any(not rate > 0 for rate in self.request_rates):
+                raise ValueError(f"request rates must be > 0 (inf: every request at once), got {self.request_rates}")
+            if len(set(self.request_rates)) != len(self.request_rates):
+                raise ValueError(f"--request-rates repeats a value: {self.request_rates}")
+        if not self.burstiness > 0:
+            raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
+        if self.slo:
+            from specbench.fit import parse_slo
+
+            parse_slo(self.slo)
+        for draft in self.drafts:
+            base, schedule = split_schedule(draft)
+            if schedule is not None and self.engine not in SERVED_ENGINES:
+                raise ValueError(f"draft {draft!r}: a K schedule runs on a served engine (--engine vllm)")
         if any(t < 0 or not math.isfinite(t) for t in self.temperatures):
             raise ValueError(f"temperatures must be finite and >= 0, got {self.temperatures}")
         for name, value in (("--max-new-tokens", self.max_new_tokens), ("--num-prompts", self.num_prompts),
@@ -96,7 +203,8 @@ class SweepConfig:
         if self.dtype:
             parse_dtype(self.dtype)
         for draft in self.drafts:
-            parse_draft_spec(draft, allow_served=self.engine != "native")
+            if self.engine != "endpoint":  # an endpoint's draft is a label
+                parse_draft_spec(split_schedule(draft)[0], allow_served=self.engine != "native")
         if self.weights not in ("real", "random"):
             raise ValueError(f"--weights must be real or random, got {self.weights!r}")
         if self.synthetic and not self.alphas:
@@ -113,6 +221,10 @@ class SweepConfig:
             from specbench.native.runner import validate_native
 
             validate_native(self)
+        elif self.engine == "endpoint":
+            from specbench.served.endpoint import validate_endpoint
+
+            validate_endpoint(self)
         else:
             from specbench.served.vllm_engine import validate_vllm
 
@@ -122,16 +234,21 @@ class SweepConfig:
 @dataclass(frozen=True)
 class Cell:
     workload: str
-    batch_size: int
+    batch_size: int  # closed loop: requests in flight (0 in an open-loop cell)
     temperature: float
     draft: str = AR
-    k: int = 0
+    k: int = 0  # a scheduled draft: the K its schedule gives at this batch size (its largest K open-loop)
     alpha: str = ""  # synthetic acceptance profile ("" = real acceptance)
+    request_rate: float = 0.0  # open loop: requests per second (inf: all at once); 0 = closed loop
+
+    @property
+    def load(self) -> str:
+        return f"R{format_rate(self.request_rate)}" if self.request_rate else f"B{self.batch_size}"
 
     @property
     def group(self) -> str:
-        """The (workload, batch, temperature) group: shared prompts and baseline."""
-        return f"{self.workload}|B{self.batch_size}|T{self.temperature:g}"
+        """The (workload, load, temperature) group: shared prompts and baseline."""
+        return f"{self.workload}|{self.load}|T{self.temperature:g}"
 
     @property
     def baseline_id(self) -> str:
@@ -150,22 +267,34 @@ class Cell:
 
 
 def plan_cells(config: SweepConfig) -> list[Cell]:
-    """Run order: workload, temperature, batch size ascending (so an out-of-memory skips the
-    larger ones), baseline first, then draft x K. (A served engine regroups them by server.)"""
+    """Run order: workload, temperature, load ascending (so an out-of-memory skips the larger
+    batches), baseline first, then draft x K. (A served engine regroups them by server.) An
+    endpoint run without --baseline-endpoint has no baseline cells."""
+    loads = [(0, rate) for rate in sorted(config.request_rates)] if config.request_rates \
+        else [(b, 0.0) for b in sorted(config.batch_sizes)]
+    with_baseline = config.engine != "endpoint" or bool(config.baseline_endpoint)
     cells = []
     for workload in config.workloads:
         for temperature in config.temperatures:
-            for batch_size in sorted(config.batch_sizes):
-                cells.append(Cell(workload, batch_size, temperature))
+            for batch_size, rate in loads:
+                if with_baseline:
+                    cells.append(Cell(workload, batch_size, temperature, request_rate=rate))
                 for draft in config.drafts:
+                    _, schedule = split_schedule(draft)
+                    if schedule is not None:
+                        k = schedule_k(schedule, batch_size) if batch_size else max(k for _, _, k in schedule)
+                        cells.append(Cell(workload, batch_size, temperature, draft, k, request_rate=rate))
+                        continue
                     for k in config.ks:
                         for alpha in config.alphas or [""]:
-                            cells.append(Cell(workload, batch_size, temperature, draft, k, alpha))
+                            cells.append(Cell(workload, batch_size, temperature, draft, k, alpha, rate))
     return cells
 
 
 def requests_per_cell(config: SweepConfig, batch_size: int) -> int:
-    """At least --num-prompts, rounded up to whole batches."""
+    """At least --num-prompts, rounded up to whole batches (exactly --num-prompts open-loop)."""
+    if batch_size == 0:
+        return config.num_prompts
     return math.ceil(max(config.num_prompts, batch_size) / batch_size) * batch_size
 
 

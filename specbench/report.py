@@ -16,8 +16,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
-    AR, alpha_table, b_star_rule, best_k_by_batch, cost_per_million, crossover_table, default_gpu_price, drifted_keys,
-    expected_tau, label_synthetic, measurement_warnings, predictions, repeat_range,
+    AR, Slo, alpha_table, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
+    default_gpu_price, drifted_keys, expected_tau, label_synthetic, load_column, load_label, measurement_warnings,
+    parse_slo, predictions, repeat_range, slo_capacity, slo_table,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -29,6 +30,8 @@ CHARTS = {
     "cost": "Cost per 1M output tokens",
     "memory": "Memory with and without the draft",
     "predicted_vs_measured": "Cost model: predicted vs measured speed-up",
+    "throughput_vs_latency": "Total throughput vs what each user gets, with and without speculation",
+    "goodput": "Goodput (requests/s meeting the SLO) vs load",
 }
 
 
@@ -44,9 +47,32 @@ class Analysis:
     cost_unit: str
     price_note: str
     warnings: list[str]  # measurement_warnings: on the console, the page and the summary
+    answer: str = ""  # the first paragraph: the answer in one sentence
+    load: str = "batch_size"  # what the run varied: batch_size (closed loop) or request_rate (open loop)
+    slo: Slo | None = None
+    goodput: pd.DataFrame | None = None  # slo_table: per cell
+    capacity: pd.DataFrame | None = None  # slo_capacity with the cost at each capacity
+    price: float | None = None
+    gpus: int = 1
 
 
-def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
+def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | None = None) -> Analysis:
+    """Every figure of the report. `slo` (default: the run's --slo) adds goodput and capacity."""
+    a = _analyse(run, gpu_price, gpus)
+    a.load = load_column(run.cells)
+    a.price, a.gpus = (gpu_price if gpu_price is not None else default_gpu_price(run.meta.get("hardware", {}))[0]), gpus
+    text = slo or (run.meta.get("config") or {}).get("slo") or ""
+    if text:
+        a.slo = parse_slo(text)
+        a.goodput = slo_table(run.cells, run.requests, a.slo)
+        capacity = slo_capacity(a.goodput)
+        if not capacity.empty:
+            capacity["cost_per_1m"] = cost_per_million(capacity["tokens_per_s"], a.price, gpus)
+        a.capacity = capacity
+    return a
+
+
+def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
     cells = run.cells[run.cells["status"] == "ok"].copy() if not run.cells.empty else run.cells
     alphas = alpha_table(cells, run.steps)  # real acceptance only: synthetic cells are excluded there
     cells = label_synthetic(cells)
@@ -365,6 +391,151 @@ def chart_predicted(a: Analysis, path: Path) -> None:
     _finish(fig, path, CHARTS["predicted_vs_measured"], fontsize=11)
 
 
+def _load_points(a: Analysis) -> pd.DataFrame:
+    """Per (draft, workload, temperature, load): the autoregressive cell and each draft's best-K
+    cell (most tokens/s), with the load in `load` and per-user tokens/s (1 / TPOT p50)."""
+    cells = a.cells[a.cells[a.load].fillna(0) > 0] if a.load in a.cells else a.cells.iloc[0:0]
+    if cells.empty:
+        return cells
+    cells = cells.assign(load=cells[a.load].astype(float), per_user=1.0 / cells["tpot_p50_s"])
+    sd = cells[cells["mode"] != AR]
+    best = sd.loc[sd.groupby(["draft", "workload", "temperature", "load"])["tokens_per_s"].idxmax()] if len(sd) else sd
+    return pd.concat([cells[cells["mode"] == AR], best])
+
+
+def _load_name(a: Analysis, value: float) -> str:
+    if a.load == "request_rate":
+        return "∞/s" if math.isinf(value) else f"{value:g}/s"
+    return f"B={value:g}"
+
+
+def _label_panel(ax, xlabel: str, ylabel: str, workload: str, temperature: float) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def chart_tradeoff(a: Analysis, path: Path) -> None:
+    """Total output tokens/s (what one server carries) against each user's tokens/s (1 / TPOT):
+    one curve per draft at its best K per load and one without speculation; each point names its
+    load and K. Up and to the right is better."""
+    points = _load_points(a)
+    facets = _facets(a.cells)
+    drafts = _drafts(a.cells)
+    fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.2)
+    for i, (workload, temperature) in enumerate(facets):
+        ax = axes[0][i]
+        sub = points[(points["workload"] == workload) & (points["temperature"] == temperature)] if len(points) else points
+        for draft, group in sub.groupby("draft"):
+            group = group.sort_values("load")
+            label = "autoregressive" if draft == AR else f"{draft} (best K per load)"
+            ax.plot(group["per_user"], group["tokens_per_s"], "o-", color=_color(draft, drafts), label=label)
+            for row in group.itertuples():
+                note = _load_name(a, row.load) + ("" if draft == AR else f" K={int(row.k)}")
+                ax.annotate(note, (row.per_user, row.tokens_per_s), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+        _label_panel(ax, "tokens/s per user (1 / TPOT p50)", "total output tokens/s", workload, temperature)
+    _finish(fig, path, CHARTS["throughput_vs_latency"] + f"\n(points: {load_label(a.load)}; up and right is better)",
+            fontsize=11)
+
+
+def chart_goodput(a: Analysis, path: Path) -> None:
+    """Goodput against load per draft (the best K per load) and without speculation; on a
+    request-rate run the offered rate is the ceiling (dashed)."""
+    table = a.goodput if a.goodput is not None else pd.DataFrame()
+    facets = _facets(a.cells)
+    drafts = _drafts(a.cells)
+    fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.0)
+    for i, (workload, temperature) in enumerate(facets):
+        ax = axes[0][i]
+        sub = table[(table["workload"] == workload) & (table["temperature"] == temperature)] if len(table) else table
+        finite = []
+        for draft, group in sub.groupby("draft"):
+            best = group.loc[group.groupby("load")["goodput_rps"].idxmax()].sort_values("load")
+            loads = best["load"].replace(np.inf, np.nan)
+            shown = best[loads.notna()] if a.load == "request_rate" else best
+            finite += shown["load"].tolist()
+            label = "autoregressive" if draft == AR else f"{draft} (best K)"
+            ax.plot(shown["load"], shown["goodput_rps"], "o-", color=_color(draft, drafts), label=label)
+        if a.load == "request_rate" and finite:
+            top = max(finite)
+            ax.plot([0, top], [0, top], "k:", linewidth=1, label="offered rate")
+        _label_panel(ax, load_label(a.load), "goodput (requests/s meeting the SLO)", workload, temperature)
+    slo = a.slo.describe() if a.slo else "no SLO"
+    _finish(fig, path, f"{CHARTS['goodput']}\nSLO: {slo}" + (" (the rate inf is left out)" if a.load == "request_rate" else ""),
+            fontsize=10)
+
+
+def answer(a: Analysis, gate_result=None) -> str:
+    """The report's first paragraph: its answer in one sentence, with numbers."""
+    if a.capacity is not None and not a.capacity.empty and a.slo is not None:
+        cap = a.capacity
+        base, spec = cap[cap["mode"] == AR], cap[cap["mode"] != AR]
+        if not base.empty and not spec.empty:
+            worst = None
+            for row in spec.itertuples():
+                b = base[(base["workload"] == row.workload) & (base["temperature"] == row.temperature)]
+                if b.empty:
+                    continue
+                ratio = capacity_ratio(row.max_load, b["max_load"].iloc[0])
+                if worst is None or ratio < worst[0]:
+                    worst = (ratio, row, b.iloc[0])
+            if worst is not None:
+                _, row, b = worst
+                kind = "request rate" if a.load == "request_rate" else "concurrency"
+                ratio = capacity_ratio(row.max_load, b["max_load"])
+                verb = "raises" if ratio > 1 else ("keeps" if ratio == 1 else "lowers")
+                cost = ""
+                if pd.notna(row.cost_per_1m) and pd.notna(b["cost_per_1m"]):
+                    money = (lambda v: f"${v:.3g}") if a.price is not None else (lambda v: f"{v:.3g} device-hours")
+                    cost = (f", at {money(row.cost_per_1m)} per 1M output tokens there against {money(b['cost_per_1m'])}"
+                            + (" (pass --gpu-price for dollars)" if a.price is None else ""))
+                k = f", K={int(row.k)}" if pd.notna(row.k) else ""
+                if ratio == 1 and pd.notna(row.max_load) and row.max_load >= row.max_measured_load:
+                    return (f"Under {a.slo.describe()}, every measured {kind} up to "
+                            f"{capacity_text(row.max_load, math.inf, a.load)} meets the SLO with and without "
+                            f"speculation ({row.draft}{k}; {row.workload}, T={row.temperature:g}), where it gives "
+                            f"{row.tokens_per_s:.1f} output tokens/s against {b['tokens_per_s']:.1f}{cost}; measure "
+                            f"higher loads to find where they part.")
+                return (f"Under {a.slo.describe()}, speculation with {row.draft}{k} {verb} the highest {kind} one "
+                        f"server sustains from {capacity_text(b['max_load'], b['max_measured_load'], a.load)} to "
+                        f"{capacity_text(row.max_load, row.max_measured_load, a.load)} ({row.workload}, "
+                        f"T={row.temperature:g}: the least favourable workload and temperature){cost}.")
+    if gate_result is not None and getattr(gate_result, "verdicts", None):
+        chosen = next((v for v in gate_result.verdicts if v.draft == gate_result.draft), gate_result.verdicts[0])
+        if chosen.speedups:
+            low, high = min(chosen.speedups), max(chosen.speedups)
+            return (f"With {chosen.draft} at its best K, speculation runs at {chosen.speedups[low]:.2f}× the "
+                    f"autoregressive tokens/s at B={low} and {chosen.speedups[high]:.2f}× at B={high} (the least "
+                    f"favourable workload and temperature); {chosen.crossover}; recommended K schedule {chosen.schedule}.")
+    points = _load_points(a)
+    if len(points) and a.load == "request_rate":
+        sd = points[points["mode"] != AR]
+        if len(sd):
+            top = sd["load"].replace(np.inf, np.nan).max()
+            at = points[points["load"] == top]
+            base, spec = at[at["mode"] == AR], at[at["mode"] != AR].sort_values("tpot_p50_s")
+            if len(base) and len(spec):
+                s0, b0 = spec.iloc[0], base.iloc[0]
+                return (f"At {top:g} requests/s, {s0['draft']} (K={int(s0['k'])}) gives each user a TPOT p50 of "
+                        f"{s0['tpot_p50_s'] * 1e3:.1f} ms against {b0['tpot_p50_s'] * 1e3:.1f} ms without speculation "
+                        f"({s0['workload']}, T={s0['temperature']:g}); pass --slo for the highest rate that meets an SLO.")
+    return ""
+
+
+def drawers(a: Analysis) -> dict:
+    """The charts a run supports: a request-rate run has no batch-size axis."""
+    if a.load == "request_rate":
+        chosen = {"throughput_vs_latency": chart_tradeoff, "acceptance": chart_acceptance}
+    else:
+        chosen = dict(DRAWERS) | {"throughput_vs_latency": chart_tradeoff}
+    if a.goodput is not None and not a.goodput.empty:
+        chosen["goodput"] = chart_goodput
+    return chosen
+
+
 DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance": chart_acceptance,
            "throughput_latency": chart_throughput, "cost": chart_cost, "memory": chart_memory,
            "predicted_vs_measured": chart_predicted}
@@ -437,19 +608,27 @@ def html_table(frame: pd.DataFrame) -> str:
 # --- the report --------------------------------------------------------------------------------
 
 def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None = None, gpus: int = 1,
-                 extra_sections: dict[str, str] | None = None) -> tuple[Path, Analysis]:
-    """Charts (PNG), report.html (self-contained) and summary.md under RUN/report/."""
+                 extra_sections: dict[str, str] | None = None, slo: str | None = None,
+                 gate_result=None) -> tuple[Path, Analysis]:
+    """Charts (PNG), report.html (self-contained) and summary.md under RUN/report/. The page
+    opens with its answer in one sentence (`answer`)."""
     out_dir = Path(out_dir or run.path / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
-    a = analyse(run, gpu_price, gpus)
+    a = analyse(run, gpu_price, gpus, slo)
     if a.cells.empty:
         raise ValueError(f"{run.path} has no finished cells to report")
+    a.answer = answer(a, gate_result)
     images = {}
-    for name, draw in DRAWERS.items():
+    for name, draw in drawers(a).items():
         path = out_dir / f"{name}.png"
         draw(a, path)
         images[name] = path
     tables = summary_tables(a)
+    if a.goodput is not None and not a.goodput.empty:
+        tables[f"goodput per cell (SLO: {a.slo.describe()})"] = a.goodput.drop(columns=["cell_id", "mode"])
+    if a.capacity is not None and not a.capacity.empty:
+        tables[f"capacity: the highest {load_label(a.load)} meeting the SLO, and the cost there ({a.cost_unit})"] = \
+            a.capacity
     meta = run.meta
     config = meta.get("config", {})
     hardware = meta.get("hardware", {})
@@ -458,9 +637,14 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     if meta.get("synthetic"):
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     engine = meta.get("engine") or {"name": "native"}
+    loop = ("open loop: requests arrive at Poisson/gamma times, rates "
+            + ", ".join(map(str, config.get("request_rates") or [])) + f" req/s, burstiness {config.get('burstiness', 1)}"
+            if a.load == "request_rate" else "batch size = requests in flight (closed loop)")
     if engine.get("name") == "vllm":
-        how = (f"engine vLLM {engine.get('version', '?')}: one server per speculative configuration, batch size = "
-               f"requests in flight (closed loop)")
+        how = f"engine vLLM {engine.get('version', '?')}: one server per speculative configuration, {loop}"
+    elif engine.get("name") == "endpoint":
+        how = (f"endpoint {engine.get('endpoint')} (model {engine.get('served_model')}), baseline "
+               f"{engine.get('baseline_endpoint') or 'none'}; {loop}")
     else:
         how = f"native engine, decode steps {'replayed from CUDA graphs' if config.get('cuda_graphs') else 'eager'}"
     provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
@@ -470,6 +654,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
+    if a.answer:
+        parts.append(f"<p class=answer>{html.escape(a.answer)}</p>")
     for name, text in sections.items():
         css = " class=warn" if name == "measurement warnings" else ""
         parts.append(f"<h2>{html.escape(name)}</h2><pre{css}>{html.escape(text)}</pre>")
@@ -484,11 +670,12 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
              "table{border-collapse:collapse;font-size:12px;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;"
              "text-align:right}th{background:#f3f3f3}.meta{color:#666;font-size:12px;overflow-wrap:anywhere}"
              "pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}"
-             ".warn{background:#fff4e5;border-left:4px solid #e69500}")
+             ".warn{background:#fff4e5;border-left:4px solid #e69500}"
+             ".answer{font-size:17px;font-weight:600;max-width:1000px}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
     (out_dir / "report.html").write_text(page)
 
-    md = [f"# {title}", "", provenance, ""]
+    md = [f"# {title}", "", provenance, ""] + ([a.answer, ""] if a.answer else [])
     for name, text in sections.items():
         md += [f"## {name}", "", "```", text, "```", ""]
     for name, path in images.items():

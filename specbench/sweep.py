@@ -16,7 +16,9 @@ from typing import Callable
 import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed, open_engine
-from specbench.grid import AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell  # noqa: F401
+from specbench.grid import (  # noqa: F401
+    AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule,
+)
 from specbench.lossless import PROBE_MIN_TOKENS, PROBE_TOKENS, sampled_check
 from specbench.models import lookup_alias, parse_draft_spec, resolve_model
 from specbench.results import (
@@ -41,14 +43,14 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
         target_alias, _ = shipped_config(config.target)
         family = lookup_alias(target_alias).family
         for draft in config.drafts:
-            spec = parse_draft_spec(draft, allow_served=config.engine != "native")
+            spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
             if spec.kind == "model":
                 shipped_config(spec.model, family)
         return workloads
     target = resolve_model(config.target, allow_download=config.allow_download)
     family = target.spec.family if target.spec else None
-    for draft in config.drafts:
-        spec = parse_draft_spec(draft)
+    for draft in config.drafts if config.engine != "endpoint" else []:  # an endpoint's draft is a label
+        spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
     return workloads
@@ -126,7 +128,8 @@ def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
 def _failure_row(cell: Cell, status: str, message: str) -> dict:
     return {"cell_id": cell.id, "status": status, "message": message,
             "mode": "speculative" if cell.is_speculative else AR, "workload": cell.workload, "draft": cell.draft,
-            "k": cell.k, "batch_size": cell.batch_size, "temperature": cell.temperature}
+            "k": cell.k, "batch_size": cell.batch_size, "temperature": cell.temperature,
+            "request_rate": cell.request_rate}
 
 
 def run_sweep(
@@ -304,7 +307,10 @@ class _Sweep:
     def finish(self, cell: Cell, run: CellMeasurement) -> None:
         outcome = self.attempt(cell, run.finish)
         if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.synthetic:
-            if self.attempt(cell, lambda: self.probe(cell, run, outcome)) is None:
+            if not self.engine.scores_samples:
+                outcome.row["lossless"] = "unchecked"
+                outcome.row["lossless_detail"] = self.engine.scores_samples_note
+            elif self.attempt(cell, lambda: self.probe(cell, run, outcome)) is None:
                 return  # recorded as failed
         if outcome is not None:
             self.record(cell, outcome)

@@ -269,10 +269,11 @@ def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run)
     from specbench.report import CHARTS
 
     output, _ = finished_run
-    result = runner.invoke(app, ["report", str(output)])
+    result = runner.invoke(app, ["report", str(output), "--slo", "ttft=60,tpot=10"])  # an SLO adds goodput
     assert result.exit_code == 0, result.output
     report = output / "report"
     page = (report / "report.html").read_text()
+    assert "<p class=answer>Under p99 TTFT" in page and "capacity: the highest concurrency (B)" in page
     for name in CHARTS:
         png = (report / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 5000

@@ -182,3 +182,100 @@ def test_a_server_that_cannot_load_the_model_is_one_line_naming_its_log(tmp_path
     assert len(error) == 1 and "00_autoregressive.log" in error[0] and "before it was ready" in error[0], result.output
     assert (tmp_path / "run" / "servers" / "00_autoregressive.tail.txt").exists()
     assert not server_processes()
+
+
+# --- live traffic on real servers -----------------------------------------------------------------
+
+def _real_server(tmp_path, *extra: str):
+    from specbench.grid import SweepConfig
+    from specbench.served.server import ServerProcess, free_port
+    from specbench.served.vllm_engine import model_path
+
+    port = free_port()
+    command = [sys.executable, "-m", SERVER_MARK, "--model", model_path("smollm2-135m", SweepConfig()), "--port",
+               str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--seed", "0",
+               "--no-enable-prefix-caching", *extra]
+    server = ServerProcess(command, tmp_path / f"server-{port}.log", port,
+                           env={"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
+    server.start()
+    server.wait_until_healthy(600, "vLLM server")
+    return server
+
+
+def test_a_k_schedule_runs_as_the_counters_say_and_check_pastes_a_config_vllm_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    draft = "smollm2-135m@schedule:{1: 3, 2+: 1}"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", draft, "--batch-sizes", "1,4",
+                                 "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "16",
+                                 "--num-prompts", "4", "--dtype", "fp32", "--enforce-eager", "--output", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    cells = load_run(run_dir).cells.set_index("cell_id")
+    one, four = cells.loc[f"chat|B1|T0|{draft}|K3"], cells.loc[f"chat|B4|T0|{draft}|K1"]
+    assert one["lossless"] == "exact" and four["lossless"] == "exact"
+    # drafted tokens per draft: 3 with one request in flight; 1 with four (but for the last steps of
+    # requests that finish apart, which run with fewer in flight and draft 3)
+    assert one["k_drafted_mean"] == pytest.approx(3.0)
+    assert 1.0 <= four["k_drafted_mean"] < 1.5, four["k_drafted_mean"]
+    assert one["alpha"] >= 0.99 and four["alpha"] >= 0.99  # the target drafting for itself
+    checked = runner.invoke(app, ["check", str(run_dir), "--min-speedup", "0.01"])
+    assert checked.exit_code == 0, checked.output
+    pasted = checked.output.split("--speculative-config '")[1].split("'")[0]
+    config = json.loads(pasted)
+    assert config["method"] == "draft_model" and config["num_speculative_tokens_per_batch_size"][0][:2] == [1, 1]
+    server = _real_server(tmp_path, "--speculative-config", pasted)  # starts without error
+    try:
+        body = json.dumps({"model": server.command[server.command.index("--model") + 1], "prompt": [1, 2, 3],
+                           "max_tokens": 4, "temperature": 0}).encode()
+        request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        assert json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"]
+    finally:
+        server.stop()
+    assert not server_processes()
+
+
+def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_path):
+    from specbench.fit import parse_slo, slo_table
+    from specbench.served import vllm_engine
+    from specbench.served.client import arrival_times
+
+    server = _real_server(tmp_path, "--speculative-config",
+                          json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+                                      "prompt_lookup_min": 1}))
+    seen: dict[str, dict] = {}
+    original = vllm_engine.VllmCellRun.measure
+
+    def measure(run, repeat):
+        before = raw_counters(server.url)
+        original(run, repeat)
+        after = raw_counters(server.url)
+        seen[run.cell.id] = {key: after[key] - before.get(key, 0.0) for key in after}
+
+    run_dir = tmp_path / "run"
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vllm_engine.VllmCellRun, "measure", measure)
+            result = runner.invoke(app, ["sweep", "--endpoint", server.url, "--drafts", "ngram", "--k", "2",
+                                         "--request-rates", "2,8", "--temperatures", "0", "--workloads", "chat",
+                                         "--max-new-tokens", "16", "--num-prompts", "6", "--output", str(run_dir),
+                                         "--slo", "ttft=5,tpot=1"])
+        assert result.exit_code == 0, result.output
+        assert server.alive()
+    finally:
+        server.stop()
+    run = load_run(run_dir)
+    cells = run.cells.set_index("cell_id")
+    assert set(cells.index) == {"chat|R2|T0|ngram|K2", "chat|R8|T0|ngram|K2"}
+    for cell_id, rate in (("chat|R2|T0|ngram|K2", 2.0), ("chat|R8|T0|ngram|K2", 8.0)):
+        row, deltas = cells.loc[cell_id], seen[cell_id]
+        drafted = deltas["vllm:spec_decode_num_draft_tokens_total"]
+        accepted = deltas["vllm:spec_decode_num_accepted_tokens_total"]
+        assert drafted > 0 and row["alpha"] == pytest.approx(accepted / drafted)
+        assert row["acceptance_source"] == "vllm:spec_decode counters"
+        rows = run.requests[run.requests["cell_id"] == cell_id]
+        assert sorted(rows["arrival_s"]) == pytest.approx(arrival_times(6, rate, seed=[0, 0, 7]))
+        good = ((rows["ttft_s"] <= 5) & (rows["tpot_s"] <= 1)).sum()
+        table = slo_table(run.cells, run.requests, parse_slo("ttft=5,tpot=1")).set_index("cell_id")
+        assert table.loc[cell_id, "goodput_rps"] == pytest.approx(good / row["wall_s"])
+    # without a baseline endpoint there is nothing to compare capacity with
+    assert runner.invoke(app, ["check", str(run_dir)]).exit_code == 2

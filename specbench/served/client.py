@@ -1,6 +1,8 @@
 """The load generator for served engines: one request function that streams an OpenAI-compatible
 completion and timestamps every token as it arrives, and a closed loop that keeps B requests in
-flight (what `vllm bench serve --max-concurrency B` does).
+flight (what `vllm bench serve --max-concurrency B` does), or an open loop that sends each request
+at its arrival time whatever the server is doing (`vllm bench serve --request-rate R`: Poisson
+arrivals, gamma with a burstiness factor).
 
 Prompts go as token ids, so that every engine gets exactly the ids the native engine gets (the
 chat template is applied once, by specbench). A streamed chunk may carry several tokens (a
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
 
 
 @dataclass
@@ -25,6 +29,8 @@ class StreamedRequest:
     index: int
     prompt_tokens: int
     sent_s: float = 0.0  # when it was sent, seconds from the start of its load run
+    scheduled_s: float = 0.0  # open loop: its arrival time (when it was due to be sent)
+    usage_tokens: int = 0  # completion tokens the server's final usage chunk reports (0 if none)
     arrivals_s: list[float] = field(default_factory=list)  # per output token, seconds after sending
     tokens: list[int] = field(default_factory=list)
     error: str = ""
@@ -37,6 +43,11 @@ class StreamedRequest:
     def e2e_s(self) -> float:
         return self.arrivals_s[-1] if self.arrivals_s else float("nan")
 
+    @property
+    def output_tokens(self) -> int:
+        """Tokens received; the usage count where a server streams text without token ids."""
+        return max(len(self.tokens), self.usage_tokens)
+
 
 @dataclass
 class LoadRun:
@@ -46,7 +57,7 @@ class LoadRun:
 
     @property
     def output_tokens(self) -> int:
-        return sum(len(r.tokens) for r in self.requests)
+        return sum(r.output_tokens for r in self.requests)
 
     @property
     def errors(self) -> list[str]:
@@ -81,6 +92,8 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, payload: d
                 if "error" in chunk:
                     request.error = str(chunk["error"])[:300]
                     return request
+                if chunk.get("usage"):
+                    request.usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                 for choice in chunk.get("choices") or []:
                     ids = _token_ids(choice)
                     if ids is None:  # a server without token ids: one token per non-empty text chunk
@@ -121,3 +134,47 @@ def run_closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_len
     """Every payload streamed to `url` with `concurrency` requests in flight (closed loop: a new
     request starts when one finishes), in payload order."""
     return asyncio.run(_closed_loop(url, payloads, concurrency, prompt_lengths, timeout_s, headers))
+
+
+def arrival_times(count: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Seconds from the start at which each of `count` requests arrives, as `vllm bench serve`
+    draws them: gaps from a gamma distribution of shape `burstiness` and mean 1/rate (exponential,
+    a Poisson process, at burstiness 1), rescaled so that the last arrives at count/rate. The same
+    seed gives the same times. At an infinite rate every request arrives at once."""
+    if math.isinf(rate):
+        return [0.0] * count
+    generator = np.random.default_rng(seed)
+    gaps = generator.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
+    times = np.cumsum(gaps)
+    if count and times[-1] > 0:
+        times *= (count / rate) / times[-1]
+    return times.tolist()
+
+
+async def _open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
+                     timeout_s: float, headers: dict | None) -> LoadRun:
+    requests = [StreamedRequest(i, prompt_lengths[i], scheduled_s=arrivals_s[i]) for i in range(len(payloads))]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        origin = time.perf_counter()
+
+        async def send(i: int) -> None:
+            delay = arrivals_s[i] - (time.perf_counter() - origin)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+
+        cpu = time.thread_time()
+        await asyncio.gather(*(send(i) for i in range(len(payloads))))
+        client_cpu = time.thread_time() - cpu
+    ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
+    wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
+    return LoadRun(requests, wall, client_cpu)
+
+
+def run_open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
+                  timeout_s: float = 600.0, headers: dict | None = None) -> LoadRun:
+    """Payload i streamed to `url` from its arrival time arrivals_s[i] on, however many requests
+    are already in flight (open loop)."""
+    return asyncio.run(_open_loop(url, payloads, arrivals_s, prompt_lengths, timeout_s, headers))

@@ -34,14 +34,14 @@ from typing import Callable
 import numpy as np
 
 from specbench.engines import CellOutcome, Engine, Stage, StageFailed
-from specbench.grid import AR, Cell, SweepConfig
+from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import PeakSampler, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
 )
-from specbench.served.client import LoadRun, run_closed_loop
+from specbench.served.client import LoadRun, arrival_times, run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerError, ServerProcess, free_port, root_cause
 from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
@@ -92,7 +92,7 @@ def validate_vllm(config: SweepConfig) -> None:
         raise ValueError(f"--vllm-python {options.python}: not an executable file")
     target_dtype = _dtype_name(config)
     for text in config.drafts:
-        spec = parse_draft_spec(text, allow_served=True)
+        spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
         if spec.kind == "self":
             raise ValueError(f"draft {text!r}: self:N (the target's first layers) runs only on the native engine; "
                              f"on vLLM draft with ngram[:N], a model, eagle:PATH, eagle3:PATH, mtp or json:{{...}}")
@@ -118,6 +118,22 @@ def synthetic_rates(profile: tuple[float, ...], k: int) -> list[float]:
         reach *= profile[min(position, len(profile) - 1)]
         rates.append(reach)
     return rates
+
+
+def server_k(draft: str, k: int) -> int:
+    """The K a server is started with: a scheduled draft's largest (vLLM clamps the schedule to it)."""
+    _, schedule = split_schedule(draft)
+    return max(entry[2] for entry in schedule) if schedule else k
+
+
+def draft_speculative_config(draft: str, k: int, draft_model: str | None = None, alpha: str = "") -> dict:
+    """The `--speculative-config` of a --drafts entry at K; a scheduled draft's carries its
+    schedule as vLLM's `num_speculative_tokens_per_batch_size`."""
+    base, schedule = split_schedule(draft)
+    config = speculative_config(parse_draft_spec(base, allow_served=True), server_k(draft, k), draft_model, alpha)
+    if schedule:
+        config["num_speculative_tokens_per_batch_size"] = vllm_schedule(schedule)
+    return config
 
 
 def speculative_config(spec: DraftSpec, k: int, draft_model: str | None = None, alpha: str = "") -> dict:
@@ -189,6 +205,8 @@ class ServerRecord:
 
 class VllmEngine(Engine):
     name = "vllm"
+    served_name = SERVED_NAME  # the "model" every request names
+    headers: dict | None = None  # sent with every request (an endpoint's API key)
 
     def __init__(self, config: SweepConfig, run_dir: Path) -> None:
         super().__init__(config, run_dir)
@@ -227,7 +245,7 @@ class VllmEngine(Engine):
                                             allow_download=config.allow_download,
                                             trust_remote_code=config.trust_remote_code)
         for text in config.drafts:
-            spec = parse_draft_spec(text, allow_served=True)
+            spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
             if spec.kind != "model":
                 continue
             if config.synthetic:
@@ -266,7 +284,7 @@ class VllmEngine(Engine):
         """The baseline's server first (speed-ups pair with it), then one per draft x K x α."""
         by_setup: dict[tuple[str, int, str], list[Cell]] = {}
         for cell in cells:
-            by_setup.setdefault((cell.draft, cell.k, cell.alpha), []).append(cell)
+            by_setup.setdefault((cell.draft, server_k(cell.draft, cell.k), cell.alpha), []).append(cell)
         order = sorted(by_setup, key=lambda key: key[0] != AR)
         return [VllmStage(self, key, by_setup[key]) for key in order]
 
@@ -295,8 +313,7 @@ class VllmEngine(Engine):
         if config.trust_remote_code:
             command.append("--trust-remote-code")
         if draft != AR:
-            spec = parse_draft_spec(draft, allow_served=True)
-            speculative = speculative_config(spec, k, self.draft_dirs.get(draft), alpha)
+            speculative = draft_speculative_config(draft, k, self.draft_dirs.get(draft), alpha)
             command += ["--speculative-config", json.dumps(speculative)]
         return command + shlex.split(options.extra_args)
 
@@ -321,9 +338,9 @@ class VllmEngine(Engine):
 
     def _complete(self, payload: dict) -> dict:
         """One non-streaming completion on the running server."""
-        payload = {"model": SERVED_NAME, **payload}
+        payload = {"model": self.served_name, **payload}
         request = urllib.request.Request(self.current.url + "/v1/completions", data=json.dumps(payload).encode(),
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **(self.headers or {})})
         with urllib.request.urlopen(request, timeout=300) as response:
             return json.loads(response.read())
 
@@ -396,7 +413,8 @@ class VllmStage(Stage):
 
     def __init__(self, engine: VllmEngine, setup: tuple[str, int, str], cells: list[Cell]) -> None:
         draft, k, alpha = setup
-        label = "autoregressive" if draft == AR else f"{draft} K={k}" + (f" α={alpha}" if alpha else "")
+        scheduled = split_schedule(draft)[1] is not None
+        label = "autoregressive" if draft == AR else (draft if scheduled else f"{draft} K={k}") + (f" α={alpha}" if alpha else "")
         super().__init__(f"vLLM server: {label}", [[cell] for cell in cells])
         self.engine, self.setup, self.server_label = engine, setup, label
         self.server: ServerProcess | None = None
@@ -410,7 +428,7 @@ class VllmStage(Stage):
     def start(self) -> None:
         engine = self.engine
         port = free_port()
-        safe = re.sub(r"[^A-Za-z0-9._]+", "-", self.server_label.replace("α=", "a"))
+        safe = re.sub(r"[^A-Za-z0-9._]+", "-", self.server_label.replace("α=", "a"))[:80]
         log = engine.run_dir / "servers" / f"{len(engine.servers):02d}_{safe}.log"
         command = engine.server_command(*self.setup, port)
         self.server = ServerProcess(command, log, port, env=engine.server_env())
@@ -445,6 +463,20 @@ class VllmStage(Stage):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def scrape(self) -> Snapshot:
+        return Snapshot.scrape(self.server.url)
+
+    def failure_note(self) -> str:
+        """Why requests failed, as far as the server's state and log say."""
+        server = self.server
+        try:
+            server.process.wait(timeout=2)  # a server that crashed mid-request is gone within moments
+        except subprocess.TimeoutExpired:
+            pass
+        state = "" if server.alive() else f"the server exited with code {server.process.returncode}; "
+        cause = root_cause(server.log_path)
+        return state + (f"server log: {cause}; " if cause else "") + f"see {server.log_path}"
 
     def ensure_running(self) -> None:
         """A server that died (or stopped answering) during an earlier cell is started again."""
@@ -502,6 +534,7 @@ class VllmCellRun:
         self.stage, self.cell, self.prompts, self.prompt_ids = stage, cell, prompts, prompt_ids
         self.config = stage.engine.config
         self.throughput_per_repeat: list[float] = []
+        self.request_rate_per_repeat: list[float] = []  # completed requests per second of each repeat
         self.runs: list[LoadRun] = []
         self.request_table: list[dict] = []
         self.outputs: list[list[int]] = [[] for _ in prompts]
@@ -509,12 +542,13 @@ class VllmCellRun:
         self.per_position: dict[int, float] = {}
         self.server_ttft: list[float] = []
         self.server_itl: list[float] = []
+        self.server_queue: list[float] = []
         self.peak_bytes = 0
         self.memory_kind = ""
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         cell, config = self.cell, self.config
-        payload = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        payload = {"model": self.stage.engine.served_name, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                    "ignore_eos": True, "return_token_ids": True, "temperature": cell.temperature}
         if cell.temperature > 0:
             payload["seed"] = config.seed + 1000 * repeat + index
@@ -528,26 +562,34 @@ class VllmCellRun:
     def url(self) -> str:
         return self.stage.server.url + "/v1/completions"
 
+    @property
+    def headers(self) -> dict | None:
+        return self.stage.engine.headers
+
+    def arrivals(self, count: int, repeat: int) -> list[float]:
+        """An open-loop cell's arrival times: one seeded draw per (sweep seed, repeat), so every
+        cell of a group (baseline and speculative) gets the same traffic, run after run."""
+        seed = [self.config.seed, max(repeat, 0), 7]
+        return arrival_times(count, self.cell.request_rate, self.config.burstiness, seed=seed)
+
     def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int) -> LoadRun:
         payloads = [self.payload(p, i, repeat, max_tokens) for i, p in enumerate(prompts)]
-        run = run_closed_loop(self.url, payloads, self.cell.batch_size, [len(p) for p in prompts])
+        lengths = [len(p) for p in prompts]
+        if self.cell.request_rate and repeat >= 0 and repeat != 500:  # warm-up and probes run closed-loop
+            run = run_open_loop(self.url, payloads, self.arrivals(len(payloads), repeat), lengths,
+                                headers=self.headers)
+        else:
+            concurrency = self.cell.batch_size or len(prompts)
+            run = run_closed_loop(self.url, payloads, concurrency, lengths, headers=self.headers)
         if run.errors:
-            server = self.stage.server
-            try:
-                server.process.wait(timeout=2)  # a server that crashed mid-request is gone within moments
-            except subprocess.TimeoutExpired:
-                pass
-            state = "" if server.alive() else f"the server exited with code {server.process.returncode}; "
-            cause = root_cause(server.log_path)
-            raise RuntimeError(f"{len(run.errors)} of {len(prompts)} requests failed ({state}"
-                               + (f"server log: {cause}; " if cause else "") + f"see {server.log_path}): "
+            raise RuntimeError(f"{len(run.errors)} of {len(prompts)} requests failed ({self.stage.failure_note()}): "
                                + run.errors[0])
         return run
 
     def warm_up(self) -> None:
         """One round of B requests, excluded from every figure (first-use compilation, caches)."""
         if self.config.warmup:
-            count = min(self.cell.batch_size, len(self.prompts))
+            count = min(self.cell.batch_size or 4, len(self.prompts))
             self._load(self.prompts[:count], repeat=-1, max_tokens=min(16, self.config.max_new_tokens))
 
     def sample(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -557,7 +599,7 @@ class VllmCellRun:
 
     def measure(self, repeat: int) -> None:
         server = self.stage.server
-        before = Snapshot.scrape(server.url)
+        before = self.stage.scrape()
         cuda = self.config.device.startswith("cuda")
         with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory:
             run = self._load(self.prompts, repeat, self.config.max_new_tokens)
@@ -570,28 +612,33 @@ class VllmCellRun:
             self.per_position[int(position)] = self.per_position.get(int(position), 0.0) + value - previous
         self.server_ttft.append(histogram_mean_delta(before, after, "vllm:time_to_first_token_seconds"))
         self.server_itl.append(histogram_mean_delta(before, after, "vllm:inter_token_latency_seconds"))
+        self.server_queue.append(histogram_mean_delta(before, after, "vllm:request_queue_time_seconds"))
         self.peak_bytes = max(self.peak_bytes, memory.peak)
         self.memory_kind = "gpu" if cuda else "rss"
         for request in run.requests:
             gaps = np.diff(request.arrivals_s).tolist() if len(request.arrivals_s) > 1 else []
-            tokens = len(request.tokens)
+            tokens = request.output_tokens
             self.request_table.append({
                 "cell_id": self.cell.id, "repeat": repeat, "batch_index": 0,
                 "request_id": self.prompt_ids[request.index], "prompt_tokens": request.prompt_tokens,
                 "output_tokens": tokens, "ttft_s": request.ttft_s, "e2e_s": request.e2e_s,
                 "tpot_s": (request.e2e_s - request.ttft_s) / (tokens - 1) if tokens > 1 else float("nan"),
                 "itl_s": gaps, "start_offset_s": request.sent_s, "tokens": list(request.tokens),
+                # open loop: when it was due (its arrival) and how late the client sent it
+                "arrival_s": request.scheduled_s if self.cell.request_rate else request.sent_s,
+                "send_lag_s": request.sent_s - request.scheduled_s if self.cell.request_rate else 0.0,
             })
             if repeat == 0:
                 self.outputs[request.index] = list(request.tokens)
         self.throughput_per_repeat.append(run.output_tokens / run.wall_s)
+        self.request_rate_per_repeat.append(len(run.requests) / run.wall_s)
 
     def _settled_snapshot(self, before: Snapshot, run: LoadRun, timeout_s: float = 5.0) -> Snapshot:
         """/metrics once the server has counted every token the client received (its stats can
         trail the last streamed chunk by a step)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            after = Snapshot.scrape(self.stage.server.url)
+            after = self.stage.scrape()
             counted = delta(before, after, "vllm:generation_tokens_total")
             if counted >= run.output_tokens or not after.has("vllm:generation_tokens_total") \
                     or time.monotonic() > deadline:
@@ -627,6 +674,11 @@ class VllmCellRun:
             **percentiles([r["e2e_s"] for r in requests], "e2e"),
             # The server's own view, to cross-check the client's (its ITL is per engine step).
             "server_ttft_mean_s": _mean(self.server_ttft), "server_itl_mean_s": _mean(self.server_itl),
+            "server_queue_mean_s": _mean(self.server_queue),
+            "request_rate": cell.request_rate, "burstiness": config.burstiness if cell.request_rate else float("nan"),
+            "achieved_request_rate": float(np.median(self.request_rate_per_repeat)),
+            "send_lag_max_s": max((r["send_lag_s"] for r in requests), default=0.0),
+            "k_schedule": _schedule_text(cell.draft),
             "client_cpu_per_token_s": client_cpu / output_tokens if output_tokens else float("nan"),
             "peak_memory_bytes": self.peak_bytes, "memory_kind": self.memory_kind,
             "target_param_bytes": target_bytes, "target_kv_cache_bytes": number("kv_cache_memory_bytes"),
@@ -645,7 +697,7 @@ class VllmCellRun:
             drafts = self.counters.get(COUNTERS[0], 0.0)
             drafted = self.counters.get(COUNTERS[1], 0.0)
             accepted = self.counters.get(COUNTERS[2], 0.0)
-            by_position = [self.per_position.get(i, 0.0) for i in range(cell.k)]
+            by_position = [self.per_position.get(i, 0.0) for i in range(server_k(cell.draft, cell.k))]
             row.update({
                 "alpha": accepted / drafted if drafted else float("nan"),
                 "tau": 1 + accepted / drafts if drafts else float("nan"),
@@ -654,6 +706,8 @@ class VllmCellRun:
                 # model's do; a shorter n-gram draft kept whole counts here too).
                 "rejections": int(drafts - by_position[-1]) if by_position else 0,
                 "acceptance_by_position": [v / drafts if drafts else float("nan") for v in by_position],
+                # the mean K the server drafted with: a fixed K, or what a schedule chose per step
+                "k_drafted_mean": drafted / drafts if drafts else float("nan"),
             })
             if cell.alpha:
                 row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(
@@ -661,6 +715,50 @@ class VllmCellRun:
         return CellOutcome(row, requests, [], self.outputs)
 
 
+def _schedule_text(draft: str) -> str:
+    from specbench.grid import format_schedule
+
+    schedule = split_schedule(draft)[1]
+    return format_schedule(schedule) if schedule else ""
+
+
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return statistics.fmean(finite) if finite else float("nan")
+
+
+def base_speculative_configs(meta: dict, drafts: list[str]) -> dict[str, dict]:
+    """Each draft's `--speculative-config` as a run used it: read from the command of a server
+    the vLLM engine started for it, else (a native run) built from the draft's name, with a
+    registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out."""
+    from specbench.models import lookup_alias
+
+    found: dict[str, dict] = {}
+    for server in (meta.get("engine") or {}).get("servers") or []:
+        command = server.get("command") or []
+        if "--speculative-config" not in command:
+            continue
+        config = json.loads(command[command.index("--speculative-config") + 1])
+        label = server.get("label", "")
+        for draft in drafts:
+            if draft not in found and (label == draft or label.startswith(f"{draft} K=")):
+                found[draft] = {key: value for key, value in config.items()
+                                if key not in ("num_speculative_tokens_per_batch_size", "rejection_sample_method",
+                                               "synthetic_acceptance_rates")}
+    if (meta.get("engine") or {}).get("name", "native") != "native":
+        return found
+    for draft in drafts:
+        base, _ = split_schedule(draft)
+        try:
+            spec = parse_draft_spec(base, allow_served=True)
+        except ValueError:
+            continue
+        if spec.kind == "self" or draft in found:
+            continue
+        model = None
+        if spec.kind == "model":
+            target = lookup_alias(str((meta.get("config") or {}).get("target", "")))
+            entry = lookup_alias(spec.model, target.family if target else None)
+            model = entry.hub_id if entry else spec.model
+        found[draft] = speculative_config(spec, 1, model)
+    return found

@@ -6,7 +6,8 @@ chunk as a draft with K proposed and K accepted.
 
 FAKE_VLLM_MODE picks a misbehaviour: exit_at_start, never_healthy, die_once=N (exit in the middle
 of the N-th completion, once: FAKE_VLLM_MARKER records that a server died), child (start a
-grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th).
+grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th). FAKE_VLLM_API_KEY makes
+/v1 answer 401 without that bearer token.
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ def main() -> None:
         if MODE == "never_healthy":
             return web.Response(status=503)
         return web.Response(text="")
+
+    api_key = os.environ.get("FAKE_VLLM_API_KEY", "")
+
+    @web.middleware
+    async def authorize(request, handler):  # as vLLM's --api-key: /v1 routes need the bearer token
+        if api_key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def metrics(request):
         labels = 'engine="0",model_name="fake"'
@@ -126,8 +138,9 @@ def main() -> None:
             entries[str(actual)] = {"logprob": -12.0, "rank": 500, "decoded_token": "z"}
         return entries
 
-    app = web.Application()
+    app = web.Application(middlewares=[authorize])
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)
     print(f"fake vLLM on port {args.port}", flush=True)

@@ -1,0 +1,259 @@
+"""Any running OpenAI-compatible server as an engine: `--endpoint URL` (the server with speculation)
+and `--baseline-endpoint URL` (the same model without it), started and configured by the user
+(vLLM, SGLang, TGI, llama.cpp: anything that streams /v1/completions).
+
+The load, the requests table and the lossless checks are the vLLM engine's. What differs is what
+the server tells: acceptance comes from vLLM's spec-decode counters (deltas around each repeat),
+else SGLang's `sglang:spec_accept_length` / `sglang:spec_accept_rate` gauges or its /server_info's
+`avg_spec_accept_length`; a server that exposes none leaves α and τ unknown (NaN, and the cell
+says so). Memory is not seen from outside. An API key is read from the environment variable
+--api-key-env names, sent as a bearer token, and never written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from specbench.engines import CellOutcome, Stage
+from specbench.grid import Cell, SweepConfig, split_schedule
+from specbench.models import ModelNotAvailable, resolve_model
+from specbench.served.prometheus import Snapshot
+from specbench.served.vllm_engine import COUNTERS, VllmCellRun, VllmEngine, model_path
+
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+def base_url(url: str) -> str:
+    """`http://host:8000/v1/` -> `http://host:8000` (requests add /v1/completions, /metrics)."""
+    url = url.strip().rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def validate_endpoint(config: SweepConfig) -> None:
+    if not config.endpoint:
+        raise ValueError("the endpoint engine needs --endpoint URL (a running OpenAI-compatible server)")
+    for name, url in (("--endpoint", config.endpoint), ("--baseline-endpoint", config.baseline_endpoint)):
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{name} must be an http(s) URL, got {url!r}")
+    if config.synthetic:
+        raise ValueError("--weights random starts its own servers: it needs --engine vllm, not --endpoint")
+    if len(config.drafts) != 1 or len(config.ks) != 1:
+        raise ValueError("--endpoint measures one server: --drafts and --k name what it runs (one label and "
+                         "one K, 0 for unknown; default: endpoint, 0)")
+    if split_schedule(config.drafts[0])[1] is not None:
+        raise ValueError(f"draft {config.drafts[0]!r}: an endpoint runs the schedule its server was started with; "
+                         f"name the draft without @schedule")
+
+
+class RemoteServer:
+    """A server specbench did not start: it is only asked things, never started or stopped."""
+
+    def __init__(self, url: str, headers: dict | None) -> None:
+        self.url = base_url(url)
+        self.headers = headers or {}
+        self.log_path = None
+
+    def get(self, path: str, timeout_s: float = 10.0) -> str:
+        request = urllib.request.Request(self.url + path, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read().decode()
+
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        try:
+            self.get("/v1/models", timeout_s)
+            return True
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def alive(self) -> bool:
+        return True
+
+    def process_tree(self) -> list:
+        return []
+
+    def model_id(self) -> str:
+        """The first model the server lists; a one-line error when it cannot be reached."""
+        try:
+            listed = json.loads(self.get("/v1/models"))
+        except urllib.error.HTTPError as error:
+            hint = " (set the API key's variable, --api-key-env)" if error.code in (401, 403) else ""
+            raise ModelNotAvailable(f"{self.url}/v1/models answered HTTP {error.code}{hint}") from None
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            reason = getattr(error, "reason", error)
+            raise ModelNotAvailable(f"cannot reach the endpoint {self.url}: {reason}") from None
+        models = [entry.get("id") for entry in listed.get("data", []) if entry.get("id")]
+        if not models:
+            raise ModelNotAvailable(f"{self.url}/v1/models lists no model")
+        return models[0]
+
+    def scrape(self) -> Snapshot:
+        """Its /metrics, or an empty snapshot where it has none."""
+        try:
+            return Snapshot.parse(self.get("/metrics"))
+        except Exception:
+            return Snapshot([])
+
+    def server_info(self) -> dict:
+        """SGLang's /server_info ({} elsewhere)."""
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                return json.loads(self.get(path))
+            except Exception:
+                continue
+        return {}
+
+
+class EndpointEngine(VllmEngine):
+    name = "endpoint"
+
+    def __init__(self, config: SweepConfig, run_dir: Path) -> None:
+        super().__init__(config, run_dir)
+        key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        self.headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.endpoint = RemoteServer(config.endpoint, self.headers)
+        self.baseline = RemoteServer(config.baseline_endpoint, self.headers) if config.baseline_endpoint else None
+        self.served_names: dict[str, str] = {}
+
+    def open(self) -> str:
+        from specbench.models import load_tokenizer
+
+        config = self.config
+        for server in filter(None, (self.endpoint, self.baseline)):
+            self.served_names[server.url] = server.model_id()
+        names = set(self.served_names.values())
+        if len(names) > 1:
+            raise ValueError(f"the endpoints serve different models ({', '.join(sorted(names))}): the baseline "
+                             f"must serve the target the speculative server verifies with")
+        self.served_name = names.pop()
+        try:  # the target's tokenizer gives the prompts' token ids (and the chat template)
+            resolved = resolve_model(config.target, allow_download=config.allow_download)
+            self.target_dir = model_path(config.target, config) if resolved.path else ""
+            self.tokenizer = load_tokenizer(self.target_dir or config.target, allow_download=config.allow_download,
+                                            trust_remote_code=config.trust_remote_code)
+        except ModelNotAvailable as error:
+            raise ModelNotAvailable(f"--target {config.target}: the endpoint's tokenizer is needed to send every "
+                                    f"server the same token ids ({error})") from None
+        self._probe_scoring()
+        pair = f"; baseline {self.baseline.url}" if self.baseline else "; no --baseline-endpoint: no speed-ups"
+        return (f"endpoint {self.endpoint.url} serving {self.served_name!r}{pair}; prompts tokenized with "
+                f"{config.target}; sampled check: {'on' if self.scores_samples else self.scores_samples_note}")
+
+    def _probe_scoring(self) -> None:
+        """The sampled check scores outputs with prompt log-probabilities, a vLLM extension."""
+        self.current = self.baseline or self.endpoint
+        try:
+            body = self._complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1})
+            ok = bool(body["choices"][0].get("prompt_logprobs"))
+        except Exception:
+            ok = False
+        self.scores_samples = ok
+        self.scores_samples_note = "" if ok else ("not checked: the server returns no prompt log-probabilities "
+                                                  "(vLLM's prompt_logprobs) to score sampled outputs with")
+
+    def close(self) -> None:
+        self.current = None
+
+    def stages(self, cells: list[Cell]) -> list[Stage]:
+        baseline = [cell for cell in cells if not cell.is_speculative]
+        speculative = [cell for cell in cells if cell.is_speculative]
+        stages = []
+        if baseline:
+            stages.append(EndpointStage(self, self.baseline, "baseline endpoint", baseline))
+        if speculative:
+            stages.append(EndpointStage(self, self.endpoint, "endpoint", speculative))
+        return stages
+
+    def annotate(self, meta: dict) -> None:
+        meta["engine"] = {"name": self.name, "endpoint": self.endpoint.url, "served_model": self.served_name,
+                          "baseline_endpoint": self.baseline.url if self.baseline else "",
+                          "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
+
+    def server_command(self, *args) -> list[str]:
+        raise RuntimeError("an endpoint is started by its user")
+
+
+class EndpointStage(Stage):
+    """Cells measured on a running server; nothing to set up or tear down."""
+
+    def __init__(self, engine: EndpointEngine, server: RemoteServer, label: str, cells: list[Cell]) -> None:
+        super().__init__(f"{label} {server.url}", [[cell] for cell in cells])
+        self.engine, self.server = engine, server
+        self.kv_cache: dict = {}
+        self.record = None
+
+    def __enter__(self) -> "EndpointStage":
+        self.engine.current = self.server
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.current = None
+
+    def scrape(self) -> Snapshot:
+        return self.server.scrape()
+
+    def failure_note(self) -> str:
+        return f"endpoint {self.server.url}" + ("" if self.server.healthy() else ", which no longer answers")
+
+    def measurement(self, cell: Cell, prompts, prompt_ids) -> "EndpointCellRun":
+        return EndpointCellRun(self, cell, prompts, prompt_ids)
+
+
+class EndpointCellRun(VllmCellRun):
+    def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
+        payload = super().payload(prompt, index, repeat, max_tokens)
+        payload["stream_options"] = {"include_usage": True}  # token counts from servers that stream only text
+        return payload
+
+    def finish(self) -> CellOutcome:
+        outcome = super().finish()
+        row = outcome.row
+        row.update({"engine": "endpoint", "endpoint": self.stage.server.url, "peak_memory_bytes": float("nan"),
+                    "memory_kind": "", "target_param_bytes": float("nan"), "draft_param_bytes": float("nan"),
+                    "draft_memory_bytes": float("nan")})
+        if not self.cell.is_speculative:
+            return outcome
+        if self.counters.get(COUNTERS[0], 0.0) > 0:
+            row["acceptance_source"] = "vllm:spec_decode counters"
+            return outcome
+        row.update({"alpha": float("nan"), "tau": float("nan"), "drafted": 0, "accepted": 0, "num_drafts": 0,
+                    "rejections": 0, "acceptance_by_position": [], "k_drafted_mean": float("nan")})
+        after = self.stage.scrape()
+        length = after.find(SGLANG_ACCEPT_LENGTH)
+        rate = after.find(SGLANG_ACCEPT_RATE)
+        if length or rate:
+            row["tau"] = length[0].value if length else float("nan")
+            row["alpha"] = rate[0].value if rate else float("nan")
+            row["acceptance_source"] = "sglang gauges (the server's recent window, not this cell alone)"
+            return outcome
+        info = self.stage.server.server_info()
+        found = _find_key(info, "avg_spec_accept_length")
+        if found is not None and math.isfinite(found):
+            row["tau"] = found
+            row["acceptance_source"] = "sglang /server_info avg_spec_accept_length (over the server's life)"
+            return outcome
+        row["acceptance_source"] = "unknown: the server exposes no speculative-decoding metrics"
+        return outcome
+
+
+def _find_key(data, key: str) -> float | None:
+    """The first value of `key` anywhere in a JSON document (SGLang nests it per scheduler)."""
+    if isinstance(data, dict):
+        if key in data:
+            try:
+                return float(data[key])
+            except (TypeError, ValueError):
+                return None
+        data = list(data.values())
+    if isinstance(data, list):
+        for item in data:
+            found = _find_key(item, key)
+            if found is not None:
+                return found
+    return None
+

@@ -1,0 +1,237 @@
+"""Live traffic without vLLM: open-loop arrivals, SLO goodput and its gate, K schedules and the
+--speculative-config they become, and --endpoint on a server specbench did not start (the stand-in
+of tests/fake_vllm). The same on a real vLLM server is in test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.fit import parse_slo, slo_capacity, slo_table
+from specbench.gate import FAIL, PASS, UNANSWERABLE, evaluate_slo
+from specbench.grid import OPEN_ENDED, SweepConfig, format_schedule, parse_schedule, plan_cells, schedule_k
+from specbench.results import load_run
+from specbench.served.client import arrival_times
+from specbench.served.server import ServerProcess, free_port
+from tests.test_served import SERVER_MARK, fake_vllm, target_dir  # noqa: F401 (fixtures)
+
+runner = CliRunner()
+
+
+# --- arrivals ------------------------------------------------------------------------------------
+
+def test_poisson_arrivals_are_seeded_and_end_at_count_over_rate():
+    first, again = arrival_times(200, 4.0, seed=[0, 0, 7]), arrival_times(200, 4.0, seed=[0, 0, 7])
+    assert first == again and first != arrival_times(200, 4.0, seed=[1, 0, 7])
+    assert first[-1] == pytest.approx(200 / 4.0) and all(b >= a for a, b in zip(first, first[1:]))
+    gaps = np.diff([0.0] + first)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.2)  # exponential gaps: CV 1
+    bursty = np.diff([0.0] + arrival_times(200, 4.0, burstiness=0.25, seed=3))
+    assert np.std(bursty) / np.mean(bursty) > 1.5  # gamma of shape 0.25: CV 2
+    assert arrival_times(5, float("inf")) == [0.0] * 5
+
+
+# --- K schedules and SLOs ------------------------------------------------------------------------
+
+def test_k_schedules_read_as_check_prints_them():
+    assert parse_schedule("{1-8: 4, 9-32: 2, 33+: off}") == [(1, 8, 4), (9, 32, 2), (33, OPEN_ENDED, 0)]
+    assert parse_schedule("1=3;2+=1") == [(1, 1, 3), (2, OPEN_ENDED, 1)]
+    schedule = parse_schedule("{1-4: 3, 5+: off}")
+    assert format_schedule(schedule) == "{1-4: 3, 5+: off}"
+    assert [schedule_k(schedule, b) for b in (1, 4, 5, 1000)] == [3, 3, 0, 0]
+    for bad, message in (("{2-8: 4}", "from 1 up"), ("{1-4: 3, 4+: 1}", "from 1 up"), ("{1+: off}", "never drafts"),
+                         ("{1-x: 3}", "cannot read")):
+        with pytest.raises(ValueError, match=message):
+            parse_schedule(bad)
+
+
+def test_a_scheduled_draft_is_one_cell_per_group_at_its_k():
+    config = SweepConfig(drafts=["ngram", "ngram@schedule:{1: 3, 2+: 1}"], ks=[2], batch_sizes=[1, 4],
+                         temperatures=[0.0], workloads=["chat"], engine="vllm")
+    cells = {c.id for c in plan_cells(config)}
+    assert "chat|B1|T0|ngram@schedule:{1: 3, 2+: 1}|K3" in cells and "chat|B4|T0|ngram@schedule:{1: 3, 2+: 1}|K1" in cells
+    assert len(cells) == 2 * 3
+    rates = SweepConfig(drafts=["ngram"], ks=[2], request_rates=[2.0, float("inf")], temperatures=[0.0],
+                        workloads=["chat"], engine="vllm")
+    assert [c.id for c in plan_cells(rates)] == ["chat|R2|T0|autoregressive", "chat|R2|T0|ngram|K2",
+                                                 "chat|Rinf|T0|autoregressive", "chat|Rinf|T0|ngram|K2"]
+
+
+def test_slos_parse_with_a_percentile():
+    slo = parse_slo("ttft=1.0,tpot=0.05,p90")
+    assert dict(slo.bounds) == {"ttft": 1.0, "tpot": 0.05} and slo.percentile == 90
+    assert parse_slo("ttft:2").percentile == 99
+    assert slo.describe() == "p90 TTFT ≤ 1 s and TPOT ≤ 50 ms"
+    for bad in ("ttft=abc", "latency=1", "p42,ttft=1", "tpot=-1", ""):
+        with pytest.raises(ValueError):
+            parse_slo(bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--request-rates", "2,4"], "needs a served engine"),
+    (["--engine", "vllm", "--request-rates", "0"], "request rates must be > 0"),
+    (["--engine", "vllm", "--request-rates", "2", "--batch-sizes", "1"], "one or the other"),
+    (["--engine", "vllm", "--request-rates", "2", "--burstiness", "0"], "--burstiness must be > 0"),
+    (["--engine", "vllm", "--slo", "ttft=fast"], "--slo"),
+    (["--drafts", "ngram@schedule:{1: 3}"], "K schedule runs on a served engine"),
+    (["--engine", "vllm", "--drafts", "ngram@schedule:{2+: 3}"], "from 1 up"),
+    (["--endpoint", "localhost:8000"], "http(s) URL"),
+    (["--baseline-endpoint", "http://x"], "needs --endpoint"),
+    (["--endpoint", "http://127.0.0.1:9", "--drafts", "a,b"], "one label"),
+])
+def test_bad_live_traffic_input_is_one_line(args, message, tmp_path):
+    result = runner.invoke(app, ["sweep", "--output", str(tmp_path / "x"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_unreachable_endpoint_is_one_line(tmp_path):
+    result = runner.invoke(app, ["sweep", "--endpoint", f"http://127.0.0.1:{free_port()}", "--batch-sizes", "1",
+                                 "--workloads", "chat", "--temperatures", "0", "--output", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "cannot reach the endpoint" in result.output, result.output
+
+
+# --- the SLO gate on hand-made tables -------------------------------------------------------------
+
+def _cells_and_requests(ar_ttft: dict[float, float], sd_ttft: dict[float, float]):
+    """Two rates, four requests each, every request of a cell with the same TTFT; 2 s per cell."""
+    cells, requests = [], []
+    for mode, draft, k, ttfts in (("autoregressive", "autoregressive", 0, ar_ttft), ("speculative", "d", 2, sd_ttft)):
+        for rate, ttft in ttfts.items():
+            cell_id = f"chat|R{rate:g}|T0|{draft}"
+            cells.append({"cell_id": cell_id, "status": "ok", "mode": mode, "draft": draft, "k": k, "workload": "chat",
+                          "temperature": 0.0, "batch_size": 0, "request_rate": rate, "wall_s": 2.0,
+                          "tokens_per_s": 100.0 * rate})
+            requests += [{"cell_id": cell_id, "ttft_s": ttft, "tpot_s": 0.01, "e2e_s": ttft + 1} for _ in range(4)]
+    return pd.DataFrame(cells), pd.DataFrame(requests)
+
+
+def test_the_slo_gate_passes_fails_and_cannot_answer():
+    slo = parse_slo("ttft=1.0")
+    cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5})
+    table = slo_table(cells, requests, slo)
+    assert table.set_index("cell_id").loc["chat|R4|T0|d", "goodput_rps"] == 0.0
+    assert table.set_index("cell_id").loc["chat|R4|T0|autoregressive", "goodput_rps"] == pytest.approx(4 / 2.0)
+    capacity = slo_capacity(table).set_index("draft")["max_load"]
+    assert capacity["autoregressive"] == 4.0 and capacity["d"] == 1.0
+    assert evaluate_slo(cells, requests, slo).exit_code == FAIL  # speculation lowers the sustainable rate
+    cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 1.8}, {1.0: 0.4, 4.0: 0.9})
+    assert evaluate_slo(cells, requests, slo).exit_code == PASS
+    cells, requests = _cells_and_requests({1.0: 3.0, 4.0: 3.0}, {1.0: 3.0, 4.0: 3.0})
+    result = evaluate_slo(cells, requests, slo)
+    assert result.exit_code == UNANSWERABLE and "no measured load meets" in result.message
+
+
+# --- on the stand-in server ----------------------------------------------------------------------
+
+def test_an_open_loop_sweep_sends_at_the_seeded_arrivals_and_check_slo_judges_it(fake_vllm, target_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--drafts", "ngram", "--k", "2",
+                                 "--request-rates", "8,30", "--temperatures", "0", "--workloads", "chat",
+                                 "--max-new-tokens", "8", "--num-prompts", "6", "--dtype", "fp32", "--output",
+                                 str(run_dir), "--server-timeout", "60", "--slo", "ttft=2,tpot=0.5"])
+    assert result.exit_code == 0, result.output
+    run = load_run(run_dir)
+    cells = run.cells.set_index("cell_id")
+    assert set(cells.index) == {"chat|R8|T0|autoregressive", "chat|R8|T0|ngram|K2", "chat|R30|T0|autoregressive",
+                                "chat|R30|T0|ngram|K2"}
+    assert (cells["batch_size"] == 0).all() and (cells["lossless"].dropna() == "exact").all()
+    for cell_id, rate in (("chat|R8|T0|ngram|K2", 8.0), ("chat|R30|T0|autoregressive", 30.0)):
+        rows = run.requests[run.requests["cell_id"] == cell_id].sort_values("request_id")
+        expected = arrival_times(6, rate, seed=[0, 0, 7])
+        assert sorted(rows["arrival_s"]) == pytest.approx(expected)  # the same traffic for every cell of a rate
+        assert (rows["start_offset_s"] >= rows["arrival_s"] - 1e-3).all()  # never sent early
+        assert (rows["send_lag_s"] < 0.25).all()
+    # goodput by hand: requests meeting both bounds over the cell's measured time
+    cell_id = "chat|R8|T0|autoregressive"
+    rows = run.requests[run.requests["cell_id"] == cell_id]
+    good = ((rows["ttft_s"] <= 2) & (rows["tpot_s"] <= 0.5)).sum()
+    table = slo_table(run.cells, run.requests, parse_slo("ttft=2,tpot=0.5")).set_index("cell_id")
+    assert table.loc[cell_id, "goodput_rps"] == pytest.approx(good / cells.loc[cell_id, "wall_s"])
+    assert cells.loc[cell_id, "achieved_request_rate"] == pytest.approx(6 / cells.loc[cell_id, "wall_s"])
+
+    passed = runner.invoke(app, ["check", str(run_dir)])  # the run's own --slo
+    assert passed.exit_code == 0 and "highest request rate" in passed.output, passed.output
+    nothing = runner.invoke(app, ["check", str(run_dir), "--slo", "ttft=0.000001"])
+    assert nothing.exit_code == 2 and "no measured load meets" in nothing.output, nothing.output
+    assert runner.invoke(app, ["check", str(run_dir), "--slo", "ttft=soon"]).exit_code == 2
+    as_json = runner.invoke(app, ["check", str(run_dir), "--json"])
+    assert json.loads(as_json.output)["load"] == "request_rate"
+    reported = runner.invoke(app, ["report", str(run_dir)])
+    assert reported.exit_code == 0, reported.output
+    page = (run_dir / "report" / "report.html").read_text()
+    assert "class=answer" in page and "Under p99 TTFT" in page
+    assert {p.name for p in (run_dir / "report").glob("*.png")} >= {"throughput_vs_latency.png", "goodput.png"}
+
+
+def test_check_hands_back_a_speculative_config_with_the_k_schedule(fake_vllm, target_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--drafts",
+                                 "ngram:4,ngram@schedule:{1: 3, 2+: 1}", "--k", "1,2", "--batch-sizes", "1,3",
+                                 "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
+                                 "--num-prompts", "3", "--dtype", "fp32", "--output", str(run_dir),
+                                 "--server-timeout", "60"])
+    assert result.exit_code == 0, result.output
+    cells = load_run(run_dir).cells.set_index("cell_id")
+    assert cells.loc["chat|B3|T0|ngram@schedule:{1: 3, 2+: 1}|K1", "k_schedule"] == "{1: 3, 2+: 1}"
+    checked = runner.invoke(app, ["check", str(run_dir), "--min-speedup", "0.01", "--json"])
+    verdicts = {v["draft"]: v for v in json.loads(checked.output)["verdicts"]}
+    config = verdicts["ngram:4"]["speculative_config"]
+    assert config["method"] == "ngram" and config["prompt_lookup_max"] == 4
+    best = verdicts["ngram:4"]["best_k"]
+    assert config["num_speculative_tokens"] == max(best.values())
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, best["1"]], [2, OPEN_ENDED, best["3"]]] \
+        if best["1"] != best["3"] else [[1, OPEN_ENDED, best["1"]]]
+    text = runner.invoke(app, ["check", str(run_dir), "--min-speedup", "0.01"]).output
+    assert "--speculative-config '" in text
+    pasted = text.split("vLLM, ngram:4: --speculative-config '")[1].split("'")[0]
+    assert json.loads(pasted) == config
+    # a draft that never meets the bar gets no config to paste
+    never = json.loads(runner.invoke(app, ["check", str(run_dir), "--min-speedup", "1000", "--json"]).output)
+    assert all(v["speculative_config"] is None for v in never["verdicts"])
+
+
+def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_written(fake_vllm, target_dir, tmp_path):
+    fake_vllm.setenv("SPECBENCH_TEST_KEY", "sk-secret-123")
+    fake_vllm.setenv("FAKE_VLLM_API_KEY", "sk-secret-123")  # the servers refuse requests without it
+    servers = []
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": 3}):
+        port = free_port()
+        command = [sys.executable, "-m", SERVER_MARK, "--port", str(port)]
+        command += ["--speculative-config", json.dumps(spec)] if spec else []
+        server = ServerProcess(command, tmp_path / f"server{port}.log", port)
+        server.start()
+        server.wait_until_healthy(60)
+        servers.append(server)
+    baseline, speculative = servers
+    try:
+        run_dir = tmp_path / "run"
+        result = runner.invoke(app, ["sweep", "--endpoint", speculative.url + "/v1", "--baseline-endpoint",
+                                     baseline.url, "--target", target_dir, "--batch-sizes", "1,2",
+                                     "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "12",
+                                     "--num-prompts", "2", "--api-key-env", "SPECBENCH_TEST_KEY",
+                                     "--output", str(run_dir)])
+        assert result.exit_code == 0, result.output
+        assert speculative.alive() and baseline.alive()  # specbench does not stop what it did not start
+    finally:
+        for server in servers:
+            server.stop()
+    run = load_run(run_dir)
+    cells = run.cells.set_index("cell_id")
+    assert set(cells.index) == {"chat|B1|T0|autoregressive", "chat|B1|T0|endpoint|K0",
+                                "chat|B2|T0|autoregressive", "chat|B2|T0|endpoint|K0"}
+    sd = cells[cells["mode"] == "speculative"]
+    # the stand-in streams chunks of K+1 = 4 and counts each later chunk as a draft of 3, all accepted
+    assert (sd["alpha"] == 1.0).all() and (sd["tau"] == 4.0).all() and (sd["k_drafted_mean"] == 3.0).all()
+    assert (sd["acceptance_source"] == "vllm:spec_decode counters").all() and (sd["lossless"] == "exact").all()
+    assert sd["speedup"].notna().all()
+    assert run.meta["engine"]["api_key_sent"] is True
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert b"sk-secret-123" not in path.read_bytes(), path

@@ -99,9 +99,11 @@ def _text(value) -> str:
 
 def load_text(row: dict) -> str:
     """A cell's load: its batch size (B=4) or, open-loop, its request rate (4/s)."""
+    from specbench.grid import format_rate
+
     rate = row.get("request_rate")
     if rate is not None and rate == rate and rate > 0:
-        return ("inf" if rate == float("inf") else f"{rate:g}") + "/s"
+        return format_rate(rate) + "/s"
     return _text(row.get("batch_size"))
 
 
@@ -438,8 +440,7 @@ def report(
         if slo:
             parse_slo(slo)
         measured = measured_batch_sizes(run.cells)
-        drafts = sorted(set(run.cells["draft"]) - {"autoregressive"})
-        verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, drafts)) \
+        verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"])) \
             if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
@@ -589,9 +590,8 @@ def check(
                                       chosen_workloads, chosen_temperatures)
         else:
             sizes = split_list(batch_sizes, int, "--batch-sizes") if batch_sizes else measured_batch_sizes(run.cells)
-            drafts = sorted(set(run.cells["draft"]) - {"autoregressive"})
             result = evaluate(run.cells, sizes, min_speedup, draft, chosen_workloads, chosen_temperatures,
-                              base_speculative_configs(run.meta, drafts))
+                              base_speculative_configs(run.meta, run.cells["draft"]))
     except _known_errors() as error:
         if json_output:
             print(json.dumps({"exit_code": UNANSWERABLE, "message": str(error)}))

@@ -595,20 +595,9 @@ def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame
 
 def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
     """`{1-8: 5, 9-32: 2, 33+: off}`: each measured B covers the sizes above the previous one."""
-    points = sorted(zip(batch_sizes, best_k))
-    ranges: list[tuple[int, int, str]] = []
-    low = 1
-    for b, k in points:
-        value = "off" if k is None else str(k)
-        if ranges and ranges[-1][2] == value:
-            ranges[-1] = (ranges[-1][0], b, value)
-        else:
-            ranges.append((low, b, value))
-        low = b + 1
-    parts = [f"{lo}-{hi}: {v}" if lo != hi else f"{lo}: {v}" for lo, hi, v in ranges]
-    last_lo, last_hi, last_v = ranges[-1]
-    parts[-1] = f"{last_lo}+: {last_v}"
-    return "{" + ", ".join(parts) + "}"
+    from specbench.grid import format_schedule
+
+    return format_schedule(schedule_ranges(batch_sizes, best_k))
 
 
 # --- money -------------------------------------------------------------------------------------
@@ -742,10 +731,11 @@ def slo_table(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo) -> pd.DataF
     if ok.empty or requests.empty:
         return pd.DataFrame()
     ok = label_synthetic(ok)
+    by_cell = dict(tuple(requests.groupby("cell_id", sort=False)))
     rows = []
     for cell in ok.to_dict("records"):
-        mine = requests[requests["cell_id"] == cell["cell_id"]]
-        if mine.empty:
+        mine = by_cell.get(cell["cell_id"])
+        if mine is None:
             continue
         good = np.ones(len(mine), dtype=bool)
         figures = {}
@@ -822,14 +812,17 @@ def vllm_speculative_config(base: dict, schedule: list[tuple[int, int, int]]) ->
     largest = max((k for _, _, k in schedule), default=0)
     if largest < 1:
         return None
+    from specbench.grid import vllm_schedule
+
     config = {key: value for key, value in base.items() if key != "num_speculative_tokens_per_batch_size"}
     config["num_speculative_tokens"] = largest
-    config["num_speculative_tokens_per_batch_size"] = [[first, last, k] for first, last, k in schedule]
+    config["num_speculative_tokens_per_batch_size"] = vllm_schedule(schedule)
     return config
 
 
 def schedule_ranges(batch_sizes: list[int], best_k: list[int | None]) -> list[tuple[int, int, int]]:
-    """k_schedule's ranges as (first, last, K) with K 0 for off; the last range is open-ended."""
+    """The K per batch size as (first, last, K) ranges, K 0 (None in `best_k`) for off: each
+    measured B covers the sizes above the previous one, and the last range is open-ended."""
     from specbench.grid import OPEN_ENDED
 
     ranges: list[tuple[int, int, int]] = []

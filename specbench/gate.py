@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from specbench.fit import (
-    Slo, best_k_by_batch, capacity_ratio, capacity_text, crossover, k_schedule, load_column, pick_best_draft, repeat_range,
+    Slo, best_k_by_batch, capacity_ratio, capacity_text, crossover, load_column, pick_best_draft, repeat_range,
     schedule_ranges, slo_capacity, slo_table, vllm_speculative_config, worst_case_by_batch,
 )
+from specbench.grid import format_schedule
 
 PASS, FAIL, UNANSWERABLE = 0, 1, 2
 
@@ -91,14 +92,14 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
         speedups = {b: by_batch[b][0] for b in batch_sizes if b in by_batch}
         best_k = {b: by_batch[b][1] for b in batch_sizes if b in by_batch}
         measured = sorted(by_batch)
-        schedule = k_schedule(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None for b in measured])
+        schedule = schedule_ranges(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None
+                                              for b in measured])
         found = crossover(measured, [by_batch[b][0] for b in measured], threshold=min_speedup)
         passes = None if missing else all(s >= min_speedup for s in speedups.values())
-        ranges_k = schedule_ranges(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None
-                                              for b in measured])
         base = (base_configs or {}).get(name)
-        config = vllm_speculative_config(base, ranges_k) if base is not None else None
-        verdicts.append(DraftVerdict(name, passes, speedups, best_k, schedule, found.text, missing, ranges, config))
+        config = vllm_speculative_config(base, schedule) if base is not None else None
+        verdicts.append(DraftVerdict(name, passes, speedups, best_k, format_schedule(schedule), found.text, missing,
+                                     ranges, config))
 
     if draft is None:  # judge the best draft (best_draft_rule) at the named batch sizes
         name = pick_best_draft(worst_all, batch_sizes)

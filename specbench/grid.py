@@ -142,10 +142,6 @@ class SweepConfig:
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
 
     @property
-    def open_loop(self) -> bool:
-        return bool(self.request_rates)
-
-    @property
     def torch_dtype(self):
         """The target's dtype: --dtype, else the device's default."""
         from specbench.models import default_dtype, parse_dtype
@@ -189,10 +185,6 @@ class SweepConfig:
             from specbench.fit import parse_slo
 
             parse_slo(self.slo)
-        for draft in self.drafts:
-            base, schedule = split_schedule(draft)
-            if schedule is not None and self.engine not in SERVED_ENGINES:
-                raise ValueError(f"draft {draft!r}: a K schedule runs on a served engine (--engine vllm)")
         if any(t < 0 or not math.isfinite(t) for t in self.temperatures):
             raise ValueError(f"temperatures must be finite and >= 0, got {self.temperatures}")
         for name, value in (("--max-new-tokens", self.max_new_tokens), ("--num-prompts", self.num_prompts),
@@ -203,8 +195,11 @@ class SweepConfig:
         if self.dtype:
             parse_dtype(self.dtype)
         for draft in self.drafts:
+            base, schedule = split_schedule(draft)
+            if schedule is not None and self.engine not in SERVED_ENGINES:
+                raise ValueError(f"draft {draft!r}: a K schedule runs on a served engine (--engine vllm)")
             if self.engine != "endpoint":  # an endpoint's draft is a label
-                parse_draft_spec(split_schedule(draft)[0], allow_served=self.engine != "native")
+                parse_draft_spec(base, allow_served=self.engine != "native")
         if self.weights not in ("real", "random"):
             raise ValueError(f"--weights must be real or random, got {self.weights!r}")
         if self.synthetic and not self.alphas:

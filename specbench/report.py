@@ -60,7 +60,6 @@ def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | 
     """Every figure of the report. `slo` (default: the run's --slo) adds goodput and capacity."""
     a = _analyse(run, gpu_price, gpus)
     a.load = load_column(run.cells)
-    a.price, a.gpus = (gpu_price if gpu_price is not None else default_gpu_price(run.meta.get("hardware", {}))[0]), gpus
     text = slo or (run.meta.get("config") or {}).get("slo") or ""
     if text:
         a.slo = parse_slo(text)
@@ -86,7 +85,8 @@ def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysi
     if not costs.empty:
         costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
     return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
-                    note + (f"; {gpus} devices" if gpus != 1 else ""), measurement_warnings(run.cells))
+                    note + (f"; {gpus} devices" if gpus != 1 else ""), measurement_warnings(run.cells),
+                    price=price, gpus=gpus)
 
 
 # --- charts ------------------------------------------------------------------------------------
@@ -483,9 +483,8 @@ def answer(a: Analysis, gate_result=None) -> str:
                 if worst is None or ratio < worst[0]:
                     worst = (ratio, row, b.iloc[0])
             if worst is not None:
-                _, row, b = worst
+                ratio, row, b = worst
                 kind = "request rate" if a.load == "request_rate" else "concurrency"
-                ratio = capacity_ratio(row.max_load, b["max_load"])
                 verb = "raises" if ratio > 1 else ("keeps" if ratio == 1 else "lowers")
                 cost = ""
                 if pd.notna(row.cost_per_1m) and pd.notna(b["cost_per_1m"]):

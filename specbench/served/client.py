@@ -19,6 +19,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import aiohttp
 import numpy as np
@@ -105,28 +106,42 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, payload: d
     return request
 
 
+async def _load(url: str, payloads: list[dict], requests: list[StreamedRequest], timeout_s: float,
+                headers: dict | None, drive: Callable[[Callable[[int], Awaitable[None]], float], Awaitable]) -> LoadRun:
+    """One load run: `drive(send, origin)` decides when request i is sent (`await send(i)`); the
+    session, the client's CPU time and the wall time (first send -> last token) are the same for
+    every load shape."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        origin = time.perf_counter()
+
+        async def send(i: int) -> None:
+            await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+
+        cpu = time.thread_time()
+        await drive(send, origin)
+        client_cpu = time.thread_time() - cpu
+    ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
+    wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
+    return LoadRun(requests, wall, client_cpu)
+
+
 async def _closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
                        timeout_s: float, headers: dict | None) -> LoadRun:
     requests = [StreamedRequest(i, prompt_lengths[i]) for i in range(len(payloads))]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(payloads)):
         queue.put_nowait(i)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        origin = time.perf_counter()
 
+    async def drive(send, origin: float) -> None:
         async def worker() -> None:
             while not queue.empty():
-                i = queue.get_nowait()
-                await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+                await send(queue.get_nowait())
 
-        cpu = time.thread_time()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(payloads)))))
-        client_cpu = time.thread_time() - cpu
-    ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
-    wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
-    return LoadRun(requests, wall, client_cpu)
+
+    return await _load(url, payloads, requests, timeout_s, headers, drive)
 
 
 def run_closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
@@ -154,23 +169,17 @@ def arrival_times(count: int, rate: float, burstiness: float = 1.0, seed: int = 
 async def _open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
                      timeout_s: float, headers: dict | None) -> LoadRun:
     requests = [StreamedRequest(i, prompt_lengths[i], scheduled_s=arrivals_s[i]) for i in range(len(payloads))]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        origin = time.perf_counter()
 
-        async def send(i: int) -> None:
+    async def drive(send, origin: float) -> None:
+        async def at_arrival(i: int) -> None:
             delay = arrivals_s[i] - (time.perf_counter() - origin)
             if delay > 0:
                 await asyncio.sleep(delay)
-            await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+            await send(i)
 
-        cpu = time.thread_time()
-        await asyncio.gather(*(send(i) for i in range(len(payloads))))
-        client_cpu = time.thread_time() - cpu
-    ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
-    wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
-    return LoadRun(requests, wall, client_cpu)
+        await asyncio.gather(*(at_arrival(i) for i in range(len(payloads))))
+
+    return await _load(url, payloads, requests, timeout_s, headers, drive)
 
 
 def run_open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],

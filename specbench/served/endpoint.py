@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specbench.engines import CellOutcome, Stage
 from specbench.grid import Cell, SweepConfig, split_schedule
-from specbench.models import ModelNotAvailable, resolve_model
+from specbench.models import ModelNotAvailable
 from specbench.served.prometheus import Snapshot
 from specbench.served.vllm_engine import COUNTERS, VllmCellRun, VllmEngine, model_path
 
@@ -70,9 +70,6 @@ class RemoteServer:
             return True
         except (urllib.error.URLError, OSError, ValueError):
             return False
-
-    def alive(self) -> bool:
-        return True
 
     def process_tree(self) -> list:
         return []
@@ -132,9 +129,8 @@ class EndpointEngine(VllmEngine):
                              f"must serve the target the speculative server verifies with")
         self.served_name = names.pop()
         try:  # the target's tokenizer gives the prompts' token ids (and the chat template)
-            resolved = resolve_model(config.target, allow_download=config.allow_download)
-            self.target_dir = model_path(config.target, config) if resolved.path else ""
-            self.tokenizer = load_tokenizer(self.target_dir or config.target, allow_download=config.allow_download,
+            self.target_dir = model_path(config.target, config)  # resolves it; a one-line error if missing
+            self.tokenizer = load_tokenizer(self.target_dir, allow_download=config.allow_download,
                                             trust_remote_code=config.trust_remote_code)
         except ModelNotAvailable as error:
             raise ModelNotAvailable(f"--target {config.target}: the endpoint's tokenizer is needed to send every "
@@ -173,9 +169,6 @@ class EndpointEngine(VllmEngine):
         meta["engine"] = {"name": self.name, "endpoint": self.endpoint.url, "served_model": self.served_name,
                           "baseline_endpoint": self.baseline.url if self.baseline else "",
                           "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
-
-    def server_command(self, *args) -> list[str]:
-        raise RuntimeError("an endpoint is started by its user")
 
 
 class EndpointStage(Stage):

@@ -569,15 +569,17 @@ class VllmCellRun:
     def arrivals(self, count: int, repeat: int) -> list[float]:
         """An open-loop cell's arrival times: one seeded draw per (sweep seed, repeat), so every
         cell of a group (baseline and speculative) gets the same traffic, run after run."""
-        seed = [self.config.seed, max(repeat, 0), 7]
+        seed = [self.config.seed, repeat, 7]
         return arrival_times(count, self.cell.request_rate, self.config.burstiness, seed=seed)
 
-    def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int) -> LoadRun:
+    def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int,
+              arrivals_s: list[float] | None = None) -> LoadRun:
+        """The prompts streamed open-loop at `arrivals_s` when given, else closed-loop at the
+        cell's concurrency (all at once in an open-loop cell: its warm-up and sampled-check probes)."""
         payloads = [self.payload(p, i, repeat, max_tokens) for i, p in enumerate(prompts)]
         lengths = [len(p) for p in prompts]
-        if self.cell.request_rate and repeat >= 0 and repeat != 500:  # warm-up and probes run closed-loop
-            run = run_open_loop(self.url, payloads, self.arrivals(len(payloads), repeat), lengths,
-                                headers=self.headers)
+        if arrivals_s is not None:
+            run = run_open_loop(self.url, payloads, arrivals_s, lengths, headers=self.headers)
         else:
             concurrency = self.cell.batch_size or len(prompts)
             run = run_closed_loop(self.url, payloads, concurrency, lengths, headers=self.headers)
@@ -602,7 +604,8 @@ class VllmCellRun:
         before = self.stage.scrape()
         cuda = self.config.device.startswith("cuda")
         with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory:
-            run = self._load(self.prompts, repeat, self.config.max_new_tokens)
+            arrivals = self.arrivals(len(self.prompts), repeat) if self.cell.request_rate else None
+            run = self._load(self.prompts, repeat, self.config.max_new_tokens, arrivals)
         after = self._settled_snapshot(before, run)
         self.runs.append(run)
         for name in COUNTERS:
@@ -727,12 +730,14 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(finite) if finite else float("nan")
 
 
-def base_speculative_configs(meta: dict, drafts: list[str]) -> dict[str, dict]:
+def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
     """Each draft's `--speculative-config` as a run used it: read from the command of a server
     the vLLM engine started for it, else (a native run) built from the draft's name, with a
-    registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out."""
+    registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out;
+    `drafts` may hold the autoregressive label (a cells table's draft column) and repeats."""
     from specbench.models import lookup_alias
 
+    drafts = sorted(set(drafts) - {AR})
     found: dict[str, dict] = {}
     for server in (meta.get("engine") or {}).get("servers") or []:
         command = server.get("command") or []

@@ -543,10 +543,10 @@ DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance
 # --- tables ------------------------------------------------------------------------------------
 
 def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
-    cells = a.cells
-    columns = ["workload", "batch_size", "temperature", "draft", "k", "tokens_per_s", "speedup", "alpha", "tau",
+    cells, load = a.cells, a.load  # load: batch_size, or request_rate on an open-loop run
+    columns = ["workload", load, "temperature", "draft", "k", "tokens_per_s", "speedup", "alpha", "tau",
                "ttft_p50_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s", "lossless"]
-    cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", "batch_size", "draft", "k"]) \
+    cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", load, "draft", "k"]) \
         if not cells.empty else pd.DataFrame()
     tables = {"cells": cell_table}
     if "roofline_fraction" in cells:
@@ -564,9 +564,9 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             served[name.replace("_s", "_ms")] = served[name] * 1e3
         served["client_cpu_per_token_us"] = served["client_cpu_per_token_s"] * 1e6
         tables["server: KV-cache capacity, memory, and the server's own latencies next to the client's"] = served[
-            ["workload", "batch_size", "temperature", "draft", "k", "kv_cache_tokens", "kv_cache_max_concurrency",
+            ["workload", load, "temperature", "draft", "k", "kv_cache_tokens", "kv_cache_max_concurrency",
              "peak_memory_gib", "ttft_mean_ms", "server_ttft_mean_ms", "itl_mean_ms", "server_itl_mean_ms",
-             "client_cpu_per_token_us"]].sort_values(["workload", "temperature", "batch_size", "draft", "k"])
+             "client_cpu_per_token_us"]].sort_values(["workload", "temperature", load, "draft", "k"])
     if not a.alphas.empty:
         tables["alpha fit"] = a.alphas
     if not a.predicted.empty:

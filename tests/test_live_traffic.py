@@ -167,6 +167,8 @@ def test_an_open_loop_sweep_sends_at_the_seeded_arrivals_and_check_slo_judges_it
     assert reported.exit_code == 0, reported.output
     page = (run_dir / "report" / "report.html").read_text()
     assert "class=answer" in page and "Under p99 TTFT" in page
+    summary = (run_dir / "report" / "summary.md").read_text()
+    assert "| workload | request_rate | temperature |" in summary  # the load column, not batch_size 0
     assert {p.name for p in (run_dir / "report").glob("*.png")} >= {"throughput_vs_latency.png", "goodput.png"}
 
 

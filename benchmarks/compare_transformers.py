@@ -40,6 +40,9 @@ from specbench.results import hardware_info, versions  # noqa: E402
 from specbench.native.random_models import build_random_model  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from results_file import prepend_section  # noqa: E402
+
 
 def progress(message: str) -> None:
     """A line per phase on stderr, so that a run stopped at a time limit shows how far it got."""
@@ -245,11 +248,7 @@ def main() -> int:
     lines.append("")
     text = "\n".join(lines)
     print(text)
-    header = "# specbench engine vs transformers, and against the bound\n\nNewest first. Each section is one run of " \
-             "`benchmarks/compare_transformers.py` on one machine.\n\n"
-    previous = args.output.read_text().split("\n", 4)[-1] if args.output.exists() else ""
-    previous = previous[previous.find("## "):] if "## " in previous else ""
-    args.output.write_text(header + text + "\n" + previous)
+    prepend_section(args.output, text)
     return 0
 
 

@@ -425,6 +425,9 @@ def report(
     output: Optional[Path] = typer.Option(None, help="Where to write (default: RUN_DIR/report)."),
     slo: Optional[str] = typer.Option(None, help="Goodput and capacity under this SLO, e.g. ttft=1.0,tpot=0.05[,p90] "
                                                  "(default: the run's --slo)."),
+    reference: Optional[Path] = typer.Option(None, help="A run of the same grid on another engine (e.g. --engine vllm): "
+                                                       "the baseline's tokens/s is compared with its baseline's, and a "
+                                                       "baseline far slower is a warning."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
     from specbench.fit import parse_slo
@@ -448,11 +451,15 @@ def report(
         if slo_text:
             slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text))
             sections["rollout check under the SLO"] = _slo_gate_text(slo_result)
-        out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict)
+        reference_run = load_run(reference) if reference is not None else None
+        out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict,
+                                         reference_run)
     except _known_errors() as error:
         fail(str(error))
     if analysis.answer:
         console.print(f"[bold]{escape(analysis.answer)}[/]", highlight=False, soft_wrap=True)
+    if analysis.baseline_note:
+        console.print(escape(analysis.baseline_note), highlight=False, soft_wrap=True)
     _print_analysis(analysis)
     _print_warnings(analysis.warnings)
     for text in sections.values():

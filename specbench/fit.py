@@ -242,6 +242,73 @@ def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
             f"their timings include the other work")
 
 
+# --- how fast the baseline is ------------------------------------------------------------------
+
+SLOW_BASELINE = 0.8  # a baseline below this share of the deployed engine's tokens/s flatters speculation
+BASELINE_KEYS = ["workload", "batch_size", "temperature"]
+
+
+def _baselines(cells: pd.DataFrame) -> pd.DataFrame:
+    if cells.empty or "mode" not in cells:
+        return cells.iloc[0:0]
+    ok = closed_loop(cells[cells["status"] == "ok"]) if "status" in cells else closed_loop(cells)
+    ok = ok[ok["mode"] == AR]
+    return ok[~ok["synthetic"].fillna(False).astype(bool)] if "synthetic" in ok else ok
+
+
+def baseline_speed(cells: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each closed-loop autoregressive cell's tokens/s with what says whether it is fast: its
+    decode step against the memory-bandwidth roofline (native runs record it) and, given the cells
+    of a reference run on another engine (vLLM, say), that engine's baseline at the same workload,
+    batch size and temperature (`of_reference` = ours / theirs)."""
+    base = _baselines(cells)
+    if base.empty:
+        return pd.DataFrame()
+    columns = BASELINE_KEYS + ["tokens_per_s"] + [c for c in ("roofline_fraction",) if c in base]
+    table = base[columns].copy()
+    if reference is not None:
+        theirs = _baselines(reference)[BASELINE_KEYS + ["tokens_per_s"]].rename(
+            columns={"tokens_per_s": "reference_tokens_per_s"})
+        table = table.merge(theirs, on=BASELINE_KEYS, how="left")
+        table["of_reference"] = table["tokens_per_s"] / table["reference_tokens_per_s"]
+    return table.sort_values(["workload", "temperature", "batch_size"]).reset_index(drop=True)
+
+
+def _span(values: pd.Series, fmt: str) -> str:
+    low, high = values.min(), values.max()
+    return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}–{format(high, fmt)}"
+
+
+def baseline_note(table: pd.DataFrame, reference_engine: str = "") -> str:
+    """One sentence on the baseline's speed, against the roofline and the reference engine."""
+    if table.empty:
+        return ""
+    parts = []
+    if "roofline_fraction" in table and table["roofline_fraction"].notna().any():
+        known = table[table["roofline_fraction"].notna()]
+        parts.append(f"its decode steps reached {_span(known['roofline_fraction'] * 100, '.0f')}% of the "
+                     f"memory-bandwidth roofline (B = {_span(known['batch_size'], 'd')})")
+    if "of_reference" in table and table["of_reference"].notna().any():
+        known = table[table["of_reference"].notna()]
+        parts.append(f"its tokens/s were {_span(known['of_reference'], '.2f')}× {reference_engine or 'the reference'}'s "
+                     f"on the same cells (B = {_span(known['batch_size'], 'd')})")
+    return ("The autoregressive baseline: " + "; ".join(parts) + ".") if parts else ""
+
+
+def slow_baseline_warning(table: pd.DataFrame, reference_engine: str = "the reference engine") -> str | None:
+    """A warning when the baseline runs below SLOW_BASELINE of the deployed engine's tokens/s."""
+    if table.empty or "of_reference" not in table:
+        return None
+    slow = table[table["of_reference"] < SLOW_BASELINE]
+    if slow.empty:
+        return None
+    cells = ", ".join(f"{row.workload} B={row.batch_size} T={row.temperature:g}: {row.of_reference:.2f}×"
+                      for row in slow.itertuples(index=False))
+    return (f"the autoregressive baseline is far slower than {reference_engine} ({cells} of its tokens/s; below "
+            f"{SLOW_BASELINE:g}×): every speed-up here is measured against a slow baseline, which flatters "
+            f"speculation; measure the rollout on the deployed engine (--engine vllm)")
+
+
 def measurement_warnings(cells: pd.DataFrame) -> list[str]:
     """Every warning about how far a run's timings can be trusted, for the console, plan, summary and HTML."""
     warnings = [message for message in [busy_machine(cells)] if message]

@@ -17,7 +17,8 @@ import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
     AR, Slo, alpha_table, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
-    default_gpu_price, drifted_keys, expected_tau, label_synthetic, load_column, load_label, measurement_warnings,
+    baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_synthetic, load_column,
+    load_label, measurement_warnings, slow_baseline_warning,
     parse_slo, predictions, repeat_range, slo_capacity, slo_table,
 )
 from specbench.results import Run  # noqa: E402
@@ -54,12 +55,30 @@ class Analysis:
     capacity: pd.DataFrame | None = None  # slo_capacity with the cost at each capacity
     price: float | None = None
     gpus: int = 1
+    baseline: pd.DataFrame | None = None  # baseline_speed: against the roofline and a reference run
+    baseline_note: str = ""
+    reference: str = ""  # the reference run's engine, when one was given
 
 
-def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | None = None) -> Analysis:
-    """Every figure of the report. `slo` (default: the run's --slo) adds goodput and capacity."""
+def engine_label(meta: dict) -> str:
+    engine = meta.get("engine") or {"name": "native"}
+    if engine.get("name") == "vllm":
+        return f"vLLM {engine.get('version', '')}".strip()
+    return "specbench's native engine" if engine.get("name") == "native" else str(engine.get("name"))
+
+
+def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | None = None,
+            reference: Run | None = None) -> Analysis:
+    """Every figure of the report. `slo` (default: the run's --slo) adds goodput and capacity;
+    `reference`, a run of the same grid on another engine, is what the baseline is compared with."""
     a = _analyse(run, gpu_price, gpus)
     a.load = load_column(run.cells)
+    a.reference = engine_label(reference.meta) if reference is not None else ""
+    a.baseline = baseline_speed(run.cells, reference.cells if reference is not None else None)
+    a.baseline_note = baseline_note(a.baseline, a.reference)
+    slow = slow_baseline_warning(a.baseline, a.reference)
+    if slow:
+        a.warnings = [slow] + a.warnings
     text = slo or (run.meta.get("config") or {}).get("slo") or ""
     if text:
         a.slo = parse_slo(text)
@@ -557,6 +576,8 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             tables["autoregressive baseline vs memory-bandwidth roofline"] = baseline[
                 ["workload", "batch_size", "temperature", "decode_step_ms", "roofline_step_ms", "roofline_fraction"]
             ].sort_values(["workload", "temperature", "batch_size"])
+    if a.reference and a.baseline is not None and "of_reference" in a.baseline:
+        tables[f"autoregressive baseline vs {a.reference} (the reference run)"] = a.baseline
     if "kv_cache_tokens" in cells and cells["kv_cache_tokens"].notna().any():
         served = cells.copy()
         served["peak_memory_gib"] = served["peak_memory_bytes"] / 1024 ** 3
@@ -608,12 +629,12 @@ def html_table(frame: pd.DataFrame) -> str:
 
 def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None = None, gpus: int = 1,
                  extra_sections: dict[str, str] | None = None, slo: str | None = None,
-                 gate_result=None) -> tuple[Path, Analysis]:
+                 gate_result=None, reference: Run | None = None) -> tuple[Path, Analysis]:
     """Charts (PNG), report.html (self-contained) and summary.md under RUN/report/. The page
-    opens with its answer in one sentence (`answer`)."""
+    opens with its answer in one sentence (`answer`), then how fast the baseline was."""
     out_dir = Path(out_dir or run.path / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
-    a = analyse(run, gpu_price, gpus, slo)
+    a = analyse(run, gpu_price, gpus, slo, reference)
     if a.cells.empty:
         raise ValueError(f"{run.path} has no finished cells to report")
     a.answer = answer(a, gate_result)
@@ -655,6 +676,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
     if a.answer:
         parts.append(f"<p class=answer>{html.escape(a.answer)}</p>")
+    if a.baseline_note:
+        parts.append(f"<p>{html.escape(a.baseline_note)}</p>")
     for name, text in sections.items():
         css = " class=warn" if name == "measurement warnings" else ""
         parts.append(f"<h2>{html.escape(name)}</h2><pre{css}>{html.escape(text)}</pre>")
@@ -674,7 +697,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
     (out_dir / "report.html").write_text(page)
 
-    md = [f"# {title}", "", provenance, ""] + ([a.answer, ""] if a.answer else [])
+    md = [f"# {title}", "", provenance, ""] + ([a.answer, ""] if a.answer else []) + \
+        ([a.baseline_note, ""] if a.baseline_note else [])
     for name, text in sections.items():
         md += [f"## {name}", "", "```", text, "```", ""]
     for name, path in images.items():

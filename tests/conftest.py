@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 
 def tiny_model(
@@ -25,6 +25,8 @@ def tiny_model(
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif family == "qwen3":  # per-head q and k norms, head_dim set apart from hidden / heads
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=hidden // 2))
     else:
         raise ValueError(family)
     model.config._attn_implementation = "sdpa"

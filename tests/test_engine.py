@@ -24,10 +24,27 @@ def make_drafter(kind, target, draft):
     return NGramDrafter(max_ngram=3)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_cached_forward_matches_transformers(family):
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_cached_forward_matches_transformers(family, lean):
     model = tiny_model(family, layers=3)
-    assert check_forward_matches(CausalLM.from_hf(model), model) < 1e-9
+    wrapped = CausalLM.from_hf(model, lean=lean)
+    assert (wrapped.lean is not None) == lean
+    assert check_forward_matches(wrapped, model) < 1e-9
+
+
+def test_lean_forward_fuses_projections_without_copying_weights():
+    model = tiny_model("llama", layers=2)
+    lean = CausalLM.from_hf(model).lean
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    fused_qkv, fused_gate_up = lean.layers[0].qkv.weight, lean.layers[0].gate_up.weight
+    for module in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert module.weight.untyped_storage().data_ptr() == fused_qkv.untyped_storage().data_ptr()
+    for module in (mlp.gate_proj, mlp.up_proj):
+        assert module.weight.untyped_storage().data_ptr() == fused_gate_up.untyped_storage().data_ptr()
+    assert CausalLM.from_hf(model).lean is lean  # wrapping again reuses it (no second fusion)
+    # transformers' own forward still reads the same (viewed) weights
+    assert check_forward_matches(CausalLM.from_hf(model, lean=False), model) < 1e-9
 
 
 def test_autoregressive_matches_transformers_generate(llama_target):

@@ -359,3 +359,33 @@ def test_plan_carries_the_runs_warnings(finished_run, monkeypatch):
     result = runner.invoke(app, ["plan", str(finished_run[0]), "--k", "1,3", "--batch-sizes", "1,3"])
     assert result.exit_code == 0, result.output
     assert "warning: the machine was busy (test)" in result.output and "B* = " in result.output
+
+
+def test_report_compares_the_baseline_with_a_reference_run(finished_run, tmp_path):
+    """`report --reference RUN`: the baseline's tokens/s against another engine's on the same cells,
+    with a warning where it is far slower (here: the reference made twice as fast at B=1)."""
+    import shutil
+
+    output, _ = finished_run
+    reference = tmp_path / "reference"
+    shutil.copytree(output, reference, ignore=shutil.ignore_patterns("report"))
+    meta = json.loads((reference / "run.json").read_text())
+    meta["engine"] = {"name": "vllm", "version": "0.32.0"}
+    (reference / "run.json").write_text(json.dumps(meta))
+    cells = pd.read_parquet(reference / "cells.parquet")
+    faster = (cells["mode"] == "autoregressive") & (cells["batch_size"] == 1)
+    cells.loc[faster, "tokens_per_s"] *= 2
+    cells.to_parquet(reference / "cells.parquet")
+    cells.to_csv(reference / "cells.csv", index=False)
+
+    result = runner.invoke(app, ["report", str(output), "--reference", str(reference), "--output",
+                                 str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "far slower than vLLM 0.32.0 (chat B=1 T=0: 0.50×, chat B=1 T=0.8: 0.50×" in result.output
+    assert "B=3" not in result.output.split("far slower")[1].split("\n")[0]
+    assert "tokens/s were 0.50–1.00× vLLM 0.32.0's on the same cells" in result.output
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "## autoregressive baseline vs vLLM 0.32.0 (the reference run)" in summary
+    assert "memory-bandwidth roofline" in summary  # native runs record the roofline too
+    missing = runner.invoke(app, ["report", str(output), "--reference", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "not a specbench run" in missing.output

@@ -25,14 +25,15 @@ class VocabMismatchError(ValueError):
 class SequenceBatch:
     """Committed tokens (prompt + generated) of the active rows, on the device and on the host."""
 
-    def __init__(self, prompts: list[list[int]], capacity: int, device: torch.device) -> None:
+    def __init__(self, prompts: list[list[int]], capacity: int, device: torch.device,
+                 request_ids: list[int] | None = None) -> None:
         batch_size = len(prompts)
         self.host_tokens = np.zeros((batch_size, capacity), dtype=np.int64)
         for row, prompt in enumerate(prompts):
             self.host_tokens[row, : len(prompt)] = prompt
         self.tokens = torch.from_numpy(self.host_tokens.copy()).to(device)
         self.lengths: list[int] = [len(p) for p in prompts]
-        self.request_ids: list[int] = list(range(batch_size))
+        self.request_ids: list[int] = list(request_ids) if request_ids is not None else list(range(batch_size))
         self.device = device
 
     @property
@@ -120,11 +121,7 @@ class ModelDrafter(Drafter):
         self.cache = self.model.decode_cache(batch.size, capacity)
         # Feed everything but the last committed token: that one is fed by the first proposal,
         # exactly as the target holds it pending for its verify pass.
-        prompt_lengths = [n - 1 for n in batch.lengths]
-        width = max(prompt_lengths)
-        self.model.forward(self.cache, batch.tokens[:, :width], logits_at="last",
-                           num_valid=torch.tensor(prompt_lengths, device=batch.device))
-        self.cache.set_lengths(prompt_lengths)
+        self.model.prefill(self.cache, batch.tokens, [n - 1 for n in batch.lengths])
 
     def propose(
         self, batch: SequenceBatch, num_tokens: int, params: SamplingParams, generator: torch.Generator | None

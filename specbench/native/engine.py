@@ -125,7 +125,9 @@ class _Run:
         self.config = config
         prompt_lists = [list(map(int, p)) for p in prompts]
         self.capacity = max(map(len, prompt_lists)) + config.max_new_tokens + extra
-        self.batch = SequenceBatch(prompt_lists, self.capacity, target.device)
+        # Rows in order of prompt length, so that the prefill runs rows of similar length together.
+        order = sorted(range(len(prompt_lists)), key=lambda i: len(prompt_lists[i]))
+        self.batch = SequenceBatch([prompt_lists[i] for i in order], self.capacity, target.device, order)
         self.prompt_lengths = [len(p) for p in prompt_lists]
         self.outputs: list[list[int]] = [[] for _ in prompt_lists]
         self.emission_s: list[list[float]] = [[] for _ in prompt_lists]
@@ -163,10 +165,7 @@ class _Run:
 def _prefill(target: CausalLM, run: _Run) -> torch.Tensor:
     """Target prefill of the right-padded prompts; returns the first token of each row."""
     cache = target.decode_cache(run.batch.size, run.capacity)
-    width = max(run.prompt_lengths)
-    logits = target.forward(cache, run.batch.tokens[:, :width], logits_at="last",
-                            num_valid=torch.tensor(run.prompt_lengths, device=target.device))
-    cache.set_lengths(run.prompt_lengths)
+    logits = target.prefill(cache, run.batch.tokens, run.batch.lengths)
     run.target_cache = cache
     return choose_next_tokens(logits, run.config.sampling, run.generator)
 

@@ -14,6 +14,7 @@ import torch
 
 from specbench.native.graphs import LENGTH_QUANTUM, StaticSteps
 from specbench.native.kvcache import RaggedKVCache
+from specbench.native.lean import LeanDecoder, packing_fits, supports_lean
 
 # Architectures whose logits are exactly head(decoder(x)) with full causal attention everywhere.
 # Others may work; `check_forward_matches` tells.
@@ -31,13 +32,31 @@ class CausalLM:
         self.vocab_limit: int | None = None
         self.hf_model: torch.nn.Module | None = None  # the transformers model, when built from one
         self.static_steps: StaticSteps | None = None  # fixed-shape decode steps (CUDA graphs)
+        self.lean: LeanDecoder | None = None  # specbench's own forward of the decoder, where it has one
 
     @classmethod
-    def from_hf(cls, model: torch.nn.Module, name: str = "") -> "CausalLM":
+    def from_hf(cls, model: torch.nn.Module, name: str = "", lean: bool = True) -> "CausalLM":
+        """Wrap a transformers causal LM. `lean` (default): run the decoder with specbench's lean
+        forward when the architecture has one (specbench.native.lean); else transformers' own."""
         model.eval()
         wrapped = cls(model.get_decoder(), model.get_output_embeddings(), model.config, name=name)
         wrapped.hf_model = model
+        if lean and supports_lean(wrapped.decoder, model.config):
+            # Built once per model: building fuses its projection weights in place.
+            if getattr(model, "_specbench_lean", None) is None:
+                # Normal tensors even when first wrapped inside inference mode: the fused weights
+                # replace the model's own, which may later run outside it.
+                with torch.inference_mode(False), torch.no_grad():
+                    pack = wrapped.device.type == "cpu" and packing_fits(model)
+                    model._specbench_lean = LeanDecoder(wrapped.decoder, model.config, wrapped.head, pack=pack)
+            wrapped.use_lean(model._specbench_lean)
         return wrapped
+
+    def use_lean(self, lean: LeanDecoder | None) -> "CausalLM":
+        self.lean = lean
+        if lean is not None:
+            self.attention = "sdpa"  # the lean forward takes a boolean mask
+        return self
 
     @classmethod
     def wrap(cls, model: "CausalLM | torch.nn.Module") -> "CausalLM":
@@ -61,6 +80,9 @@ class CausalLM:
         decoder.config = config
         draft = CausalLM(decoder, self.head, config, name=f"{self.name}[:{num_layers} layers]")
         draft.vocab_limit = self.vocab_limit
+        draft.attention = self.attention
+        if self.lean is not None:
+            draft.use_lean(self.lean.truncated(num_layers, decoder, config))
         if self.static_steps is not None:
             draft.use_static_steps(self.static_steps.capture, length_quantum=self.static_steps.length_quantum)
         return draft
@@ -141,11 +163,28 @@ class CausalLM:
         input_ids: torch.Tensor,  # [B, T]
         logits_at: Literal["all", "last"] = "all",
         num_valid: torch.Tensor | None = None,  # [B]: real tokens per row (right-padded input)
+        rows: slice = slice(None),  # the cache rows input_ids belong to (default: all)
     ) -> torch.Tensor:
         """Append input_ids to every row of the cache (the caller then commits lengths) and
         return logits: [B, T, V] for "all", [B, V] at each row's last real token for "last"."""
-        positions, mask = cache.prepare(input_ids.shape[1], self.attention)
+        positions, mask = cache.prepare(input_ids.shape[1], self.attention, rows)
         return self.logits_for(cache, input_ids, positions, mask, logits_at, num_valid)
+
+    def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Feed each row's first lengths[b] tokens of `tokens` [B, >= max(lengths)] into an empty
+        cache and commit them; returns the logits [B, V] at each row's last one. Rows go in
+        groups of consecutive rows of similar length (see `prefill_groups`), so that short
+        prompts are not padded to the longest one's length."""
+        logits = []
+        for group in prefill_groups(lengths):
+            width = max(lengths[group])
+            if width == 0:  # a draft fed nothing yet (a one-token prompt): no logits to read
+                logits.append(torch.zeros(len(lengths[group]), self.vocab_size, dtype=self.dtype, device=tokens.device))
+                continue
+            logits.append(self.forward(cache, tokens[group, :width], logits_at="last", rows=group,
+                                       num_valid=torch.tensor(lengths[group], device=tokens.device)))
+        cache.set_lengths(lengths)
+        return torch.cat(logits) if len(logits) > 1 else logits[0]
 
     def step(
         self,
@@ -164,21 +203,42 @@ class CausalLM:
     def logits_for(self, cache: RaggedKVCache, input_ids: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, logits_at: str, num_valid: torch.Tensor | None) -> torch.Tensor:
         """The decoder and head over a cache already bound to `positions` and `mask`."""
-        hidden = self.decoder(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
+        if self.lean is not None:
+            hidden = self.lean(input_ids, positions, mask, cache)
+        else:
+            hidden = self.decoder(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state
         if logits_at == "last":
             if num_valid is None:
                 hidden = hidden[:, -1]
             else:
                 rows = torch.arange(hidden.shape[0], device=hidden.device)
                 hidden = hidden[rows, num_valid - 1]
-        logits = self.head(hidden)
+        logits = self.lean.head(hidden) if self.lean is not None else self.head(hidden)
         return logits[..., : self.vocab_limit] if self.vocab_limit else logits
+
+
+PREFILL_PADDING = 0.1  # the share of padded positions a prefill group may compute
+
+
+def prefill_groups(lengths: list[int], padding: float = PREFILL_PADDING) -> list[slice]:
+    """Consecutive rows, grouped while padding them to their longest costs at most `padding` of
+    the group's real tokens. The engine orders a batch's rows by prompt length, so groups are
+    rows of similar length; a batch of equal lengths is one group. Measured on SmolLM2-135M (2
+    CPU cores, 32 chat prompts of 39-95 tokens): 2.1 s in groups against 2.8 s padded to the
+    longest and 3.2 s row by row."""
+    groups, start = [], 0
+    for end in range(1, len(lengths) + 1):
+        if end == len(lengths) or (end + 1 - start) * max(lengths[start:end + 1]) > \
+                (1 + padding) * sum(lengths[start:end + 1]):
+            groups.append(slice(start, end))
+            start = end
+    return groups
 
 
 def check_forward_matches(model: CausalLM, reference: torch.nn.Module, tokens: int = 12, atol: float = 1e-3) -> float:

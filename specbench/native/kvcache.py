@@ -59,6 +59,7 @@ class RaggedKVCache:
         self._write_index: dict[torch.device, torch.Tensor] = {}
         self._visible_length = 0
         self._rows = batch_size  # rows a forward pass covers (a fixed-shape step pads past the batch)
+        self._first_row = 0  # ... starting here (a prefill may run the batch in groups of rows)
 
     @property
     def batch_size(self) -> int:
@@ -77,30 +78,34 @@ class RaggedKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
-    def prepare(self, num_new: int, attention: str = "sdpa") -> tuple[torch.Tensor, torch.Tensor]:
-        """Set up a forward pass that appends `num_new` tokens to every row.
+    def prepare(self, num_new: int, attention: str = "sdpa", rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set up a forward pass that appends `num_new` tokens to every row (or to `rows`, a
+        contiguous range of them).
 
-        Returns (position_ids [B, T], attention mask [B, 1, T, visible]) for the model call.
+        Returns (position_ids [R, T], attention mask [R, 1, T, visible]) for the model call.
         """
-        positions = self.next_positions(num_new)
-        return positions, self.bind(positions, max(self.lengths) + num_new, attention)
+        positions = self.next_positions(num_new, rows)
+        first = rows.indices(self.batch_size)[0]
+        return positions, self.bind(positions, max(self.lengths[rows]) + num_new, attention, first)
 
-    def next_positions(self, num_new: int) -> torch.Tensor:
-        """[B, T]: where each row's next `num_new` tokens go (also their RoPE positions)."""
-        if max(self.lengths) + num_new > self.max_length:
+    def next_positions(self, num_new: int, rows: slice = slice(None)) -> torch.Tensor:
+        """[R, T]: where each row's next `num_new` tokens go (also their RoPE positions)."""
+        lengths = self.lengths[rows]
+        if max(lengths) + num_new > self.max_length:
             raise ValueError(
-                f"KV cache overflow: {max(self.lengths)} + {num_new} > {self.max_length} columns"
+                f"KV cache overflow: {max(lengths)} + {num_new} > {self.max_length} columns"
             )
-        lengths = to_device(self.lengths, self.device)
-        return lengths[:, None] + torch.arange(num_new, device=self.device)[None, :]
+        return to_device(lengths, self.device)[:, None] + torch.arange(num_new, device=self.device)[None, :]
 
-    def bind(self, positions: torch.Tensor, visible: int, attention: str = "sdpa") -> torch.Tensor:
-        """Point the next forward's writes at `positions` [R, T] (rows 0..R-1 of the buffers)
-        and return its mask [R, 1, T, visible]. Only device ops on `positions`: a CUDA graph
-        captured around this call replays with whatever its positions buffer then holds."""
+    def bind(self, positions: torch.Tensor, visible: int, attention: str = "sdpa", first_row: int = 0) -> torch.Tensor:
+        """Point the next forward's writes at `positions` [R, T] (rows first_row .. first_row +
+        R - 1 of the buffers) and return its mask [R, 1, T, visible]. Only device ops on
+        `positions`: a CUDA graph captured around this call replays with whatever its positions
+        buffer then holds."""
         self._write_index = {self.device: positions[:, None, :, None]}
         self._visible_length = visible
         self._rows = positions.shape[0]
+        self._first_row = first_row
         columns = torch.arange(visible, device=self.device)
         mask = columns[None, None, None, :] <= positions[:, None, :, None]  # [R, 1, T, visible]
         if attention == "eager":
@@ -117,8 +122,8 @@ class RaggedKVCache:
         if index is None:  # a layer on another device: the same index, copied there once per step
             index = self._write_index[key_states.device] = self._write_index[self.device].to(key_states.device)
         index = index.expand(-1, key_states.shape[1], -1, key_states.shape[3])
-        rows, visible = self._rows, self._visible_length
-        keys, values = self.keys[layer_idx][:rows], self.values[layer_idx][:rows]
+        rows, visible = slice(self._first_row, self._first_row + self._rows), self._visible_length
+        keys, values = self.keys[layer_idx][rows], self.values[layer_idx][rows]
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
         return keys[:, :, :visible], values[:, :, :visible]

@@ -292,6 +292,9 @@ def baseline_note(table: pd.DataFrame, reference_engine: str = "") -> str:
         known = table[table["of_reference"].notna()]
         parts.append(f"its tokens/s were {_span(known['of_reference'], '.2f')}× {reference_engine or 'the reference'}'s "
                      f"on the same cells (B = {_span(known['batch_size'], 'd')})")
+    elif "of_reference" in table:
+        parts.append(f"{reference_engine or 'the reference run'} has no autoregressive cell at the same workload, "
+                     f"batch size and temperature to compare with")
     return ("The autoregressive baseline: " + "; ".join(parts) + ".") if parts else ""
 
 

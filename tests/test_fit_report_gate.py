@@ -227,3 +227,27 @@ def test_measurement_warnings_gather_busy_machine_and_drift():
     assert len(warnings) == 3 and "busy" in warnings[0] and "during 1 cell(s)" in warnings[0]
     assert warnings[1].startswith("code B=4") and warnings[2] == DRIFT_ADVICE
     assert drifted_keys(noisy) == {("code", 4)}
+
+
+def test_baseline_speed_against_a_reference_engine():
+    from specbench.fit import baseline_note, baseline_speed, slow_baseline_warning
+
+    def cells(rows):
+        return pd.DataFrame([{"cell_id": f"{w}|B{b}|T{t}|autoregressive", "status": "ok", "mode": "autoregressive",
+                              "workload": w, "batch_size": b, "temperature": t, "tokens_per_s": tps,
+                              "request_rate": 0.0} for w, b, t, tps in rows])
+
+    ours = cells([("chat", 1, 0.0, 30.0), ("chat", 8, 0.0, 100.0), ("code", 8, 0.0, 90.0)])
+    ours["roofline_fraction"] = [0.6, 0.3, 0.25]
+    theirs = cells([("chat", 1, 0.0, 25.0), ("chat", 8, 0.0, 143.0)])
+    table = baseline_speed(ours, theirs)
+    assert table["of_reference"].round(2).iloc[:2].tolist() == [1.2, 0.7]
+    assert pd.isna(table["of_reference"].iloc[2])  # code: no reference cell
+    note = baseline_note(table, "vLLM 0.32.0")
+    assert "25–60% of the memory-bandwidth roofline" in note and "0.70–1.20× vLLM 0.32.0's" in note
+    warning = slow_baseline_warning(table, "vLLM 0.32.0")
+    assert "chat B=8 T=0: 0.70×" in warning and "B=1" not in warning
+    assert slow_baseline_warning(baseline_speed(ours, cells([("chat", 1, 0.0, 30.0)])), "vLLM") is None
+    assert "has no autoregressive cell" in baseline_note(baseline_speed(ours, cells([("chat", 4, 0.0, 1.0)])), "vLLM")
+    assert baseline_speed(ours).columns.tolist() == ["workload", "batch_size", "temperature", "tokens_per_s",
+                                                      "roofline_fraction"]

@@ -493,16 +493,18 @@ def answer(a: Analysis, gate_result=None) -> str:
         cap = a.capacity
         base, spec = cap[cap["mode"] == AR], cap[cap["mode"] != AR]
         if not base.empty and not spec.empty:
-            worst = None
+            # Each draft's least favourable (workload, temperature); the sentence names the draft
+            # `check --slo` judges: the one whose least favourable capacity ratio is highest.
+            worst = {}
             for row in spec.itertuples():
                 b = base[(base["workload"] == row.workload) & (base["temperature"] == row.temperature)]
                 if b.empty:
                     continue
                 ratio = capacity_ratio(row.max_load, b["max_load"].iloc[0])
-                if worst is None or ratio < worst[0]:
-                    worst = (ratio, row, b.iloc[0])
-            if worst is not None:
-                ratio, row, b = worst
+                if row.draft not in worst or ratio < worst[row.draft][0]:
+                    worst[row.draft] = (ratio, row, b.iloc[0])
+            if worst:
+                ratio, row, b = worst[max(sorted(worst), key=lambda draft: worst[draft][0])]
                 kind = "request rate" if a.load == "request_rate" else "concurrency"
                 verb = "raises" if ratio > 1 else ("keeps" if ratio == 1 else "lowers")
                 cost = ""

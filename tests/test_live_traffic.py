@@ -237,3 +237,28 @@ def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_writ
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert b"sk-secret-123" not in path.read_bytes(), path
+
+
+def test_the_reports_answer_names_the_draft_check_judges():
+    """Two drafts: `a` lowers the sustainable rate, `b` keeps it. check --slo judges the better
+    one, b, and the report's one-sentence answer names the same draft."""
+    from types import SimpleNamespace
+
+    from specbench.report import answer
+
+    slo = parse_slo("ttft=1.0")
+    cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5})
+    more, more_requests = _cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 0.9})
+    b_cells = more[more["draft"] == "d"].assign(draft="b", cell_id=lambda f: f["cell_id"].str.replace("|d", "|b"))
+    b_requests = more_requests[more_requests["cell_id"].str.endswith("|d")].assign(
+        cell_id=lambda f: f["cell_id"].str.replace("|d", "|b"))
+    cells = pd.concat([cells.replace({"draft": {"d": "a"}, "cell_id": {"chat|R1|T0|d": "chat|R1|T0|a",
+                                                                       "chat|R4|T0|d": "chat|R4|T0|a"}}), b_cells])
+    requests = pd.concat([requests.replace({"cell_id": {"chat|R1|T0|d": "chat|R1|T0|a",
+                                                        "chat|R4|T0|d": "chat|R4|T0|a"}}), b_requests])
+    result = evaluate_slo(cells, requests, slo)
+    assert result.draft == "b" and result.exit_code == PASS
+    capacity = slo_capacity(slo_table(cells, requests, slo)).assign(cost_per_1m=float("nan"))
+    analysis = SimpleNamespace(capacity=capacity, slo=slo, load="request_rate", price=None)
+    sentence = answer(analysis)
+    assert "(b, K=2; chat, T=0)" in sentence and "(a," not in sentence, sentence

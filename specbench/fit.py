@@ -249,11 +249,11 @@ BASELINE_KEYS = ["workload", "batch_size", "temperature"]
 
 
 def _baselines(cells: pd.DataFrame) -> pd.DataFrame:
+    """Finished, real (not synthetic) closed-loop autoregressive cells."""
     if cells.empty or "mode" not in cells:
         return cells.iloc[0:0]
-    ok = closed_loop(cells[cells["status"] == "ok"]) if "status" in cells else closed_loop(cells)
-    ok = ok[ok["mode"] == AR]
-    return ok[~ok["synthetic"].fillna(False).astype(bool)] if "synthetic" in ok else ok
+    ok = closed_loop(_ok_real(cells))
+    return ok[ok["mode"] == AR]
 
 
 def baseline_speed(cells: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:

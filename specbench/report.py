@@ -136,11 +136,17 @@ def _finish(fig, path: Path, title: str, fontsize: int = 12) -> None:
     plt.close(fig)
 
 
-def _select(frame: pd.DataFrame, draft: str, workload: str, temperature: float) -> pd.DataFrame:
-    """Rows of one (draft, workload, temperature); empty when the frame is."""
+def _facet(frame: pd.DataFrame, workload: str, temperature: float) -> pd.DataFrame:
+    """Rows of one (workload, temperature) panel; empty when the frame is."""
     if frame.empty:
         return frame
-    return frame[(frame["draft"] == draft) & (frame["workload"] == workload) & (frame["temperature"] == temperature)]
+    return frame[(frame["workload"] == workload) & (frame["temperature"] == temperature)]
+
+
+def _select(frame: pd.DataFrame, draft: str, workload: str, temperature: float) -> pd.DataFrame:
+    """Rows of one (draft, workload, temperature); empty when the frame is."""
+    rows = _facet(frame, workload, temperature)
+    return rows[rows["draft"] == draft] if not rows.empty else rows
 
 
 def _grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2, sharey: bool = False):
@@ -295,7 +301,7 @@ def chart_throughput(a: Analysis, path: Path) -> None:
     sizes = sorted(a.cells["batch_size"].unique())
     fig, axes = _grid(len(facets), 2)
     for i, (workload, temperature) in enumerate(facets):
-        sub = rows[(rows["workload"] == workload) & (rows["temperature"] == temperature)]
+        sub = _facet(rows, workload, temperature)
         for draft, group in sub.groupby("draft"):
             group = group.sort_values("batch_size")
             label = "autoregressive" if draft == AR else f"{draft} (best K)"
@@ -321,7 +327,7 @@ def chart_cost(a: Analysis, path: Path) -> None:
     costs = costs.merge(best, on="cell_id")
     for i, (workload, temperature) in enumerate(facets):
         ax = axes[0][i]
-        sub = costs[(costs["workload"] == workload) & (costs["temperature"] == temperature)]
+        sub = _facet(costs, workload, temperature)
         for draft, group in sub.groupby("draft"):
             group = group.sort_values("batch_size")
             style = dict(color=_color(draft, _drafts(a.cells)))
@@ -446,7 +452,7 @@ def chart_tradeoff(a: Analysis, path: Path) -> None:
     fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.2)
     for i, (workload, temperature) in enumerate(facets):
         ax = axes[0][i]
-        sub = points[(points["workload"] == workload) & (points["temperature"] == temperature)] if len(points) else points
+        sub = _facet(points, workload, temperature)
         for draft, group in sub.groupby("draft"):
             group = group.sort_values("load")
             label = "autoregressive" if draft == AR else f"{draft} (best K per load)"
@@ -469,7 +475,7 @@ def chart_goodput(a: Analysis, path: Path) -> None:
     fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.0)
     for i, (workload, temperature) in enumerate(facets):
         ax = axes[0][i]
-        sub = table[(table["workload"] == workload) & (table["temperature"] == temperature)] if len(table) else table
+        sub = _facet(table, workload, temperature)
         finite = []
         for draft, group in sub.groupby("draft"):
             best = group.loc[group.groupby("load")["goodput_rps"].idxmax()].sort_values("load")

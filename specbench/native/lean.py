@@ -163,7 +163,6 @@ class LeanDecoder:
     def __init__(self, decoder: torch.nn.Module, config, head: torch.nn.Module | Projection,
                  layers: list[LeanLayer] | None = None, pack: bool = True) -> None:
         self.decoder = decoder
-        self.config = config
         self.layers = layers if layers is not None else [LeanLayer.from_hf(layer, pack) for layer in decoder.layers]
         self.head = head if isinstance(head, Projection) else Projection(head.weight, head.bias, pack)
         self.num_heads = config.num_attention_heads

@@ -39,6 +39,10 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
         from specbench.served.vllm_engine import installed_vllm_version
 
         installed_vllm_version(config.vllm.python or sys.executable)  # one line saying how to install it
+    if config.engine == "endpoint":  # an unreachable server is the likelier mistake than a missing tokenizer
+        from specbench.served.endpoint import check_reachable
+
+        check_reachable(config)
     if config.synthetic:
         target_alias, _ = shipped_config(config.target)
         family = lookup_alias(target_alias).family

@@ -51,6 +51,17 @@ def validate_endpoint(config: SweepConfig) -> None:
                          f"name the draft without @schedule")
 
 
+def api_headers(config: SweepConfig) -> dict | None:
+    key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+    return {"Authorization": f"Bearer {key}"} if key else None
+
+
+def check_reachable(config: SweepConfig) -> None:
+    """A one-line error when an endpoint does not list a model (unreachable, refused, empty)."""
+    for url in filter(None, (config.endpoint, config.baseline_endpoint)):
+        RemoteServer(url, api_headers(config)).model_id()
+
+
 class RemoteServer:
     """A server specbench did not start: it is only asked things, never started or stopped."""
 
@@ -111,8 +122,7 @@ class EndpointEngine(VllmEngine):
 
     def __init__(self, config: SweepConfig, run_dir: Path) -> None:
         super().__init__(config, run_dir)
-        key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
-        self.headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.headers = api_headers(config)
         self.endpoint = RemoteServer(config.endpoint, self.headers)
         self.baseline = RemoteServer(config.baseline_endpoint, self.headers) if config.baseline_endpoint else None
         self.served_names: dict[str, str] = {}

@@ -15,6 +15,8 @@
 # tests:  the whole test suite (real vLLM aside) on the image's versions, CUDA tests included.
 # sweeps: the real default pair on CUDA, eager and with --cuda-graphs (TEMPERATURES=0,0.7 for sampled
 #         cells and their lossless check, BATCH_SIZES to change the batch axis).
+# context: the graph tests, then a synthetic llama3-8b + 1b sweep over context lengths (CONTEXTS,
+#         BATCH_SIZES) on CUDA graphs: where long contexts keep decode memory-bound at large batch.
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
 # (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
 # runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
@@ -23,7 +25,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|context}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -119,8 +121,19 @@ sweeps)
     tar czf "$OUT/sweeps_$mode.tgz" "results/gpu_default_$mode"
   done
   ;;
+context)  # issue 21: context length as an axis, where decode stays memory-bound at large batch (no GGUF needed)
+  setup
+  { limited python3 -m pytest -q -p no:cacheprovider -x tests/test_graphs.py 2>&1 | tail -5; } | tee "$OUT/context.log"
+  if [ -n "${QUICK:-}" ]; then grid=(--target llama3.2-1b --drafts 1b --batch-sizes 1,2 --context-lengths 256,512 --max-new-tokens 8)
+  else grid=(--target llama3-8b --drafts 1b --batch-sizes ${BATCH_SIZES:-1,4,16,64} --context-lengths ${CONTEXTS:-512,4k,16k}
+             --max-new-tokens 64 --repeats 2); fi
+  flag=(); [ "$DEVICE" = cuda ] && flag=(--cuda-graphs)
+  { limited specbench sweep "${grid[@]}" --k 2 --num-prompts 4 --weights random --alpha 0.8 --temperatures 0 \
+    --workloads chat --device "$DEVICE" --output results/gpu_context "${flag[@]}" 2>&1 | tail -30; } | tee -a "$OUT/context.log"
+  tar czf "$OUT/context.tgz" results/gpu_context
+  ;;
 *)
-  echo "unknown stage $stage (prepare|check|bench|sweeps)" >&2
+  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|context)" >&2
   exit 2
   ;;
 esac

@@ -56,6 +56,13 @@ def split_list(text: str, cast, name: str) -> list:
         raise UsageError(f"{name}: {text!r} is not a list of {cast.__name__}s") from None
 
 
+def token_count(text: str) -> int:
+    """A number of tokens: 512, 4k (4096), 16K, 1m (1048576)."""
+    value = text.strip().lower()
+    scale = {"k": 1 << 10, "m": 1 << 20}.get(value[-1:], 1)
+    return int(value[:-1] if scale > 1 else value) * scale
+
+
 def split_drafts(text: str) -> list[str]:
     """--drafts: a comma list whose items may be json:{...} with commas inside the braces."""
     items, depth, current = [], 0, ""
@@ -116,10 +123,10 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
         table.add_column(column, overflow="fold", justify=justify)
     import pandas as pd
 
-    from specbench.fit import label_synthetic
+    from specbench.fit import label_cells
 
     frame = cells if isinstance(cells, pd.DataFrame) else pd.DataFrame(list(cells))
-    rows = label_synthetic(frame).to_dict("records")  # synthetic cells show the acceptance they simulate
+    rows = label_cells(frame).to_dict("records")  # synthetic acceptance and context length in the labels
     for row in rows[-limit:] if limit else rows:
         baseline = row.get("draft") == "autoregressive"
         speedup = row.get("speedup")
@@ -168,6 +175,10 @@ def sweep(
                                                            "key (sent as a bearer token, never written)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
     workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
+    context_lengths: Optional[str] = typer.Option(
+        None, help="Comma list of prompt lengths in tokens (512,4k,16k; k = 1024): each workload's prompts are built "
+                   "to these lengths, a long document excerpt before the question (workloads/long/). Default: the "
+                   "prompts as they are."),
     max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
     num_prompts: int = typer.Option(4, help="Prompts per cell (rounded up to whole batches)."),
     repeats: int = typer.Option(1, help="Measured repeats per cell; tokens/s is their median."),
@@ -234,7 +245,8 @@ def sweep(
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
-            target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm)
+            target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
+            context_lengths=split_list(context_lengths, token_count, "--context-lengths") if context_lengths else [])
         config.validate()
     except _known_errors() as error:
         fail(str(error))
@@ -253,7 +265,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
             table.add_column(column, overflow="fold")
         groups: dict = {}
         for cell in plan_cells(config):
-            groups.setdefault((cell.workload, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
+            groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
         for (workload, batch, rate, temperature), cells in groups.items():
             requests = requests_per_cell(config, batch) * config.repeats
             baselines = sum(not c.is_speculative for c in cells)
@@ -497,17 +509,41 @@ def _print_analysis(analysis) -> None:
                                                          "acceptance_rate": ".3f", "temperature": "g"}))
     if not analysis.predicted.empty:
         p = analysis.predicted
-        console.print(_frame_table(p, "cost model: predicted vs measured",
-                                   ["draft", "workload", "temperature", "batch_size", "k", "tau_measured",
-                                    "tau_predicted", "speedup_measured", "speedup_predicted", "speedup_error"],
-                                   {"speedup_error": "+.1%", "temperature": "g"}))
-        console.print(f"speed-up prediction error: median |error| {p['speedup_error'].abs().median():.1%}, "
-                      f"max {p['speedup_error'].abs().max():.1%} over {len(p)} cells")
+        console.print(_frame_table(p, "performance model: predicted vs measured (in-sample)",
+                                   ["draft", "workload", "temperature", "context_length", "batch_size", "k",
+                                    "tau_measured", "tau_predicted", "speedup_measured", "speedup_predicted",
+                                    "speedup_error"], {"speedup_error": "+.1%", "temperature": "g"}))
+    _print_trust(analysis.trust)
     if not analysis.crossovers.empty:
         console.print(_frame_table(analysis.crossovers, "crossover batch size B*",
                                    ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
         console.print(f"  {b_star_rule()}; `worst case` rows: at each batch size the least favourable workload and "
                       f"temperature (what `check` judges)", highlight=False, soft_wrap=True)
+
+
+def _at_context(run, length: int):
+    """The run with only its cells (and their requests and steps) at one context length."""
+    from dataclasses import replace
+
+    from specbench.fit import with_context
+
+    cells = with_context(run.cells)
+    chosen = cells[cells["context_length"] == length]
+    if chosen.empty:
+        measured = sorted(int(c) for c in cells["context_length"].unique())
+        raise UsageError(f"--context-length {length}: the run measured context lengths "
+                         f"{', '.join(str(c) if c else '0 (the prompts as they are)' for c in measured)}")
+    keep = set(chosen["cell_id"])
+    pick = lambda frame: frame[frame["cell_id"].isin(keep)] if not frame.empty else frame  # noqa: E731
+    return replace(run, cells=chosen, requests=pick(run.requests), steps=pick(run.steps))
+
+
+def _print_trust(lines: list[str]) -> None:
+    """The performance model's held-out and in-sample errors, before any prediction is read."""
+    if lines:
+        console.print("[bold]how far the performance model's predictions can be trusted[/]")
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 def measured_batch_sizes(cells) -> list[int]:
@@ -569,6 +605,8 @@ def check(
     draft: Optional[str] = typer.Option(None, help="Judge this draft (default: the best one at those batch sizes)."),
     workloads: Optional[str] = typer.Option(None, help="Only these workloads (default: all; the worst counts)."),
     temperatures: Optional[str] = typer.Option(None, help="Only these temperatures (default: all; the worst counts)."),
+    context_length: Optional[str] = typer.Option(None, help="Only cells at this context length in tokens (4k = "
+                                                            "4096; default: every length, the worst counts)."),
     slo: Optional[str] = typer.Option(None, help="Judge the SLO instead: speculation must not lower the highest "
                                                  "load meeting it, e.g. ttft=1.0,tpot=0.05[,p90] (default: the "
                                                  "run's --slo on a request-rate run)."),
@@ -584,6 +622,8 @@ def check(
     slo_result = None
     try:
         run = load_run(run_dir)
+        if context_length is not None:
+            run = _at_context(run, token_count(context_length))
         chosen_workloads = split_list(workloads, str, "--workloads") if workloads else None
         chosen_temperatures = split_list(temperatures, float, "--temperatures") if temperatures else None
         recorded = (run.meta.get("config") or {}).get("slo") or ""
@@ -627,56 +667,123 @@ def check(
 def plan(
     run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
     timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
-    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR)."),
+    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR; a "
+                                                          "--weights random run: the α it simulated)."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="Predict at this i.i.d. α for every draft instead."),
     k: str = typer.Option("1,2,3,4,6,8", "--k", help="K values to predict."),
     batch_sizes: str = typer.Option("1,2,4,8,16,32,64", help="Batch sizes to predict."),
+    context_lengths: Optional[str] = typer.Option(None, help="Prompt lengths in tokens to predict too (4k = 4096), "
+                                                             "with each traffic's measured α."),
+    device: Optional[str] = typer.Option(None, help="Carry the fitted efficiencies to another GPU's datasheet "
+                                                    "bandwidth and FLOP/s: h100, h200, a100 or l40s (an ESTIMATE)."),
     gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
     gpus: int = typer.Option(1, help="Devices the deployment uses."),
     json_output: bool = typer.Option(False, "--json", help="Print the predictions as JSON records."),
 ) -> None:
-    """What-if: predicted speed-up, tokens/s, B* and cost for K and batch sizes not measured."""
-    from specbench.fit import (
-        alpha_table, b_star_rule, best_draft_rule, cost_models, crossover, default_gpu_price, measurement_warnings,
-        pick_best_draft, plan_table,
-    )
+    """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
+    not measured, from the roofline performance model fitted on the run (README: the performance model)."""
+    import pandas as pd
+
+    from specbench import fit
     from specbench.results import load_run
 
     try:
         ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
-        if any(x < 1 for x in ks) or any(x < 1 for x in sizes) or gpus < 1:
-            raise UsageError("--k, --batch-sizes and --gpus must be >= 1")
+        contexts = split_list(context_lengths, token_count, "--context-lengths") if context_lengths else []
+        if any(x < 1 for x in ks + sizes + contexts) or gpus < 1:
+            raise UsageError("--k, --batch-sizes, --context-lengths and --gpus must be >= 1")
+        if alpha is not None and not 0 <= alpha < 1:
+            raise UsageError(f"--alpha must be in [0, 1), got {alpha}")
+        if device is not None and device.lower() not in fit.DEVICES:
+            raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
         timings = load_run(timings or run_dir)
         accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
-        alphas = alpha_table(accept_run.cells, accept_run.steps)
-        models = cost_models(timings.cells, timings.steps)
-        if alphas.empty or not models:
-            raise UsageError("the runs lack finished cells to fit (need autoregressive and speculative cells)")
-        drafts = sorted(set(alphas["draft"]) & {d for m in models.values() for d, _ in m.draft_per_token})
+        models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
+        if not models:
+            raise UsageError(f"{timings.path}: no finished autoregressive cells with step times to fit (or the "
+                             f"target's shapes are unknown)")
+        alphas = fit.model_alphas(accept_run.cells, accept_run.steps)
+        drafts = _plan_drafts(models, alphas, alpha)
         if not drafts:
-            raise UsageError(f"no draft is in both runs (acceptance: {', '.join(sorted(set(alphas['draft'])))})")
-        price, note = (gpu_price, "given") if gpu_price is not None else default_gpu_price(timings.meta.get("hardware", {}))
-        table = plan_table(models, alphas, drafts, ks, sizes, price, gpus)
+            raise UsageError("no draft has both step times and an α (give --acceptance RUN or --alpha)")
+        if alpha is not None:
+            alphas = pd.DataFrame([{"draft": d, "workload": w, "temperature": t, "context_length": c,
+                                    "alpha_iid": alpha} for d in drafts for (w, t, c) in models])
+        note = ""
+        if device is not None:
+            models, note = _on_device(models, timings.meta, device.lower())
+        price, price_note = (gpu_price, "given") if gpu_price is not None else \
+            fit.default_gpu_price({"gpus": [{"name": fit.DEVICES[device.lower()]["name"]}]} if device else
+                                  timings.meta.get("hardware", {}))
+        table = fit.plan_table(models, alphas, drafts, ks, sizes, price, gpus, contexts)
+        trust = fit.held_out(timings.cells, timings.steps, timings.requests, timings.meta)
     except _known_errors() as error:
         fail(str(error))
     unit = "$/1M tok" if price is not None else "device-h/1M tok"
     if json_output:
         print(table.to_json(orient="records", indent=2))
         return
-    console.print(f"[bold yellow]PREDICTIONS[/] from step times of {timings.path} and α of {accept_run.path} "
-                  f"(not measurements; {note})", highlight=False)
-    _print_warnings(measurement_warnings(timings.cells))
-    for (workload, temperature), group in table.groupby(["workload", "temperature"]):
-        best = group[group["draft"] != "autoregressive"].sort_values("speedup", ascending=False) \
+    label = "[bold red]ESTIMATE[/] for " + note if note else "[bold yellow]PREDICTIONS[/]"
+    console.print(f"{label} from step times of {timings.path} and α of "
+                  f"{'--alpha ' + format(alpha, 'g') if alpha is not None else accept_run.path} (not measurements; "
+                  f"{price_note})", highlight=False)
+    _print_warnings(fit.measurement_warnings(timings.cells))
+    from specbench.report import trust_lines
+
+    _print_trust(trust_lines(timings, pd.DataFrame(), trust))
+    _print_plan(table, sizes, unit)
+    console.print(f"{fit.b_star_rule()}; {fit.best_draft_rule()}", highlight=False, soft_wrap=True)
+
+
+def _plan_drafts(models: dict, alphas, alpha: float | None) -> list[str]:
+    """Drafts with step times in the timing run and an α (from the acceptance run, or --alpha)."""
+    from specbench.fit import base_draft
+
+    timed = {base_draft(d) for m in models.values() for d in list(m.times.drafts) + list(m.measured_ks)}
+    if alpha is not None:
+        return sorted({d for m in models.values() for d in m.measured_ks})
+    known = set(alphas["draft"]) if not alphas.empty else set()
+    return sorted(d for d in known if base_draft(d) in timed)
+
+
+def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
+    """Every model's step times carried to `device`'s datasheet peaks (the efficiencies kept)."""
+    import copy
+
+    from specbench import fit
+
+    gpus = (meta.get("hardware") or {}).get("gpus") or []
+    measured = fit.device_key(gpus[0]["name"]) if gpus else None
+    if measured is None:
+        raise UsageError(f"--device needs a run on a known GPU ({', '.join(fit.DEVICES)}); this one ran on "
+                         f"{gpus[0]['name'] if gpus else 'a CPU'}, whose efficiencies do not carry to a GPU")
+    dtype = "float32" if next(iter(models.values())).times.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
+    peaks = lambda key: (fit.DEVICES[key]["bandwidth"], fit.peak_flops(key, dtype))  # noqa: E731
+    moved = {}
+    for key, model in models.items():
+        clone = copy.copy(model)
+        clone.times = model.times.on_device(peaks(measured), peaks(device))
+        moved[key] = clone
+    return moved, (f"{fit.DEVICES[device]['name']}: efficiencies fitted on {gpus[0]['name']} carried to its "
+                   f"datasheet bandwidth and FLOP/s; overheads kept")
+
+
+def _print_plan(table, sizes: list[int], unit: str) -> None:
+    from specbench.fit import AR, crossover, pick_best_draft
+
+    keys = ["workload", "temperature", "context_length"]
+    for (workload, temperature, context), group in table.groupby(keys):
+        best = group[group["draft"] != AR].sort_values("speedup", ascending=False) \
             .drop_duplicates(["draft", "batch_size"]).sort_values(["draft", "batch_size"])
         if best.empty:
             continue
-        shown = Table(title=f"predicted best K per batch size: {workload}, T={temperature:g}", title_justify="left",
-                      header_style="bold")
+        where = f"{workload}" + (f" at {int(context)} tokens" if context else "") + f", T={temperature:g}"
+        shown = Table(title=f"predicted best K per batch size: {where}", title_justify="left", header_style="bold")
         for column in ("draft", "B", "best K", "α", "τ", "speed-up", "tok/s", unit):
             shown.add_column(column, overflow="fold")
         for row in best.itertuples():
-            batch = f"{row.batch_size}*" if row.extrapolated else str(row.batch_size)
-            shown.add_row(row.draft, batch, str(row.k), f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
+            shown.add_row(row.draft, f"{row.batch_size}{'*' if row.extrapolated_b else ''}",
+                          f"{row.k}{'†' if row.extrapolated_k else ''}", f"{row.alpha_iid:.2f}", f"{row.tau:.2f}",
                           f"{row.speedup:.2f}×", f"{row.tokens_per_s:.1f}", f"{row.cost_per_1m:.3g}")
         console.print(shown)
         for draft, rows in best.groupby("draft"):
@@ -685,10 +792,16 @@ def plan(
         leader = pick_best_draft(best, sizes)
         if leader:
             console.print(f"  predicted best draft: {leader}", highlight=False)
-        if group["extrapolated"].any():
-            console.print("  * outside the measured batch sizes: step times extrapolated linearly in B; "
-                          "sweep those sizes before relying on them", highlight=False)
-    console.print(f"{b_star_rule()}; {best_draft_rule()}", highlight=False, soft_wrap=True)
+        marks = []
+        if group["extrapolated_b"].any():
+            marks.append("* a batch size outside the measured ones")
+        if best["extrapolated_k"].any():
+            marks.append("† a K outside the measured ones (its draft and verify costs from the model alone)")
+        if group["extrapolated_context"].any():
+            marks.append("a context length not measured: prompts of that length, α as measured at the run's own")
+        if marks:
+            console.print("  " + "; ".join(marks) + ": sweep them before relying on them", highlight=False,
+                          soft_wrap=True)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ ENGINES = ("native", "vllm", "endpoint")
 SERVED_ENGINES = ("vllm", "endpoint")
 SCHEDULE_MARK = "@schedule:"
 OPEN_ENDED = 1 << 20  # the end of a schedule's last range ("33+")
+MIN_CONTEXT_LENGTH = 128
 
 
 # --- K schedules -------------------------------------------------------------------------------
@@ -140,6 +141,7 @@ class SweepConfig:
     endpoint: str = ""  # engine "endpoint": a running OpenAI-compatible server to measure
     baseline_endpoint: str = ""  # ... and the same model served without speculation
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
+    context_lengths: list[int] = field(default_factory=list)  # prompts built to these lengths; [] = as they come
 
     @property
     def torch_dtype(self):
@@ -179,6 +181,11 @@ class SweepConfig:
                 raise ValueError(f"request rates must be > 0 (inf: every request at once), got {self.request_rates}")
             if len(set(self.request_rates)) != len(self.request_rates):
                 raise ValueError(f"--request-rates repeats a value: {self.request_rates}")
+        if len(set(self.context_lengths)) != len(self.context_lengths):
+            raise ValueError(f"--context-lengths repeats a value: {self.context_lengths}")
+        if any(c < MIN_CONTEXT_LENGTH for c in self.context_lengths):
+            raise ValueError(f"context lengths must be >= {MIN_CONTEXT_LENGTH} tokens (room for the workload's "
+                             f"question), got {self.context_lengths}")
         if not self.burstiness > 0:
             raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
         if self.slo:
@@ -235,15 +242,21 @@ class Cell:
     k: int = 0  # a scheduled draft: the K its schedule gives at this batch size (its largest K open-loop)
     alpha: str = ""  # synthetic acceptance profile ("" = real acceptance)
     request_rate: float = 0.0  # open loop: requests per second (inf: all at once); 0 = closed loop
+    context_length: int = 0  # prompts built to this many tokens; 0 = the workload's prompts as they are
 
     @property
     def load(self) -> str:
         return f"R{format_rate(self.request_rate)}" if self.request_rate else f"B{self.batch_size}"
 
     @property
+    def traffic(self) -> str:
+        """The workload, at its context length when one is set."""
+        return f"{self.workload}|C{self.context_length}" if self.context_length else self.workload
+
+    @property
     def group(self) -> str:
-        """The (workload, load, temperature) group: shared prompts and baseline."""
-        return f"{self.workload}|{self.load}|T{self.temperature:g}"
+        """The (workload, context length, load, temperature) group: shared prompts and baseline."""
+        return f"{self.traffic}|{self.load}|T{self.temperature:g}"
 
     @property
     def baseline_id(self) -> str:
@@ -262,7 +275,7 @@ class Cell:
 
 
 def plan_cells(config: SweepConfig) -> list[Cell]:
-    """Run order: workload, temperature, load ascending (so an out-of-memory skips the larger
+    """Run order: workload, context length, temperature, load ascending (so an out-of-memory skips the larger
     batches), baseline first, then draft x K. (A served engine regroups them by server.) An
     endpoint run without --baseline-endpoint has no baseline cells."""
     loads = [(0, rate) for rate in sorted(config.request_rates)] if config.request_rates \
@@ -270,19 +283,21 @@ def plan_cells(config: SweepConfig) -> list[Cell]:
     with_baseline = config.engine != "endpoint" or bool(config.baseline_endpoint)
     cells = []
     for workload in config.workloads:
-        for temperature in config.temperatures:
-            for batch_size, rate in loads:
-                if with_baseline:
-                    cells.append(Cell(workload, batch_size, temperature, request_rate=rate))
-                for draft in config.drafts:
-                    _, schedule = split_schedule(draft)
-                    if schedule is not None:
-                        k = schedule_k(schedule, batch_size) if batch_size else max(k for _, _, k in schedule)
-                        cells.append(Cell(workload, batch_size, temperature, draft, k, request_rate=rate))
-                        continue
-                    for k in config.ks:
-                        for alpha in config.alphas or [""]:
-                            cells.append(Cell(workload, batch_size, temperature, draft, k, alpha, rate))
+        for context in config.context_lengths or [0]:
+            for temperature in config.temperatures:
+                for batch_size, rate in loads:
+                    if with_baseline:
+                        cells.append(Cell(workload, batch_size, temperature, request_rate=rate, context_length=context))
+                    for draft in config.drafts:
+                        _, schedule = split_schedule(draft)
+                        if schedule is not None:
+                            k = schedule_k(schedule, batch_size) if batch_size else max(k for _, _, k in schedule)
+                            cells.append(Cell(workload, batch_size, temperature, draft, k, request_rate=rate,
+                                              context_length=context))
+                            continue
+                        for k in config.ks:
+                            for alpha in config.alphas or [""]:
+                                cells.append(Cell(workload, batch_size, temperature, draft, k, alpha, rate, context))
     return cells
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -16,10 +16,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
-    AR, Slo, alpha_table, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
-    baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_synthetic, load_column,
+    AR, Slo, alpha_table, closed_loop, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
+    baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_cells, label_context, load_column,
     load_label, measurement_warnings, slow_baseline_warning,
-    parse_slo, predictions, repeat_range, slo_capacity, slo_table,
+    parse_slo, predictions, repeat_range, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
+    MIN_BATCH_SIZES_FOR_HOLDOUT,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -30,7 +31,7 @@ CHARTS = {
     "throughput_latency": "Throughput and inter-token latency vs batch size",
     "cost": "Cost per 1M output tokens",
     "memory": "Memory with and without the draft",
-    "predicted_vs_measured": "Cost model: predicted vs measured speed-up",
+    "predicted_vs_measured": "Performance model: predicted vs measured speed-up (in-sample and held-out batch sizes)",
     "throughput_vs_latency": "Total throughput vs what each user gets, with and without speculation",
     "goodput": "Goodput (requests/s meeting the SLO) vs load",
 }
@@ -58,6 +59,32 @@ class Analysis:
     baseline: pd.DataFrame | None = None  # baseline_speed: against the roofline and a reference run
     baseline_note: str = ""
     reference: str = ""  # the reference run's engine, when one was given
+    held_out: pd.DataFrame | None = None  # fit.held_out: the largest batch sizes predicted from the smaller
+    held_out_context: pd.DataFrame | None = None  # fit.held_out_context: the longest context from the shorter
+    trust: list[str] = field(default_factory=list)  # how far the performance model's predictions can be trusted
+
+
+TRUST_SECTION = "how far the performance model's predictions can be trusted"
+
+
+def trust_lines(run: Run, predicted: pd.DataFrame, validation: pd.DataFrame,
+                by_context: pd.DataFrame | None = None) -> list[str]:
+    """What a reader should know before trusting a prediction: the held-out error (the largest
+    batch sizes predicted from the smaller ones, the whole model refitted), and the in-sample fit."""
+    lines = []
+    if by_context is not None and not by_context.empty:
+        lines += ["held out: " + line for line in held_out_summary(pd.DataFrame(), by_context)]
+    if validation is not None and not validation.empty:
+        lines += ["held out: " + line for line in held_out_summary(validation)]
+    else:
+        sizes = closed_loop(run.cells[run.cells["status"] == "ok"])["batch_size"].nunique() if not run.cells.empty else 0
+        lines.append(f"held out: not measured (needs {MIN_BATCH_SIZES_FOR_HOLDOUT} or more batch sizes; the run has "
+                     f"{sizes}): predictions beyond the measured sizes are untested")
+    if not predicted.empty:
+        errors = predicted["speedup_error"].abs()
+        lines.append(f"in-sample (fitted on the same cells): median |error| {errors.median() * 100:.1f}%, "
+                     f"max {errors.max() * 100:.0f}% over {len(predicted)} cells")
+    return lines
 
 
 def engine_label(meta: dict) -> str:
@@ -92,9 +119,11 @@ def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | 
 
 def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysis:
     cells = run.cells[run.cells["status"] == "ok"].copy() if not run.cells.empty else run.cells
-    alphas = alpha_table(cells, run.steps)  # real acceptance only: synthetic cells are excluded there
-    cells = label_synthetic(cells)
-    predicted = predictions(cells, run.steps, alphas) if not alphas.empty else pd.DataFrame()
+    alphas = label_context(alpha_table(cells, run.steps))  # real acceptance only: synthetic cells are excluded there
+    predicted = predictions(run.cells, run.steps, run.requests, run.meta)  # synthetic cells too: their α is set
+    validation = held_out(run.cells, run.steps, run.requests, run.meta)
+    by_context = held_out_context(run.cells, run.steps, run.requests, run.meta)
+    cells = label_cells(cells)
     price, note = (gpu_price, "price given") if gpu_price is not None else default_gpu_price(run.meta.get("hardware", {}))
     unit = "$ per 1M tokens" if price is not None else "device-hours per 1M tokens"
     if price is not None and gpu_price is None:
@@ -105,13 +134,21 @@ def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysi
         costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
     return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
                     note + (f"; {gpus} devices" if gpus != 1 else ""), measurement_warnings(run.cells),
-                    price=price, gpus=gpus)
+                    price=price, gpus=gpus, held_out=validation, held_out_context=by_context,
+                    trust=trust_lines(run, predicted, validation, by_context))
 
 
 # --- charts ------------------------------------------------------------------------------------
 
+def _natural(workload: str) -> tuple:
+    """chat@512 before chat@4096: a workload label's context length sorts as a number."""
+    name, _, context = str(workload).partition("@")
+    return (name, int(context) if context.isdigit() else 0)
+
+
 def _facets(cells: pd.DataFrame) -> list[tuple[str, float]]:
-    return sorted({(w, t) for w, t in zip(cells["workload"], cells["temperature"])})
+    return sorted({(w, t) for w, t in zip(cells["workload"], cells["temperature"])},
+                  key=lambda item: (_natural(item[0]), item[1]))
 
 
 def _drafts(cells: pd.DataFrame) -> list[str]:
@@ -392,25 +429,35 @@ def chart_memory(a: Analysis, path: Path) -> None:
 
 
 def chart_predicted(a: Analysis, path: Path) -> None:
+    """In-sample predictions (filled) and held-out ones (open: the batch size was not in the fit)."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     p = a.predicted
+    held = a.held_out if a.held_out is not None else pd.DataFrame()
+    drafts = sorted(set(p["draft"]) | set(held["draft"] if not held.empty else [])) if not p.empty else []
     if not p.empty:
         for draft, group in p.groupby("draft"):
-            ax.scatter(group["speedup_measured"], group["speedup_predicted"], label=draft,
-                       color=_color(draft, _drafts(a.cells)))
-        low = min(p["speedup_measured"].min(), p["speedup_predicted"].min()) * 0.9
-        high = max(p["speedup_measured"].max(), p["speedup_predicted"].max()) * 1.1
+            ax.scatter(group["speedup_measured"], group["speedup_predicted"], label=f"{draft} (in-sample)",
+                       color=f"C{drafts.index(draft) % 10}")
+        for draft, group in (held.groupby("draft") if not held.empty else []):
+            ax.scatter(group["speedup_measured"], group["speedup_predicted"], facecolors="none", s=60,
+                       edgecolors=f"C{drafts.index(draft) % 10}", label=f"{draft} (held-out B)")
+        both = pd.concat([p, held]) if not held.empty else p
+        low = min(both["speedup_measured"].min(), both["speedup_predicted"].min()) * 0.9
+        high = max(both["speedup_measured"].max(), both["speedup_predicted"].max()) * 1.1
         ax.plot([low, high], [low, high], "k--", linewidth=1, label="predicted = measured")
+        ax.axhline(1, color="grey", linewidth=0.6)
+        ax.axvline(1, color="grey", linewidth=0.6)
         ax.set_xlim(low, high)
         ax.set_ylim(low, high)
-        error = (p["speedup_error"].abs().median() * 100)
-        ax.set_title(f"median |error| {error:.0f}% over {len(p)} cells", fontsize=10)
+        title = f"in-sample median |error| {p['speedup_error'].abs().median() * 100:.0f}% ({len(p)} cells)"
+        if not held.empty:
+            title += f"\nheld-out median |error| {held['speedup_error'].abs().median() * 100:.0f}% ({len(held)} cells)"
+        ax.set_title(title, fontsize=10)
     ax.set_xlabel("measured speed-up (×)")
     ax.set_ylabel("predicted speed-up (×)")
     ax.grid(alpha=0.3)
     if p.empty:
-        ax.text(0.5, 0.5, "no real-acceptance cells to predict\n(timing-only run: α is simulated)",
-                ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no speculative cells to predict", ha="center", va="center", transform=ax.transAxes)
     else:
         ax.legend(fontsize=7)
     _finish(fig, path, CHARTS["predicted_vs_measured"], fontsize=11)
@@ -599,7 +646,14 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     if not a.alphas.empty:
         tables["alpha fit"] = a.alphas
     if not a.predicted.empty:
-        tables["predicted vs measured"] = a.predicted.drop(columns=["cell_id"])
+        tables["predicted vs measured (in-sample)"] = a.predicted.drop(columns=["cell_id"])
+    if a.held_out is not None and not a.held_out.empty:
+        tables["held out: each of the largest batch sizes predicted from the smaller ones"] = a.held_out[
+            ["held_out_batch_size", "trained_on", "draft", "workload", "temperature", "context_length", "k",
+             "speedup_measured", "speedup_predicted", "speedup_error", "same_side"]]
+    if a.held_out_context is not None and not a.held_out_context.empty:
+        tables["held out: the longest context length predicted from the shorter ones"] = a.held_out_context.drop(
+            columns=["cell_id"])
     if not a.crossovers.empty:
         tables[f"crossover batch size ({b_star_rule()}; per workload and temperature, and their worst case)"] = \
             a.crossovers
@@ -679,7 +733,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
                   f" · {how}")
-    sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | dict(extra_sections or {})
+    sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | \
+        ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
     if a.answer:

@@ -25,13 +25,14 @@ from specbench.results import (
     append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
 )
 from specbench.synthetic import shipped_config
-from specbench.workloads import Workload, load_workload
+from specbench.workloads import Workload, load_workload, long_context_records
 
 
 def preflight(config: SweepConfig) -> dict[str, Workload]:
     """Everything checkable without loading weights: grid values, model references, workloads.
     Returns the loaded workloads."""
     config.validate()
+    check_context_limit(config)
     workloads = {name: load_workload(name) for name in config.workloads}
     if config.engine == "vllm":
         import sys
@@ -58,6 +59,23 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
     return workloads
+
+
+def check_context_limit(config: SweepConfig) -> None:
+    """A one-line error, before anything loads, when the longest prompt asked for plus the new
+    tokens (and a step's drafts) would not fit the target's context (registry models: their
+    shipped config says how long it is)."""
+    try:
+        _, shipped = shipped_config(config.target)
+    except Exception:
+        return  # a model by path: its engine finds out when it loads
+    limit = shipped.get("max_position_embeddings")
+    longest = max(config.context_lengths, default=0)
+    needed = longest + config.max_new_tokens + 2 * max(config.ks, default=0) + 8
+    if limit and needed > limit:
+        asked = f"--context-lengths {longest} + " if longest else ""
+        raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; "
+                         f"{config.target} has a {limit}-token context")
 
 
 # --- the sweep ---------------------------------------------------------------------------------
@@ -133,7 +151,7 @@ def _failure_row(cell: Cell, status: str, message: str) -> dict:
     return {"cell_id": cell.id, "status": status, "message": message,
             "mode": "speculative" if cell.is_speculative else AR, "workload": cell.workload, "draft": cell.draft,
             "k": cell.k, "batch_size": cell.batch_size, "temperature": cell.temperature,
-            "request_rate": cell.request_rate}
+            "request_rate": cell.request_rate, "context_length": cell.context_length}
 
 
 def run_sweep(
@@ -194,7 +212,8 @@ class _Sweep:
                  on_event: Callable[[SweepEvent], None], position: dict[str, int], total: int) -> None:
         self.config, self.engine, self.tables, self.workloads = config, engine, tables, workloads
         self.on_event, self.position, self.total = on_event, position, total
-        self.out_of_memory_at: dict[tuple, int] = {}  # (workload, temperature, draft, k) -> batch size
+        # (workload, temperature, draft, k) -> (context length, batch size) of each out-of-memory cell
+        self.out_of_memory_at: dict[tuple, list[tuple[int, int]]] = {}
         self._prompts: dict[str, tuple[list[list[int]], list[str]]] = {}
 
     def prompts(self, cell: Cell) -> tuple[list[list[int]], list[str]]:
@@ -202,13 +221,21 @@ class _Sweep:
         if cell.group not in self._prompts:
             records = self.workloads[cell.workload].sample(requests_per_cell(self.config, cell.batch_size),
                                                            self.config.seed)
+            if cell.context_length:
+                records = long_context_records(records, cell.workload, cell.context_length, self.engine.encode,
+                                               self.config.seed)
             self._prompts[cell.group] = ([self.engine.encode(r) for r in records], [r.id for r in records])
         return self._prompts[cell.group]
 
     def skip_reason(self, cell: Cell) -> str | None:
-        at = self.out_of_memory_at.get((cell.workload, cell.temperature, cell.draft, cell.k),
-                                       self.out_of_memory_at.get((cell.workload, cell.temperature, AR, 0)))
-        return None if at is None else f"out of memory at batch size {at}"
+        """Out of memory at a batch size skips the larger ones at that context length and longer."""
+        failed = self.out_of_memory_at.get((cell.workload, cell.temperature, cell.draft, cell.k), []) + \
+            self.out_of_memory_at.get((cell.workload, cell.temperature, AR, 0), [])
+        for context, batch_size in failed:
+            if cell.context_length >= context and cell.batch_size >= batch_size:
+                where = f" at context length {context}" if context else ""
+                return f"out of memory at batch size {batch_size}{where}"
+        return None
 
     def record(self, cell: Cell, outcome: CellOutcome | None = None, error: BaseException | None = None,
                skipped: str | None = None) -> None:
@@ -219,12 +246,14 @@ class _Sweep:
         elif error is not None:  # recorded, and the sweep goes on
             status = self.engine.failure_status(error)
             if status == "oom":
-                self.out_of_memory_at[(cell.workload, cell.temperature, cell.draft, cell.k)] = cell.batch_size
+                self.out_of_memory_at.setdefault((cell.workload, cell.temperature, cell.draft, cell.k), []).append(
+                    (cell.context_length, cell.batch_size))
             first_line = str(error).splitlines()[0] if str(error) else ""
             row = _failure_row(cell, status, f"{type(error).__name__}: {first_line}")
             tables.add(row, [], [])
         else:
             row = outcome.row
+            row["context_length"] = cell.context_length
             if not cell.is_speculative:
                 pass  # the baseline itself: nothing to compare
             elif self.config.synthetic:

@@ -182,3 +182,61 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
     ordered = sorted(lengths)
     return {"count": len(ordered), "mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2],
             "min": ordered[0], "max": ordered[-1]}
+
+
+# --- long contexts -------------------------------------------------------------------------------
+
+LONG_DOCUMENTS = {"prose": "opticks.txt", "code": "cpython-argparse-difflib.py.txt"}  # workloads/long/, README there
+CODE_WORKLOADS = ("code", "humaneval")
+LENGTH_TOLERANCE = 0.02  # a built prompt within 2% (or 8 tokens) of the length asked for
+
+
+def long_document(workload: str) -> str:
+    kind = "code" if workload in CODE_WORKLOADS else "prose"
+    path = WORKLOADS_DIR / "long" / LONG_DOCUMENTS[kind]
+    if not path.exists():
+        raise WorkloadError(f"long-context document {path} is missing (set SPECBENCH_WORKLOADS to the workloads/ "
+                            f"directory)")
+    return path.read_text()
+
+
+def long_context_records(records: list[PromptRecord], workload: str, length: int, encode, seed: int) -> list[PromptRecord]:
+    """Each record's question after an excerpt of a long document (code for code workloads, prose
+    otherwise), the excerpt sized so that `encode` (the engine's tokenization, chat template
+    included) gives `length` tokens: a RAG or agent request at that context length. Each record
+    starts its excerpt at its own place, drawn with `seed`."""
+    document = long_document(workload)
+    rng = random.Random(f"{seed}|{workload}|{length}")
+    built = []
+    for index, record in enumerate(records):
+        question = record.messages[-1]["content"]
+        base = len(encode(_with_excerpt(record, "", question)))
+        if base >= length:
+            raise WorkloadError(f"--context-lengths {length}: prompt {record.id} of {workload} is already {base} tokens")
+        chars_per_token = 4.0
+        start = rng.randrange(0, max(1, len(document) // 2))
+        start = document.find("\n", start) + 1  # from the start of a line
+        size = int((length - base) * chars_per_token)
+        for _ in range(6):
+            excerpt = _excerpt(document, start, size)
+            candidate = _with_excerpt(record, excerpt, question)
+            got = len(encode(candidate))
+            if abs(got - length) <= max(8, LENGTH_TOLERANCE * length):
+                break
+            chars_per_token = max(1.0, len(excerpt) / max(1, got - base))
+            size = max(1, int((length - base) * chars_per_token))
+        built.append(PromptRecord(f"{record.id}@{length}", record.category, candidate.messages))
+    return built
+
+
+def _excerpt(document: str, start: int, size: int) -> str:
+    """`size` characters from `start`, wrapping around the document's end."""
+    text = document[start:start + size]
+    while len(text) < size:
+        text += "\n\n" + document[: size - len(text)]
+    return text
+
+
+def _with_excerpt(record: PromptRecord, excerpt: str, question: str) -> PromptRecord:
+    content = (f"Here is a document for reference:\n\n{excerpt}\n\n{question}" if excerpt else question)
+    return PromptRecord(record.id, record.category, record.messages[:-1] + [{"role": "user", "content": content}])

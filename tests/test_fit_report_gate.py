@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.fit import (
     baseline_drift,
-    CostModel, crossover, expected_tau, fit_alpha, k_schedule, leviathan_speedup, tokens_per_step_moments,
+    crossover, expected_tau, fit_alpha, k_schedule, leviathan_speedup, tokens_per_step_moments,
     cost_per_million, default_gpu_price,
 )
 from specbench.gate import evaluate
@@ -57,25 +57,6 @@ def test_tau_formula():
     assert mean == pytest.approx(expected_tau(0.7, 5))
     assert variance == pytest.approx((1 + accepted).var(), rel=0.05)
     assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx(expected_tau(0.8, 4) / 1.4)
-
-
-def test_cost_model_arithmetic():
-    model = CostModel(ar_step={1: 0.020, 4: 0.030}, draft_per_token={("d", 1): 0.002, ("d", 4): 0.003},
-                      verify={(1, 5): 0.025, (4, 5): 0.045}, prefill={1: 0.1, 4: 0.2},
-                      draft_prefill={("d", 1): 0.01, ("d", 4): 0.02}, coverage={"d": 1.0},
-                      step_coverage={}, new_tokens=101)
-    tau = float(expected_tau(0.8, 4))
-    assert model.decode_speedup(0.8, "d", 4, 1) == pytest.approx(tau * 0.020 / (4 * 0.002 + 0.025))
-    # unmeasured sizes: a least-squares line over all target forwards in token positions B x n
-    points = [(1, 0.020), (4, 0.030), (5, 0.025), (20, 0.045)]
-    slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
-    assert model.t_ar(2) == pytest.approx(intercept + 2 * slope)
-    assert model.t_verify(16, 3) == pytest.approx(intercept + 48 * slope)
-    assert model.t_verify(4, 5) == pytest.approx(0.045)  # measured values are used as measured
-    # end to end at B=1 (a single row: no tail): prefill + 100 decoded tokens
-    expected = (0.1 + 100 * 0.020) / (0.1 + 0.01 + 100 / tau * (4 * 0.002 + 0.025))
-    assert model.speedup(0.8, "d", 4, 1) == pytest.approx(expected)
-    assert model.speedup(0.8, "d", 4, 4) < model.decode_speedup(0.8, "d", 4, 4)  # slowest-row tail costs
 
 
 def test_crossover():

@@ -15,7 +15,7 @@ packing = pytest.mark.skipif(not can_pack(torch.zeros(1)), reason="this torch bu
 
 
 @packing
-def test_packed_projection_agrees_with_the_dense_one_and_one_row_stays_dense():
+def test_packed_projection_agrees_with_the_dense_one_and_few_rows_can_stay_dense():
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 64), torch.randn(96)
     projection = Projection(weight, bias, pack=True)
@@ -23,7 +23,9 @@ def test_packed_projection_agrees_with_the_dense_one_and_one_row_stays_dense():
     for shape in [(1, 1, 64), (8, 1, 64), (4, 3, 64), (2, 40, 64)]:
         x = torch.randn(shape)
         assert torch.allclose(projection(x), torch.nn.functional.linear(x, weight, bias), atol=1e-4)
-    for few_rows in (torch.randn(1, 1, 64), torch.randn(1, 3, 64)):  # matrix-vector sized: dense
+    assert 0 <= projection.dense_max_rows <= Projection.DENSE_MAX_ROWS  # measured on this CPU
+    projection.dense_max_rows = 3
+    for few_rows in (torch.randn(1, 1, 64), torch.randn(1, 3, 64)):  # where dense measured faster: dense
         assert torch.equal(projection(few_rows), torch.nn.functional.linear(few_rows, weight, bias))
     assert Projection(weight.double(), pack=True).packed is None  # oneDNN has no float64
 

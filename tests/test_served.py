@@ -196,6 +196,18 @@ def test_a_vllm_sweep_writes_the_same_tables(fake_vllm, target_dir, tmp_path):
     assert runner.invoke(app, ["check", str(tmp_path / "run"), "--batch-sizes", "1,3", "--min-speedup", "100"]).exit_code == 1
     planned = runner.invoke(app, ["plan", str(tmp_path / "run"), "--k", "2", "--batch-sizes", "1,2,3"])
     assert planned.exit_code == 0 and "PREDICTIONS" in planned.output, planned.output
+    assert meta["architectures"]["target"]["layers"] == 4  # the performance model's shapes, from config.json
+
+
+def test_a_vllm_sweep_at_context_lengths(fake_vllm, target_dir, tmp_path):
+    """The same long-context prompts on a served engine: token ids of that length, cells per length."""
+    args = vllm_args(target_dir, tmp_path / "run", ["--context-lengths", "300,600", "--batch-sizes", "1"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "run")
+    assert set(run.cells["context_length"]) == {300, 600} and (run.cells["status"] == "ok").all()
+    lengths = run.requests.merge(run.cells[["cell_id", "context_length"]], on="cell_id")
+    assert ((lengths["prompt_tokens"] - lengths["context_length"]).abs() <= 0.02 * lengths["context_length"] + 8).all()
 
 
 def test_a_server_that_fails_to_start_is_one_line_naming_its_log(fake_vllm, target_dir, tmp_path):

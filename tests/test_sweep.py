@@ -26,6 +26,7 @@ CELL_COLUMNS = [
     "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
     "lossless_detail", "speedup", "speedup_runs", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
     "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full", "cuda_graphs", "graph_captures_timed",
+    "context_length",
 ]
 REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
                    "e2e_s", "tpot_s", "itl_s", "tokens"]
@@ -170,6 +171,28 @@ def test_out_of_memory_skips_larger_batches(tiny_model_dirs, tmp_path, monkeypat
     assert cells.loc["chat|B5|T0|ngram:2|K1", "status"] == "ok"
 
 
+def test_out_of_memory_at_a_long_context_skips_only_longer_ones(tiny_model_dirs, tmp_path, monkeypatch):
+    """Out of memory at B=3 and 600 tokens: B=3 at 800 is skipped, B=3 at 400 (run first) is not."""
+    original = native_runner.CellRun.measure
+
+    def small_device(run, repeat):
+        if run.cell.batch_size >= 3 and run.cell.context_length >= 600:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(run, repeat)
+
+    monkeypatch.setattr(native_runner.CellRun, "measure", small_device)
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1,3", "--k", "1",
+                                                         "--context-lengths", "400,600,800", "--max-new-tokens", "3"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    cells = load_run(tmp_path / "run").cells.set_index("cell_id")
+    assert cells.loc["chat|C400|B3|T0|autoregressive", "status"] == "ok"
+    assert cells.loc["chat|C600|B3|T0|autoregressive", "status"] == "oom"
+    assert cells.loc["chat|C800|B1|T0|autoregressive", "status"] == "ok"
+    assert cells.loc["chat|C800|B3|T0|autoregressive", "status"] == "skipped"
+    assert "at context length 600" in cells.loc["chat|C800|B3|T0|autoregressive", "message"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--k", "0"], "K must be >= 1"),
     (["--batch-sizes", "0,2"], "batch sizes must be >= 1"),
@@ -281,7 +304,7 @@ def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run)
     assert "src='http" not in page and len(re.findall(r"data:image/png;base64", page)) == len(CHARTS)
     summary = (report / "summary.md").read_text()
     assert "## alpha fit" in summary and "## predicted vs measured" in summary
-    assert "α fit" in result.output and "prediction error" in result.output
+    assert "α fit" in result.output and "in-sample (fitted on the same cells)" in result.output
 
 
 def test_check_and_plan_on_a_real_run(finished_run):

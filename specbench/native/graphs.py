@@ -22,7 +22,8 @@ arranges around the engine's ragged cache without changing the loop:
 
 A graph is captured per (bucket, tokens per row, which logits, ragged input or not, length
 bucket) the first time it is needed, together with the same step at every smaller batch bucket
-and every length bucket, so that a warm-up run captures what the measured runs replay.
+and every longer length bucket (and LOWER_BUCKETS shorter ones), so that a warm-up run captures
+what the measured runs replay.
 `captures` counts the shapes built (eagerly run ones too); a capture inside a timed run costs
 two eager steps plus the capture.
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from specbench.native.forward import CausalLM
 
 LENGTH_QUANTUM = 256  # cache columns are allocated in multiples of this, so batches share a cache
+LOWER_BUCKETS = 2  # length buckets captured below the first one a batch needs (other batches start near it)
 
 
 def batch_buckets(allocated_rows: int) -> list[int]:
@@ -116,8 +118,11 @@ class StaticSteps:
             # capture passes write this step's rows with other numerics (another batch shape, or
             # attention cut short), and the real step below rewrites them.
             smaller_buckets = [b for b in batch_buckets(cache.allocated_rows) if b <= bucket]
+            # Length buckets from just below this one up: a batch's steps only attend further as it
+            # decodes (a long-context cache would otherwise capture dozens of buckets it never uses).
+            lowest = max(self.length_quantum, visible - LOWER_BUCKETS * self.length_quantum)
             for smaller in smaller_buckets:
-                for length in range(self.length_quantum, cache.max_length + 1, self.length_quantum):
+                for length in range(lowest, cache.max_length + 1, self.length_quantum):
                     family_key = (smaller, *key[1:4], length)
                     if family_key not in self._steps:
                         self._steps[family_key] = self._new_step(

@@ -11,9 +11,9 @@ forward computes the same function with fewer, larger operations:
 - RMSNorm is one `torch.nn.functional.rms_norm` (in float32, as transformers computes it); rotary embeddings are applied to q and k at once;
 - attention is one `scaled_dot_product_attention` over the ragged cache under the engine's
   boolean mask, with grouped-query heads folded into the query rows (no repeated keys);
-- on a CPU, projections of four rows or more (batched decode, verify, prefill) run on weights packed
-  once in oneDNN's blocked layout (`Projection`), where MKL's dense small-M products stream the
-  weights badly.
+- on a CPU, projections run on weights packed once in oneDNN's blocked layout (`Projection`),
+  where MKL's dense small-M products stream the weights badly; at one to three rows the dense
+  product serves where it measured faster on this CPU.
 
 Logits agree with transformers' to float rounding (fused products sum in another order);
 `check_forward_matches` bounds the difference when a model is loaded. Architectures outside
@@ -87,29 +87,64 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 
 class Projection:
-    """y = x W^T + b. On a CPU, W is also held packed in oneDNN's blocked layout for inputs of
-    four rows or more: measured on SmolLM2-135M's weights (2 cores, float32, weights streamed
-    from memory), a pass over every projection takes 26-28 ms packed at 4-6 rows against 39-42 ms
-    dense (MKL's small-M products stream the weight badly), 31 against 50 ms at 8 rows, 51
-    against 60 at 32; up to three rows the dense weight is faster (22.8 against 26.1 ms at 2
-    rows). The packed copy costs as much memory as the weight (the measured peak includes it)."""
+    """y = x W^T + b. On a CPU, W is also held packed in oneDNN's blocked layout, used for inputs
+    of more rows than `dense_max_rows`. Which is faster at a few rows depends on the CPU, so it is
+    measured once per weight shape: on SmolLM2-135M's weights (2 cores, float32) an Intel Xeon
+    took 22.8 ms dense against 26.1 packed over every projection at 2 rows, while an AMD EPYC took
+    91 against 44 µs on the fused q/k/v weight at 2 rows and was faster packed even at one row;
+    from 4 rows packed wins on both (MKL's small-M products stream the weight badly). The packed
+    copy costs as much memory as the weight (the measured peak includes it)."""
 
     PACK_HINT = 32  # rows oneDNN tunes the layout for; measured flat from 8 to 32 rows
-    DENSE_MAX_ROWS = 3
+    DENSE_MAX_ROWS = 3  # the most rows the dense product is ever chosen for
+    _dense_limits: dict = {}  # (shape, dtype) -> rows up to which the dense product was faster here
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         self.weight, self.bias = weight, bias
         self.packed = None
+        self.dense_max_rows = self.DENSE_MAX_ROWS
         if pack and can_pack(weight):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.PACK_HINT)
             except RuntimeError:  # a oneDNN build without this layout: the dense weight serves
                 self.packed = None
+        if self.packed is not None:
+            key = (tuple(weight.shape), weight.dtype)
+            if key not in Projection._dense_limits:
+                Projection._dense_limits[key] = self._measure_dense_limit()
+            self.dense_max_rows = Projection._dense_limits[key]
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def _measure_dense_limit(self, repeats: int = 5, calls: int = 10) -> int:
+        """Rows (0 to DENSE_MAX_ROWS) up to which the dense product beat the packed one, each
+        row count timed as the best of `repeats` x `calls` products."""
+        import time
+
+        def best(product, x) -> float:
+            product(x)
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                for _ in range(calls):
+                    product(x)
+                times.append(time.perf_counter() - started)
+            return min(times)
+
+        limit = 0
+        with torch.inference_mode():
+            for rows in range(1, self.DENSE_MAX_ROWS + 1):
+                x = torch.randn(rows, self.weight.shape[1], dtype=self.weight.dtype)
+                if best(lambda v: F.linear(v, self.weight, self.bias), x) >= best(self._packed, x):
+                    break
+                limit = rows
+        return limit
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.numel() <= self.DENSE_MAX_ROWS * x.shape[-1]:
+        if self.packed is None or x.numel() <= self.dense_max_rows * x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return self._packed(x)
 
     def packed_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size() if self.packed is not None else 0

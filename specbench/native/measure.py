@@ -151,6 +151,25 @@ def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, rep
     return 2 * num_bytes / min(samples)
 
 
+def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
+    """Measured matrix-multiply rate in FLOP/s: the best of square products in the models' dtype
+    (the compute roof the performance model's fit is pulled towards)."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    clock = Clock(device)
+    samples = []
+    with torch.inference_mode():
+        for attempt in range(repeats + 2):
+            started = clock.now()
+            torch.mm(a, b)
+            if attempt >= 2:
+                samples.append(clock.now() - started)
+    del a, b
+    return 2 * size ** 3 / min(samples)
+
+
 def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
     """Bytes one autoregressive decode step must read at least: every weight once (shared by the
     batch) except the input embedding, of which only the batch's rows are read, plus each row's

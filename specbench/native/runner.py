@@ -24,7 +24,7 @@ from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfD
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM
 from specbench.native.measure import (
-    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, phase_times, request_rows, step_rows,
+    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, matmul_rate, phase_times, request_rows, step_rows,
 )
 from specbench.native.placement import free_bytes, memory_budget, parse_devices, placement_devices
 from specbench.native.random_models import (
@@ -69,12 +69,24 @@ class NativeEngine(Engine):
             if scaled:
                 message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
         models.copy_bandwidth = measured_bandwidth(models.target.model.device)
+        dtypes = {models.target.model.dtype} | {loaded.model.dtype for loaded in models.draft_models.values()}
+        models.matmul_rates = {str(d).replace("torch.", ""): measured_matmul_rate(models.target.model.device, d)
+                               for d in dtypes}
         return message
 
     def annotate(self, meta: dict) -> None:
         super().annotate(meta)
         if self.models is not None:
             meta["hardware"]["copy_bandwidth_bytes_per_s"] = self.models.copy_bandwidth
+            target_dtype = str(self.models.target.model.dtype).replace("torch.", "")
+            meta["hardware"]["matmul_flops_per_s"] = self.models.matmul_rates[target_dtype]
+            meta["hardware"]["matmul_dtype"] = target_dtype
+            meta["hardware"]["matmul_flops_per_s_by_dtype"] = self.models.matmul_rates
+            meta["architectures"] = self.models.architectures()
+            from specbench.native.lean import Projection
+
+            if Projection._dense_limits:  # the CPU's measured crossover from dense to packed products
+                meta["hardware"]["dense_max_rows"] = max(Projection._dense_limits.values())
             meta["estimated"] = self.models.target_scaler is not None or bool(self.models.draft_scalers)
 
     def encode(self, record) -> list[int]:
@@ -130,6 +142,20 @@ class Models:
     target_scaler: LayerScaler | None = None  # set when only a layer subset of the target was built
     draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
     copy_bandwidth: float = float("nan")  # bytes/s on the target's device, for the roofline
+    matmul_rates: dict = field(default_factory=dict)  # dtype -> FLOP/s of square products there
+
+    def architectures(self) -> dict:
+        """The shapes the performance model reads (specbench.fit.roofline), at full depth."""
+        from specbench.fit.roofline import Architecture
+
+        def shape(model: CausalLM, scaler: LayerScaler | None) -> dict:
+            config = model.config.to_dict()
+            if scaler is not None:
+                config["num_hidden_layers"] = scaler.full_layers
+            return Architecture.from_config(config, str(model.dtype).replace("torch.", "")).to_dict()
+
+        drafts = {label: shape(loaded.model, self.draft_scalers.get(label)) for label, loaded in self.draft_models.items()}
+        return {"target": shape(self.target.model, self.target_scaler), "drafts": drafts}
 
     def drafter(self, label: str) -> Drafter:
         spec = self.drafts[label]
@@ -142,6 +168,14 @@ class Models:
 
 def _context_estimate(config: SweepConfig) -> int:
     return 96 + config.max_new_tokens // 2
+
+
+def measured_matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of the device's matrix products in the target's dtype; NaN when they cannot run."""
+    try:
+        return matmul_rate(device, dtype)
+    except (RuntimeError, MemoryError):
+        return float("nan")
 
 
 def measured_bandwidth(device: torch.device) -> float:

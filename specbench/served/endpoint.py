@@ -179,6 +179,9 @@ class EndpointEngine(VllmEngine):
         meta["engine"] = {"name": self.name, "endpoint": self.endpoint.url, "served_model": self.served_name,
                           "baseline_endpoint": self.baseline.url if self.baseline else "",
                           "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
+        shapes = self.architectures()
+        if shapes:
+            meta["architectures"] = shapes
 
 
 class EndpointStage(Stage):

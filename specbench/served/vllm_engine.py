@@ -292,6 +292,22 @@ class VllmEngine(Engine):
         meta["engine"] = {"name": self.name, "version": self.version, "python": self.python,
                           "servers": [vars(record) for record in self.servers]}
         meta["versions"]["vllm"] = self.version
+        shapes = self.architectures()
+        if shapes:
+            meta["architectures"] = shapes
+
+    def architectures(self) -> dict:
+        """The target's shapes for the performance model (specbench.fit.roofline), from its config."""
+        from specbench.fit.roofline import Architecture
+
+        path = Path(self.target_dir) / "config.json" if self.target_dir else None
+        if path is None or not path.exists():
+            return {}
+        try:
+            shape = Architecture.from_config(json.loads(path.read_text()), str(self.dtype).replace("torch.", ""))
+        except (KeyError, ValueError, TypeError):
+            return {}
+        return {"target": shape.to_dict(), "drafts": {}}
 
     def server_command(self, draft: str, k: int, alpha: str, port: int) -> list[str]:
         config, options = self.config, self.config.vllm

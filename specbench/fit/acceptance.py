@@ -1,0 +1,128 @@
+"""Acceptance: the i.i.d. α fit (MLE with a Wilson interval), τ(α, K), the per-row token moments
+the slowest-row term needs, and the per-draft α table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from specbench.fit.cells import AR, TRAFFIC, label_synthetic, ok_real, with_context
+
+Z95 = 1.959964
+
+
+@dataclass
+class AlphaFit:
+    alpha: float
+    low: float
+    high: float
+    accepted: int
+    rejections: int
+
+    @property
+    def trials(self) -> int:
+        return self.accepted + self.rejections
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    if trials == 0:
+        return float("nan"), float("nan")
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # The interval holds p (rounding can put p = 1 a hair above centre + half).
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
+
+
+def fit_alpha(drafted: np.ndarray, accepted: np.ndarray) -> AlphaFit:
+    """MLE of the i.i.d. acceptance probability from per-step (drafted, accepted) counts."""
+    drafted, accepted = np.asarray(drafted), np.asarray(accepted)
+    used = drafted > 0
+    successes = int(accepted[used].sum())
+    rejections = int((accepted[used] < drafted[used]).sum())
+    trials = successes + rejections
+    alpha = successes / trials if trials else float("nan")
+    low, high = wilson_interval(successes, trials)
+    return AlphaFit(alpha, low, high, successes, rejections)
+
+
+def expected_tau(alpha: float, k: int | np.ndarray) -> float | np.ndarray:
+    """E[tokens per target forward] with K drafts at i.i.d. acceptance alpha."""
+    k = np.asarray(k, dtype=float)
+    if alpha >= 1 - 1e-12:
+        return k + 1
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def tokens_per_step_moments(alpha: float, k: int, coverage: float = 1.0) -> tuple[float, float]:
+    """Mean and variance of tokens a row gains per step: 1 + accepted, where accepted is a
+    geometric count truncated at K (P(a) = alpha^a (1 - alpha) for a < K, alpha^K at K); with
+    probability 1 - coverage the row drafted nothing and gains exactly 1."""
+    accepted = np.arange(k + 1)
+    probs = alpha ** accepted * np.where(accepted < k, 1 - alpha, 1.0)
+    mean = float((probs * (1 + accepted)).sum())
+    second = float((probs * (1 + accepted) ** 2).sum())
+    mixed_mean = coverage * mean + (1 - coverage)
+    mixed_second = coverage * second + (1 - coverage)
+    return mixed_mean, mixed_second - mixed_mean ** 2
+
+
+def expected_max_normal(count: int) -> float:
+    """E[max of `count` standard normals] (Blom's approximation); 0 for one."""
+    if count <= 1:
+        return 0.0
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+
+
+def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), c = T_draft / T_target (Leviathan et al. 2023)."""
+    return float(expected_tau(alpha, k)) / (k * cost_ratio + 1)
+
+
+def acceptance_counts(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per speculative cell: accepted tokens, rejections (draft steps that rejected one of their
+    drafts) and drafted tokens; from the steps table where a cell has steps (the native engine),
+    else from the cell's own counters (a served engine's spec-decode metrics)."""
+    rows = []
+    with_steps = set(steps["cell_id"]) if not steps.empty else set()
+    if with_steps:
+        used = steps[steps["drafted"] > 0]
+        for cell_id, group in used.groupby("cell_id"):
+            rows.append({"cell_id": cell_id, "accepted": int(group["accepted"].sum()),
+                         "rejections": int((group["accepted"] < group["drafted"]).sum()),
+                         "drafted": int(group["drafted"].sum())})
+    if "rejections" in cells:
+        served = cells[~cells["cell_id"].isin(with_steps) & cells["rejections"].notna()]
+        for row in served.itertuples():
+            rows.append({"cell_id": row.cell_id, "accepted": int(row.accepted), "rejections": int(row.rejections),
+                         "drafted": int(row.drafted)})
+    return pd.DataFrame(rows, columns=["cell_id", "accepted", "rejections", "drafted"])
+
+
+def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame, include_synthetic: bool = False) -> pd.DataFrame:
+    """One row per (draft, workload, temperature, context length): fitted alpha with its interval,
+    pooling K and B. Synthetic-acceptance cells only with `include_synthetic` (as their own
+    drafts, `draft α=0.8`): their α is the profile's, measured back, not the models'."""
+    finished = label_synthetic(cells[cells["status"] == "ok"]) if include_synthetic and not cells.empty else ok_real(cells)
+    speculative = with_context(finished)
+    speculative = speculative[speculative["mode"] != AR] if not speculative.empty else speculative
+    if speculative.empty:
+        return pd.DataFrame()
+    counts = acceptance_counts(speculative, steps)
+    merged = counts.merge(speculative[["cell_id", "draft"] + TRAFFIC], on="cell_id")
+    rows = []
+    for (draft, workload, temperature, context), group in merged.groupby(["draft"] + TRAFFIC):
+        successes, rejections = int(group["accepted"].sum()), int(group["rejections"].sum())
+        trials = successes + rejections
+        low, high = wilson_interval(successes, trials)
+        rows.append({"draft": draft, "workload": workload, "temperature": temperature, "context_length": context,
+                     "alpha_iid": successes / trials if trials else float("nan"),
+                     "alpha_low": low, "alpha_high": high, "accepted": successes, "rejections": rejections,
+                     "acceptance_rate": successes / max(1, int(group["drafted"].sum()))})
+    return pd.DataFrame(rows)

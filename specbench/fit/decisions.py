@@ -1,0 +1,157 @@
+"""Decisions from measured speed-ups: the best K per batch size, B*, the best draft, the gate's
+worst case, K schedules and the vLLM config that loads one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from specbench.fit.cells import AR, label_cells, ok_closed_loop
+
+
+def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, workload, temperature, B): the measured best K and its speed-up."""
+    sd = ok_closed_loop(label_cells(cells))
+    sd = sd[(sd["mode"] != AR) & sd["speedup"].notna()] if not sd.empty else sd
+    if sd.empty:
+        return pd.DataFrame()
+    index = sd.groupby(["draft", "workload", "temperature", "batch_size"])["speedup"].idxmax()
+    columns = ["draft", "workload", "temperature", "batch_size", "k", "speedup"]
+    columns += ["speedup_runs"] if "speedup_runs" in sd else []
+    return sd.loc[index, columns].reset_index(drop=True)
+
+
+@dataclass
+class Crossover:
+    batch_size: float | None  # interpolated B* where best speed-up falls below 1; None if no crossing
+    text: str
+
+
+def _crossing(b0: int, s0: float, b1: int, s1: float, threshold: float) -> float:
+    fraction = (s0 - threshold) / (s0 - s1)
+    return 2 ** (math.log2(b0) + fraction * (math.log2(b1) - math.log2(b0)))
+
+
+def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 1.0) -> Crossover:
+    """B*: where the best speed-up falls from >= threshold to below it, interpolated in log2 B.
+    The text also says where speculation starts paying when it is below at small batches (on a
+    compute-bound CPU, say, it can improve with batch size)."""
+    points = sorted(zip(batch_sizes, speedups))
+    if not points:
+        return Crossover(None, "no data")
+    rises, falls = [], []
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if s0 < threshold <= s1:
+            rises.append((_crossing(b0, s0, b1, s1, threshold), b0, b1))
+        elif s0 >= threshold > s1:
+            falls.append((_crossing(b0, s0, b1, s1, threshold), b0, b1))
+    parts = []
+    if points[0][1] < threshold:
+        parts.append(f"below {threshold:g}× at B = {points[0][0]}")
+    if rises:
+        at, b0, b1 = rises[0]
+        parts.append(f"≥ {threshold:g}× from B ≈ {at:.1f} (between {b0} and {b1})")
+    if falls:
+        at, b0, b1 = falls[-1]
+        parts.append(f"B* ≈ {at:.1f} (between {b0} and {b1})")
+        return Crossover(at, "; ".join(parts))
+    if points[-1][1] >= threshold:
+        parts.append(f"no slowdown up to B = {points[-1][0]}")
+    elif not rises:
+        parts[-1] = f"below {threshold:g}× at every measured B (up to {points[-1][0]})" if len(points) > 1 else parts[-1]
+    return Crossover(None, "; ".join(parts))
+
+
+WORST_CASE = "worst case"  # the workload label of rows taken over every workload and temperature
+
+
+def b_star_rule(bar: float = 1.0) -> str:
+    return (f"B* = the batch size where the best-K speed-up falls below {bar:g}×, interpolated in log2(B) "
+            f"between the measured sizes either side of it")
+
+
+def best_draft_rule(bar: float = 1.0) -> str:
+    return (f"best draft = the one whose lowest speed-up over the batch sizes judged is highest (at each batch size: "
+            f"the best K, the worst workload and temperature); bar {bar:g}×")
+
+
+def worst_case_by_batch(best: pd.DataFrame) -> pd.DataFrame:
+    """Per (draft, B) of a best_k_by_batch frame: the best-K speed-up of the least favourable
+    workload and temperature, with the K, workload and temperature where it occurs. What the gate judges."""
+    if best.empty:
+        return best
+    return best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()].sort_values(
+        ["draft", "batch_size"]).reset_index(drop=True)
+
+
+def pick_best_draft(worst: pd.DataFrame, batch_sizes: list[int]) -> str | None:
+    """The draft best_draft_rule names, among drafts measured at every one of `batch_sizes`."""
+    scores = {}
+    for draft, rows in worst.groupby("draft"):
+        judged = rows[rows["batch_size"].isin(batch_sizes)]
+        if len(judged) == len(set(batch_sizes)):
+            scores[draft] = (judged["speedup"].min(), judged["speedup"].mean())
+    return max(scores, key=scores.get) if scores else None
+
+
+def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame:
+    """B* per draft, workload and temperature, and per draft over the worst case of them
+    (workload `worst case`): the one the gate reports."""
+    best = best_k_by_batch(cells)
+    rows = []
+    if best.empty:
+        return pd.DataFrame()
+    for (draft, workload, temperature), group in best.groupby(["draft", "workload", "temperature"]):
+        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
+        rows.append({"draft": draft, "workload": workload, "temperature": temperature,
+                     "crossover_batch_size": found.batch_size, "crossover": found.text})
+    for draft, group in worst_case_by_batch(best).groupby("draft"):
+        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), threshold)
+        rows.append({"draft": draft, "workload": WORST_CASE, "temperature": float("nan"),
+                     "crossover_batch_size": found.batch_size, "crossover": found.text})
+    return pd.DataFrame(rows)
+
+
+def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
+    """`{1-8: 5, 9-32: 2, 33+: off}`: each measured B covers the sizes above the previous one."""
+    from specbench.grid import format_schedule
+
+    return format_schedule(schedule_ranges(batch_sizes, best_k))
+
+
+
+def vllm_speculative_config(base: dict, schedule: list[tuple[int, int, int]]) -> dict | None:
+    """A complete `--speculative-config` for vLLM from a draft's own config and a K schedule
+    (first batch size, last, K; K 0 = off): num_speculative_tokens is the largest K (vLLM clamps
+    the schedule to it) and num_speculative_tokens_per_batch_size the schedule. None when the
+    schedule never drafts (leave speculation off)."""
+    largest = max((k for _, _, k in schedule), default=0)
+    if largest < 1:
+        return None
+    from specbench.grid import vllm_schedule
+
+    config = {key: value for key, value in base.items() if key != "num_speculative_tokens_per_batch_size"}
+    config["num_speculative_tokens"] = largest
+    config["num_speculative_tokens_per_batch_size"] = vllm_schedule(schedule)
+    return config
+
+
+def schedule_ranges(batch_sizes: list[int], best_k: list[int | None]) -> list[tuple[int, int, int]]:
+    """The K per batch size as (first, last, K) ranges, K 0 (None in `best_k`) for off: each
+    measured B covers the sizes above the previous one, and the last range is open-ended."""
+    from specbench.grid import OPEN_ENDED
+
+    ranges: list[tuple[int, int, int]] = []
+    low = 1
+    for b, k in sorted(zip(batch_sizes, best_k)):
+        value = k or 0
+        if ranges and ranges[-1][2] == value:
+            ranges[-1] = (ranges[-1][0], b, value)
+        else:
+            ranges.append((low, b, value))
+        low = b + 1
+    if ranges:
+        ranges[-1] = (ranges[-1][0], OPEN_ENDED, ranges[-1][2])
+    return ranges

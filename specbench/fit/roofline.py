@@ -1,0 +1,317 @@
+"""The time of one forward pass from the model's shapes and a few fitted efficiencies.
+
+A forward of `rows` rows with `positions` new positions each, attending over `context` cache
+columns, reads every weight once (shared by the batch) and each row's keys and values over its
+context, and does 2 x parameters flops per position plus the attention's. Its time is about
+
+    t = overhead + per_row * rows + per_position * positions + per_row_position * rows * positions
+        + max(weight_bytes / bandwidth, linear_flops / flop_rate)
+        + kv_cost * rows * context * kv_bytes_per_token + attention_cost * attention_flops
+
+- `max(...)`: the weights' roofline. Decode at small batch reads the weights faster than it can
+  use them (memory-bound, flat in the batch); past the ridge point (flop_rate / bandwidth flops per
+  byte) the matrix products are compute-bound and the time grows with rows x positions.
+- The attention terms stay outside the max: at decode widths (a few positions per row) attention
+  reads each row's cache once whatever the weights do, so it adds to the step; its cost grows with
+  batch x context, which is why long contexts keep decode memory-bound at large batches.
+- `overhead` (kernel launches, the host's loop) and the per-row, per-position and
+  per-row-position terms (sampling, acceptance, bookkeeping) are what a roofline leaves out.
+  Forwards of very few rows x positions run other kernels (matrix-vector products on a GPU at one
+  row; on a CPU the native engine's projections use dense weights up to three rows and
+  oneDNN-packed ones from four): they are fitted apart, as an offset from the main model.
+
+The coefficients are fitted by non-negative least squares on relative errors, with the ridge
+point found by a one-dimensional search. Where the run's forwards do not decide a coefficient (all
+of them memory-bound, say, so the flop rate is unseen), the device's measured copy bandwidth and
+matrix-multiply rate decide it: each is a prior the fit is pulled towards, weakly, so that data
+which do decide it win. Shapes come from the model's config (layers, heads, KV heads, dimensions,
+dtype): dense Llama/Qwen/Mistral-style decoders; a mixture of experts would need its active
+parameters instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+# Datasheet peaks for `plan --device`: HBM bandwidth (bytes/s) and dense (no sparsity) tensor-core
+# FLOP/s at bf16/fp16, and plain fp32 (no TF32). Sources: NVIDIA H100 Tensor Core GPU datasheet
+# (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense, 67 TFLOPS fp32), H200 datasheet (4.8 TB/s, the same
+# compute as H100 SXM), A100 datasheet (80GB SXM4: 2.039 TB/s, 312 TFLOPS bf16, 19.5 fp32), L40S
+# datasheet (864 GB/s, 362 TFLOPS bf16 dense, 91.6 fp32).
+DEVICES = {
+    "h100": {"name": "NVIDIA H100 SXM", "bandwidth": 3.35e12, "bf16": 989e12, "fp32": 67e12},
+    "h200": {"name": "NVIDIA H200 SXM", "bandwidth": 4.8e12, "bf16": 989e12, "fp32": 67e12},
+    "a100": {"name": "NVIDIA A100 80GB SXM", "bandwidth": 2.039e12, "bf16": 312e12, "fp32": 19.5e12},
+    "l40s": {"name": "NVIDIA L40S", "bandwidth": 0.864e12, "bf16": 362e12, "fp32": 91.6e12},
+}
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8}
+
+RIDGES = np.logspace(0, 5, 101)  # flops per byte searched for the ridge point
+BANDWIDTH_PRIOR_WEIGHT = 1.0  # a 2x miss of the prior costs about as much as one point off by 50%
+KV_PRIOR_WEIGHT = 0.3  # attention kernels stray further from the copy bandwidth than weight reads
+WEIGHTS_COLUMN, KV_COLUMN, ATTENTION_COLUMN = 4, 5, 6
+GROWTH_COLUMNS = (1, 2, 3)  # per row, per position, per row-position
+HUBER, ROBUST_ROUNDS = 0.1, 3
+GROWTH_PENALTY = 0.1  # a term that makes up half of every forward costs like one point off by 5%
+RIDGE_PRIOR_WEIGHT = 0.3  # per (ln ratio)^2: a 2x miss of the measured matmul rate costs as one point off by 38%
+
+
+def device_key(name: str) -> str | None:
+    """The DEVICES key of a GPU name ("NVIDIA H100 80GB HBM3" -> "h100"), or None."""
+    compact = name.lower().replace(" ", "").replace("-", "")
+    return next((key for key in DEVICES if key in compact), None)
+
+
+def peak_flops(device: str, dtype: str) -> float:
+    entry = DEVICES[device]
+    return entry["fp32"] if DTYPE_BYTES.get(dtype, 2) >= 4 else entry["bf16"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What a decoder's forward reads and computes, from its config."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    bytes_per_parameter: int
+
+    @classmethod
+    def from_config(cls, config: dict, dtype: str) -> "Architecture":
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
+                   kv_heads=int(config.get("num_key_value_heads") or heads),
+                   head_dim=int(config.get("head_dim") or hidden // heads),
+                   intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                   tied_embeddings=bool(config.get("tie_word_embeddings")),
+                   bytes_per_parameter=DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Architecture":
+        return cls(**{key: values[key] for key in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def layer_parameters(self) -> int:
+        attention = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def linear_parameters(self) -> int:
+        """Parameters every position multiplies: the layers and the output head."""
+        return self.layers * self.layer_parameters + self.vocab * self.hidden
+
+    @property
+    def weight_bytes(self) -> int:
+        """Read once per forward: the layers, the head and the final norm (the input embedding
+        only at the batch's rows, unless it is the head too)."""
+        return (self.linear_parameters + self.hidden) * self.bytes_per_parameter
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_parameter
+
+    def linear_flops(self, rows, positions):
+        return 2.0 * self.linear_parameters * np.asarray(rows, float) * np.asarray(positions, float)
+
+    def kv_bytes(self, rows, context):
+        return np.asarray(rows, float) * np.asarray(context, float) * self.kv_bytes_per_token
+
+    def attention_flops(self, rows, positions, context):
+        return (4.0 * self.layers * self.heads * self.head_dim * np.asarray(rows, float)
+                * np.asarray(positions, float) * np.asarray(context, float))
+
+
+def visible_context(context, positions, quantum: int = 1):
+    """Cache columns a forward attends over: the context and the new positions, rounded up to
+    the engine's length quantum (fixed-shape CUDA-graph steps attend over whole buckets)."""
+    columns = np.asarray(context, float) + np.asarray(positions, float)
+    return np.ceil(columns / quantum) * quantum if quantum > 1 else columns
+
+
+@dataclass
+class ForwardTimeModel:
+    """Seconds of one forward (see the module docstring); `visible_context` is applied inside."""
+
+    architecture: Architecture
+    overhead_s: float
+    per_row_s: float
+    per_position_s: float  # per position verified, whatever the rows (the acceptance loop)
+    per_row_position_s: float
+    seconds_per_weight_byte: float  # 1 / effective bandwidth for the weights
+    ridge: float  # flops per byte where the weights turn compute-bound: flop rate / bandwidth
+    seconds_per_kv_byte: float
+    seconds_per_attention_flop: float
+    length_quantum: int = 1
+    small_rows: int = 0  # up to this many rows x positions the products run other kernels ...
+    small_offset_s: float = 0.0  # ... which cost this much more than the model says (or less) ...
+    small_offset_per_position_s: float = 0.0  # ... and this much per row-position
+    points: int = 0  # forwards (medians) it was fitted on
+
+    @property
+    def bandwidth(self) -> float:
+        return 1 / self.seconds_per_weight_byte if self.seconds_per_weight_byte > 0 else math.inf
+
+    @property
+    def flop_rate(self) -> float:
+        return self.ridge * self.bandwidth
+
+    def seconds(self, rows, positions, context):
+        arch = self.architecture
+        visible = visible_context(context, positions, self.length_quantum)
+        weights = np.maximum(arch.weight_bytes, arch.linear_flops(rows, positions) / self.ridge)
+        m = np.asarray(rows, float) * np.asarray(positions, float)
+        offset = np.where(m <= self.small_rows, self.small_offset_s + self.small_offset_per_position_s * m, 0.0)
+        return (self.overhead_s + offset + self.per_row_s * np.asarray(rows, float)
+                + self.per_position_s * np.asarray(positions, float)
+                + self.per_row_position_s * np.asarray(rows, float) * np.asarray(positions, float)
+                + self.seconds_per_weight_byte * weights + self.seconds_per_kv_byte * arch.kv_bytes(rows, visible)
+                + self.seconds_per_attention_flop * arch.attention_flops(rows, positions, visible))
+
+    def bound(self, rows, positions, context) -> np.ndarray:
+        """'memory' or 'compute': which side of the ridge the weights are on."""
+        flops = self.architecture.linear_flops(rows, positions)
+        return np.where(flops / self.ridge > self.architecture.weight_bytes, "compute", "memory")
+
+    def on_device(self, measured_peaks: tuple[float, float], target_peaks: tuple[float, float]) -> "ForwardTimeModel":
+        """The same efficiencies (fitted / peak) on another device's peaks (bandwidth, flop rate):
+        memory terms scale with bandwidth, compute terms with the flop rate, overheads stay."""
+        bandwidth_ratio = target_peaks[0] / measured_peaks[0]
+        flops_ratio = target_peaks[1] / measured_peaks[1]
+        return ForwardTimeModel(self.architecture, self.overhead_s, self.per_row_s, self.per_position_s,
+                                self.per_row_position_s,
+                                self.seconds_per_weight_byte / bandwidth_ratio,
+                                self.ridge * flops_ratio / bandwidth_ratio,
+                                self.seconds_per_kv_byte / bandwidth_ratio,
+                                self.seconds_per_attention_flop / flops_ratio, self.length_quantum, self.small_rows,
+                                self.small_offset_s, self.small_offset_per_position_s, self.points)
+
+    def describe(self) -> str:
+        return (f"{self.overhead_s * 1e3:.2f} ms + {self.per_row_s * 1e6:.1f} µs per row + "
+                f"{self.per_position_s * 1e6:.1f} µs per position + {self.per_row_position_s * 1e6:.1f} µs per row-position + "
+                f"max(weights at {self.bandwidth / 1e9:.0f} GB/s, {self.flop_rate / 1e12:.2f} TFLOP/s)"
+                + (f" + KV at {1 / self.seconds_per_kv_byte / 1e9:.0f} GB/s" if self.seconds_per_kv_byte > 0 else ""))
+
+
+def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None = None,
+                     flops_prior: float | None = None, length_quantum: int = 1, small_rows: int = 0,
+                     small_shared: bool | None = None) -> ForwardTimeModel:
+    """Fit on forwards measured at (rows, positions, context) -> seconds, the columns of `points`.
+    Optional columns: `weight` (how many forwards a point stands for) and `measurement` (points
+    that share one are forwards timed together, their `seconds` the sum: a prefill in groups).
+
+    Forwards of at most `small_rows` rows x positions run other kernels and get an offset of their
+    own (a line in rows x positions through their residuals). Whether they also inform the main
+    fit (their kernels scale like the others) or not (another regime: a CPU's dense small-M
+    products at two rows can cost three times the packed ones at four) is decided by the data:
+    with three or more row counts, the choice that better predicts the largest from the others;
+    else `small_shared` (default: apart)."""
+    m = points["rows"].to_numpy(float) * points["positions"].to_numpy(float)
+    small = m <= small_rows
+    fit = lambda frame, shared: _fit_with_small(frame, architecture, bandwidth_prior, flops_prior,  # noqa: E731
+                                                length_quantum, small_rows, shared)
+    if "measurement" in points or not small.any() or small.all():
+        return _fit(points, architecture, bandwidth_prior, flops_prior, length_quantum)
+    row_counts = sorted(points["rows"].unique())
+    shared = bool(small_shared)
+    if len(row_counts) >= 3:
+        largest = (points["rows"] == row_counts[-1]).to_numpy()
+        tested = points[largest]
+        errors = {}
+        for choice in (False, True):
+            model = fit(points[~largest], choice)
+            predicted = model.seconds(tested["rows"], tested["positions"], tested["context"])
+            errors[choice] = float(np.median(np.abs(predicted / tested["seconds"].to_numpy(float) - 1)))
+        shared = errors[True] < errors[False]
+    return fit(points, shared)
+
+
+def _fit_with_small(points: pd.DataFrame, architecture: Architecture, bandwidth_prior, flops_prior, length_quantum: int,
+                    small_rows: int, shared: bool) -> ForwardTimeModel:
+    m = points["rows"].to_numpy(float) * points["positions"].to_numpy(float)
+    small = m <= small_rows
+    if small.all() or not small.any():
+        return _fit(points, architecture, bandwidth_prior, flops_prior, length_quantum)
+    model = _fit(points if shared else points[~small], architecture, bandwidth_prior, flops_prior, length_quantum)
+    mine = points[small]
+    residual = mine["seconds"].to_numpy(float) - model.seconds(mine["rows"], mine["positions"], mine["context"])
+    sizes = m[small]
+    slope, intercept = np.polyfit(sizes, residual, 1) if len(set(sizes)) > 1 else (0.0, float(np.median(residual)))
+    model.small_rows, model.small_offset_s, model.small_offset_per_position_s = small_rows, float(intercept), float(slope)
+    model.points = len(points)
+    return model
+
+
+def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None, flops_prior: float | None,
+         length_quantum: int) -> ForwardTimeModel:
+    rows = points["rows"].to_numpy(float)
+    positions = points["positions"].to_numpy(float)
+    visible = visible_context(points["context"].to_numpy(float), positions, length_quantum)
+    arch = architecture
+    measurement = points["measurement"].to_numpy() if "measurement" in points else np.arange(len(points))
+    labels, index = np.unique(measurement, return_inverse=True)
+    first = np.unique(index, return_index=True)[1]
+    seconds = points["seconds"].to_numpy(float)[first]
+    total = lambda column: np.bincount(index, weights=column, minlength=len(labels))  # noqa: E731
+    scale = 1 / seconds  # relative errors: a 1 ms and a 100 ms forward count alike
+    if "weight" in points:
+        weight = points["weight"].to_numpy(float)[first]
+        scale = scale * np.sqrt(weight / weight.mean())
+    base = [total(c) for c in (np.ones_like(rows), rows, positions, rows * positions)]
+    attention = [total(arch.kv_bytes(rows, visible)), total(arch.attention_flops(rows, positions, visible))]
+    # Priors, one row each: (column, the value it is pulled towards, weight)
+    priors = [(column, 1 / bandwidth_prior, weight) for column, weight in
+              ((WEIGHTS_COLUMN, BANDWIDTH_PRIOR_WEIGHT), (KV_COLUMN, KV_PRIOR_WEIGHT)) if bandwidth_prior]
+    priors += [(ATTENTION_COLUMN, 1 / flops_prior, KV_PRIOR_WEIGHT)] if flops_prior else []
+    prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else None
+    robust = np.ones_like(seconds)
+    for _ in range(ROBUST_ROUNDS):
+        best = _best_fit(arch, rows, positions, total, base, attention, seconds, scale * robust, priors, prior_ridge)
+        relative = np.abs(best[3] / seconds - 1)
+        # Huber weights: a point off by more than HUBER counts less (a timing hiccup, or a regime
+        # no smooth model has, should not bend the extrapolation)
+        robust = np.sqrt(np.minimum(1.0, HUBER / np.maximum(relative, 1e-12)))
+    _, ridge, c, _ = best
+    return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(ridge),
+                            float(c[5]), float(c[6]), length_quantum, points=len(labels))
+
+
+def _best_fit(arch, rows, positions, total, base, attention, seconds, scale, priors, prior_ridge):
+    """(loss, ridge, coefficients, fitted seconds) of the best ridge point."""
+    best = None
+    for ridge in RIDGES:
+        weights = total(np.maximum(arch.weight_bytes, arch.linear_flops(rows, positions) / ridge))
+        unscaled = np.stack(base + [weights] + attention, axis=1)
+        matrix = unscaled * scale[:, None]
+        target = seconds * scale
+        extra_rows, extra_target = [], []
+        for column, value, strength in priors:
+            row = np.zeros(matrix.shape[1])
+            row[column] = strength / value
+            extra_rows.append(row)
+            extra_target.append(strength)
+        for column in GROWTH_COLUMNS:  # shrink towards flat: growth only where the data show it
+            row = np.zeros(matrix.shape[1])
+            row[column] = GROWTH_PENALTY * np.median(matrix[:, column])
+            extra_rows.append(row)
+            extra_target.append(0.0)
+        matrix, target = np.vstack([matrix] + extra_rows), np.concatenate([target, extra_target])
+        coefficients, _ = nnls(matrix, target)
+        loss = float(np.sum((matrix @ coefficients - target) ** 2))
+        if prior_ridge:
+            loss += RIDGE_PRIOR_WEIGHT * math.log(ridge / prior_ridge) ** 2
+        if best is None or loss < best[0]:
+            best = (loss, ridge, coefficients, unscaled @ coefficients)
+    return best

@@ -1,0 +1,162 @@
+"""How far a run's timings can be trusted: drift between baselines, a busy machine, repeat ranges,
+and how fast the autoregressive baseline is (against the roofline and another engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from specbench.fit.cells import AR, closed_loop, label_context, ok_closed_loop, ok_real
+
+
+def repeat_range(runs) -> tuple[float, float] | None:
+    """(min, max) of a cell's repeat-by-repeat speed-ups (`speedup_runs`); None with fewer than
+    two finite ones."""
+    values = [float(x) for x in runs if np.isfinite(x)] if isinstance(runs, (list, tuple, np.ndarray)) else []
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
+def baseline_drift(cells: pd.DataFrame, tolerance: float = 1.3) -> list[str]:
+    """Autoregressive baselines that do the same work per decode step (same workload and batch
+    size, so the same prompts; only the temperature differs) but whose measured step times differ
+    by more than `tolerance`: the machine's speed changed during the sweep. Each speed-up pairs
+    a cell with its own group's baseline, so drift *between* groups cancels, but the same drift
+    *inside* a group (cells run one after another unless --repeats interleaves them) does not."""
+    return [message for _, _, message in drifted_groups(cells, tolerance)]
+
+
+def _baseline_steps(cells: pd.DataFrame) -> pd.DataFrame:
+    """Measured autoregressive cells with `step_s`, their decode step time (each context length
+    its own workload: a longer context is other work, not drift)."""
+    ok = label_context(ok_closed_loop(cells))
+    if ok.empty or not ({"step_verify_s", "tpot_p50_s"} & set(ok.columns)):
+        return pd.DataFrame()
+    baselines = ok[ok["mode"] == AR].copy()
+    if "estimated" in baselines:
+        baselines = baselines[~baselines["estimated"].fillna(False).astype(bool)]
+    # A decode step: the native engine's measured step, else (a served engine) the median TPOT.
+    native = baselines["step_verify_s"] + baselines["step_overhead_s"].fillna(0.0) \
+        if "step_verify_s" in baselines else pd.Series(float("nan"), index=baselines.index)
+    served = baselines["tpot_p50_s"] if "tpot_p50_s" in baselines else native
+    baselines["step_s"] = native.fillna(served)
+    return baselines
+
+
+def drifted_groups(cells: pd.DataFrame, tolerance: float = 1.3) -> list[tuple[str, int, str]]:
+    """(workload, batch size, message) of each group whose baselines drifted apart."""
+    baselines = _baseline_steps(cells)
+    found = []
+    if baselines.empty:
+        return found
+    for (workload, batch_size), group in baselines.groupby(["workload", "batch_size"]):
+        group = group.dropna(subset=["step_s"])
+        if len(group) < 2:
+            continue
+        fast, slow = group.loc[group["step_s"].idxmin()], group.loc[group["step_s"].idxmax()]
+        if slow["step_s"] > tolerance * fast["step_s"]:
+            found.append((workload, int(batch_size),
+                f"{workload} B={batch_size}: the same autoregressive decode step took {fast['step_s'] * 1e3:.1f} ms "
+                f"at T={fast['temperature']:g} and {slow['step_s'] * 1e3:.1f} ms at T={slow['temperature']:g} "
+                f"({slow['step_s'] / fast['step_s']:.2f}×): the machine's speed drifted during the sweep"))
+    return found
+
+
+DRIFT_ADVICE = ("speed-ups inside such a group are skewed by the drift; --repeats 3 or more interleaves a group's "
+                "cells and takes medians")
+
+
+def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
+    """A warning when CPU cells ran while the machine's load average was well above its cores."""
+    import os
+
+    if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
+        return None
+    cores = cores or os.cpu_count() or 1
+    busy = cells[cells["load_average"] > 1.5 * cores]
+    if not len(busy):
+        return None
+    return (f"the machine was busy (load average above {1.5 * cores:g} on {cores} cores) during {len(busy)} cell(s); "
+            f"their timings include the other work")
+
+
+# --- how fast the baseline is ------------------------------------------------------------------
+
+SLOW_BASELINE = 0.8  # a baseline below this share of the deployed engine's tokens/s flatters speculation
+BASELINE_KEYS = ["workload", "batch_size", "temperature"]
+
+
+def _baselines(cells: pd.DataFrame) -> pd.DataFrame:
+    """Finished, real (not synthetic) closed-loop autoregressive cells."""
+    if cells.empty or "mode" not in cells:
+        return cells.iloc[0:0]
+    ok = closed_loop(ok_real(cells))
+    return ok[ok["mode"] == AR]
+
+
+def baseline_speed(cells: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each closed-loop autoregressive cell's tokens/s with what says whether it is fast: its
+    decode step against the memory-bandwidth roofline (native runs record it) and, given the cells
+    of a reference run on another engine (vLLM, say), that engine's baseline at the same workload,
+    batch size and temperature (`of_reference` = ours / theirs)."""
+    base = _baselines(cells)
+    if base.empty:
+        return pd.DataFrame()
+    columns = BASELINE_KEYS + ["tokens_per_s"] + [c for c in ("roofline_fraction",) if c in base]
+    table = base[columns].copy()
+    if reference is not None:
+        theirs = _baselines(reference)[BASELINE_KEYS + ["tokens_per_s"]].rename(
+            columns={"tokens_per_s": "reference_tokens_per_s"})
+        table = table.merge(theirs, on=BASELINE_KEYS, how="left")
+        table["of_reference"] = table["tokens_per_s"] / table["reference_tokens_per_s"]
+    return table.sort_values(["workload", "temperature", "batch_size"]).reset_index(drop=True)
+
+
+def _span(values: pd.Series, fmt: str) -> str:
+    low, high = values.min(), values.max()
+    return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}–{format(high, fmt)}"
+
+
+def baseline_note(table: pd.DataFrame, reference_engine: str = "") -> str:
+    """One sentence on the baseline's speed, against the roofline and the reference engine."""
+    if table.empty:
+        return ""
+    parts = []
+    if "roofline_fraction" in table and table["roofline_fraction"].notna().any():
+        known = table[table["roofline_fraction"].notna()]
+        parts.append(f"its decode steps reached {_span(known['roofline_fraction'] * 100, '.0f')}% of the "
+                     f"memory-bandwidth roofline (B = {_span(known['batch_size'], 'd')})")
+    if "of_reference" in table and table["of_reference"].notna().any():
+        known = table[table["of_reference"].notna()]
+        parts.append(f"its tokens/s were {_span(known['of_reference'], '.2f')}× {reference_engine or 'the reference'}'s "
+                     f"on the same cells (B = {_span(known['batch_size'], 'd')})")
+    elif "of_reference" in table:
+        parts.append(f"{reference_engine or 'the reference run'} has no autoregressive cell at the same workload, "
+                     f"batch size and temperature to compare with")
+    return ("The autoregressive baseline: " + "; ".join(parts) + ".") if parts else ""
+
+
+def slow_baseline_warning(table: pd.DataFrame, reference_engine: str = "the reference engine") -> str | None:
+    """A warning when the baseline runs below SLOW_BASELINE of the deployed engine's tokens/s."""
+    if table.empty or "of_reference" not in table:
+        return None
+    slow = table[table["of_reference"] < SLOW_BASELINE]
+    if slow.empty:
+        return None
+    cells = ", ".join(f"{row.workload} B={row.batch_size} T={row.temperature:g}: {row.of_reference:.2f}×"
+                      for row in slow.itertuples(index=False))
+    return (f"the autoregressive baseline is far slower than {reference_engine} ({cells} of its tokens/s; below "
+            f"{SLOW_BASELINE:g}×): every speed-up here is measured against a slow baseline, which flatters "
+            f"speculation; measure the rollout on the deployed engine (--engine vllm)")
+
+
+def measurement_warnings(cells: pd.DataFrame) -> list[str]:
+    """Every warning about how far a run's timings can be trusted, for the console, plan, summary and HTML."""
+    warnings = [message for message in [busy_machine(cells)] if message]
+    drift = baseline_drift(cells)
+    return warnings + drift + ([DRIFT_ADVICE] if drift else [])
+
+
+def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:
+    """(workload, batch size) groups whose baselines drifted: charts mark them."""
+    return {(workload, batch_size) for workload, batch_size, _ in drifted_groups(cells)}
+

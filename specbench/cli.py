@@ -716,13 +716,13 @@ def plan(
             fit.default_gpu_price({"gpus": [{"name": fit.DEVICES[device.lower()]["name"]}]} if device else
                                   timings.meta.get("hardware", {}))
         table = fit.plan_table(models, alphas, drafts, ks, sizes, price, gpus, contexts)
-        trust = fit.held_out(timings.cells, timings.steps, timings.requests, timings.meta)
     except _known_errors() as error:
         fail(str(error))
     unit = "$/1M tok" if price is not None else "device-h/1M tok"
     if json_output:
         print(table.to_json(orient="records", indent=2))
         return
+    trust = fit.held_out(timings.cells, timings.steps, timings.requests, timings.meta)
     label = "[bold red]ESTIMATE[/] for " + note if note else "[bold yellow]PREDICTIONS[/]"
     console.print(f"{label} from step times of {timings.path} and α of "
                   f"{'--alpha ' + format(alpha, 'g') if alpha is not None else accept_run.path} (not measurements; "

@@ -53,7 +53,7 @@ def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None,
         target = Architecture.from_dict(recorded["target"])
         drafts = {label: Architecture.from_dict(values) for label, values in (recorded.get("drafts") or {}).items()}
         return target, drafts
-    dtype = str(cells["dtype"].dropna().iloc[0]) if "dtype" in cells and cells["dtype"].notna().any() else "bfloat16"
+    dtype = run_dtype(cells)
     name = (meta.get("config") or {}).get("target", "")
     try:
         alias, config = shipped_config(name)
@@ -70,6 +70,11 @@ def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None,
         except Exception:
             continue
     return target, drafts
+
+
+def run_dtype(cells: pd.DataFrame) -> str:
+    """The target's dtype as the cells recorded it (bfloat16 where they did not)."""
+    return str(cells["dtype"].dropna().iloc[0]) if "dtype" in cells and cells["dtype"].notna().any() else "bfloat16"
 
 
 def device_priors(meta: dict, dtype: str) -> tuple[float | None, float | None]:
@@ -201,7 +206,7 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
 
     graphs = "cuda_graphs" in cells and cells["cuda_graphs"].fillna(False).astype(bool).any()
     quantum = LENGTH_QUANTUM if graphs else 1
-    dtype = str(cells["dtype"].dropna().iloc[0]) if "dtype" in cells and cells["dtype"].notna().any() else "bfloat16"
+    dtype = run_dtype(cells)
     bandwidth, flops = device_priors(meta, dtype)
     target_points = _points(full, "target_s", ["cell_id", "positions"])
     if target_points.empty:
@@ -303,6 +308,12 @@ class CostModel:
     measured_batch_sizes: list[int] = field(default_factory=list)
     measured_ks: dict[str, list[int]] = field(default_factory=dict)
 
+    def ks_measured(self, draft: str) -> list[int]:
+        """The K measured for a draft: its own label's, else those of any label of the same draft
+        (a timing run's `1b α=0.8` for the `1b` of another run's α)."""
+        return self.measured_ks.get(draft) or sorted(
+            {k for label, ks in self.measured_ks.items() if base_draft(label) == base_draft(draft) for k in ks})
+
     def _contexts(self, batch_size: int, prompt_tokens: float | None) -> np.ndarray:
         """The longest row's cached tokens at evenly spread points of the decode."""
         longest = prompt_tokens if prompt_tokens else expected_longest(self.prompt_lengths, batch_size)
@@ -388,15 +399,16 @@ class ServedCostModel(CostModel):
         mean = prompt_tokens if prompt_tokens else self.prompt_tokens()  # paged attention reads each row's own
         return mean + np.linspace(0, max(self.new_tokens - 1, 0), DECODE_SAMPLES)
 
+    def _ttft(self, batch_size: int) -> float:
+        return float(self.ttft.seconds({"fixed": 1.0, "rows": float(batch_size)})) if self.ttft else 0.0
+
     def ar_seconds(self, batch_size: int, prompt_tokens: float | None = None) -> float:
-        ttft = float(self.ttft.seconds({"fixed": 1.0, "rows": float(batch_size)})) if self.ttft else 0.0
-        return ttft + (self.new_tokens - 1) * self.t_ar(batch_size, prompt_tokens)
+        return self._ttft(batch_size) + (self.new_tokens - 1) * self.t_ar(batch_size, prompt_tokens)
 
     def speedup(self, alpha: float, draft: str, k: int, batch_size: int, prompt_tokens: float | None = None) -> float:
         """Per request, TTFT plus its decode steps: e2e time, which sets closed-loop throughput."""
-        ttft = float(self.ttft.seconds({"fixed": 1.0, "rows": float(batch_size)})) if self.ttft else 0.0
-        speculative = ttft + (self.new_tokens - 1) * self.step_time(draft, k, batch_size, prompt_tokens) / \
-            float(expected_tau(alpha, k))
+        speculative = self._ttft(batch_size) + (self.new_tokens - 1) * \
+            self.step_time(draft, k, batch_size, prompt_tokens) / float(expected_tau(alpha, k))
         return self.ar_seconds(batch_size, prompt_tokens) / speculative
 
 
@@ -411,7 +423,7 @@ def _served_models(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> d
     target_arch, _ = architectures(meta, cells)
     if target_arch is None:
         return {}
-    dtype = str(cells["dtype"].dropna().iloc[0]) if "dtype" in cells and cells["dtype"].notna().any() else "bfloat16"
+    dtype = run_dtype(cells)
     bandwidth, flops = device_priors(meta, dtype)
     ar = cells[(cells["mode"] == AR) & cells["tpot_p50_s"].notna()]
     if ar.empty:
@@ -507,17 +519,22 @@ def predictions(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame
     return _predict_cells(with_context(label_synthetic(closed_loop(cells[cells["status"] == "ok"]))), models, alphas)
 
 
-def _predict_cells(cells: pd.DataFrame, models: dict, alphas: pd.DataFrame) -> pd.DataFrame:
+def _predict_cells(cells: pd.DataFrame, models: dict, alphas: pd.DataFrame, fitted_context: int | None = None
+                   ) -> pd.DataFrame:
+    """Each speculative cell's predicted τ and speed-up next to the measured ones: from the model
+    of its own traffic group or, given `fitted_context`, from that context length's model at the
+    cell's own prompt length."""
     rows = []
     for row in cells.to_dict("records"):
         if row["mode"] == AR or not np.isfinite(row.get("speedup", np.nan)):
             continue
-        key = tuple(row[c] for c in TRAFFIC)
+        key = (row["workload"], row["temperature"], row["context_length"] if fitted_context is None else fitted_context)
         model, alpha = models.get(key), _alpha(alphas, row["draft"], key)
         if model is None or alpha is None:
             continue
         k, b = int(row["k"]), int(row["batch_size"])
-        predicted = model.speedup(alpha, row["draft"], k, b)
+        prompt = None if fitted_context is None else float(row["prompt_tokens_mean"])
+        predicted = model.speedup(alpha, row["draft"], k, b, prompt)
         if not np.isfinite(predicted):
             continue
         rows.append({
@@ -525,7 +542,7 @@ def _predict_cells(cells: pd.DataFrame, models: dict, alphas: pd.DataFrame) -> p
             "temperature": row["temperature"], "context_length": row["context_length"], "k": k, "batch_size": b,
             "tau_measured": row.get("tau", np.nan), "tau_predicted": float(expected_tau(alpha, k)),
             "speedup_measured": row["speedup"], "speedup_predicted": predicted,
-            "speedup_decode_predicted": model.decode_speedup(alpha, row["draft"], k, b),
+            "speedup_decode_predicted": model.decode_speedup(alpha, row["draft"], k, b, prompt),
             "speedup_error": predicted / row["speedup"] - 1 if row["speedup"] else float("nan"),
         })
     return pd.DataFrame(rows)
@@ -536,71 +553,62 @@ def _predict_cells(cells: pd.DataFrame, models: dict, alphas: pd.DataFrame) -> p
 MIN_BATCH_SIZES_FOR_HOLDOUT = 3
 
 
+def _finished(cells: pd.DataFrame) -> pd.DataFrame:
+    return with_context(closed_loop(cells[cells["status"] == "ok"])) if not cells.empty else cells
+
+
+def _predict_held_out(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
+                      train_ids: set, tested: pd.DataFrame, fitted_context: int | None = None) -> pd.DataFrame:
+    """Fit the whole model (step times, α, coverage) on the `train_ids` cells only, predict `tested`."""
+    pick = lambda frame: frame[frame["cell_id"].isin(train_ids)] if not frame.empty else frame  # noqa: E731
+    models = cost_models(pick(cells), pick(steps), pick(requests), meta)
+    return _predict_cells(label_synthetic(tested), models, model_alphas(pick(cells), pick(steps)), fitted_context)
+
+
+def _with_side(table: pd.DataFrame) -> pd.DataFrame:
+    """`same_side`: predicted and measured on the same side of 1x (the rollout question)."""
+    if not table.empty:
+        table["same_side"] = (table["speedup_predicted"] >= 1) == (table["speedup_measured"] >= 1)
+    return table
+
+
 def held_out(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """Leave-largest-out: for each measured batch size with at least two smaller ones, fit the
-    whole model (step times, α, coverage) on the smaller sizes only and predict every speculative
-    cell at that size. Columns as `predictions`, plus `held_out_batch_size` and `same_side`
-    (predicted and measured on the same side of 1x)."""
-    ok = with_context(closed_loop(cells[cells["status"] == "ok"])) if not cells.empty else cells
+    whole model on the smaller sizes only and predict every speculative cell at that size. Columns
+    as `predictions`, plus `held_out_batch_size`, `trained_on` and `same_side`."""
+    ok = _finished(cells)
     if ok.empty:
         return pd.DataFrame()
     sizes = sorted(ok["batch_size"].unique().astype(int).tolist())
     frames = []
-    for index, size in enumerate(sizes):
-        if index < MIN_BATCH_SIZES_FOR_HOLDOUT - 1:
-            continue
-        train_ids = set(ok[ok["batch_size"] < size]["cell_id"])
-        train = cells[cells["cell_id"].isin(train_ids)]
-        train_steps = steps[steps["cell_id"].isin(train_ids)] if not steps.empty else steps
-        train_requests = requests[requests["cell_id"].isin(train_ids)] if not requests.empty else requests
-        models = cost_models(train, train_steps, train_requests, meta)
-        alphas = model_alphas(train, train_steps)
-        tested = label_synthetic(ok[ok["batch_size"] == size])
-        predicted = _predict_cells(tested, models, alphas)
-        if predicted.empty:
-            continue
-        frames.append(predicted.assign(held_out_batch_size=size, trained_on=",".join(str(s) for s in sizes[:index])))
-    if not frames:
-        return pd.DataFrame()
-    table = pd.concat(frames, ignore_index=True)
-    table["same_side"] = (table["speedup_predicted"] >= 1) == (table["speedup_measured"] >= 1)
-    return table
+    for index, size in enumerate(sizes[MIN_BATCH_SIZES_FOR_HOLDOUT - 1:], start=MIN_BATCH_SIZES_FOR_HOLDOUT - 1):
+        predicted = _predict_held_out(cells, steps, requests, meta, set(ok[ok["batch_size"] < size]["cell_id"]),
+                                      ok[ok["batch_size"] == size])
+        if not predicted.empty:
+            frames.append(predicted.assign(held_out_batch_size=size,
+                                           trained_on=",".join(str(s) for s in sizes[:index])))
+    return _with_side(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
 
 
 def held_out_context(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """Leave-longest-context-out, for runs with two or more context lengths: fit on the shorter
     ones, predict every speculative cell at the longest from its prompt length alone, with the α
-    of the longest length fitted (what `plan --context-lengths` does)."""
-    ok = with_context(closed_loop(cells[cells["status"] == "ok"])) if not cells.empty else cells
+    fitted at the next shorter length (what `plan --context-lengths` does)."""
+    ok = _finished(cells)
     contexts = sorted(c for c in ok["context_length"].unique() if c > 0) if not ok.empty else []
     if len(contexts) < 2:
         return pd.DataFrame()
     longest = contexts[-1]
-    train_ids = set(ok[ok["context_length"] < longest]["cell_id"])
-    pick = lambda frame: frame[frame["cell_id"].isin(train_ids)] if not frame.empty else frame  # noqa: E731
-    models = cost_models(pick(cells), pick(steps), pick(requests), meta)
-    alphas = model_alphas(pick(cells), pick(steps))
-    tested = label_synthetic(ok[ok["context_length"] == longest])
-    rows = []
-    for row in tested.to_dict("records"):
-        if row["mode"] == AR or not np.isfinite(row.get("speedup", np.nan)):
-            continue
-        nearest = contexts[-2]
-        key = (row["workload"], row["temperature"], nearest)
-        model, alpha = models.get(key), _alpha(alphas, row["draft"], key)
-        if model is None or alpha is None:
-            continue
-        predicted = model.speedup(alpha, row["draft"], int(row["k"]), int(row["batch_size"]), float(row["prompt_tokens_mean"]))
-        rows.append({"cell_id": row["cell_id"], "draft": row["draft"], "workload": row["workload"],
-                     "temperature": row["temperature"], "context_length": longest, "k": int(row["k"]),
-                     "batch_size": int(row["batch_size"]), "trained_on": ",".join(str(c) for c in contexts[:-1]),
-                     "tau_measured": row.get("tau", np.nan), "tau_predicted": float(expected_tau(alpha, int(row["k"]))),
-                     "speedup_measured": row["speedup"], "speedup_predicted": predicted,
-                     "speedup_error": predicted / row["speedup"] - 1})
-    table = pd.DataFrame(rows)
-    if not table.empty:
-        table["same_side"] = (table["speedup_predicted"] >= 1) == (table["speedup_measured"] >= 1)
-    return table
+    predicted = _predict_held_out(cells, steps, requests, meta, set(ok[ok["context_length"] < longest]["cell_id"]),
+                                  ok[ok["context_length"] == longest], fitted_context=contexts[-2])
+    return _with_side(predicted.assign(trained_on=",".join(str(c) for c in contexts[:-1]))) \
+        if not predicted.empty else predicted
+
+
+def _summary_line(what: str, group: pd.DataFrame) -> str:
+    errors = group["speedup_error"].abs()
+    return (f"{what}: median |error| {errors.median() * 100:.1f}% (max {errors.max() * 100:.0f}%), same side of 1× "
+            f"in {int(group['same_side'].sum())}/{len(group)} cells")
 
 
 def held_out_summary(table: pd.DataFrame, context: pd.DataFrame | None = None) -> list[str]:
@@ -608,15 +616,10 @@ def held_out_summary(table: pd.DataFrame, context: pd.DataFrame | None = None) -
     side of 1x was right."""
     lines = []
     if context is not None and not context.empty:
-        errors = context["speedup_error"].abs()
-        lines.append(f"context {context['context_length'].iloc[0]} predicted from contexts "
-                     f"{context['trained_on'].iloc[0]}: median |error| {errors.median() * 100:.1f}% (max "
-                     f"{errors.max() * 100:.0f}%), same side of 1× in {int(context['same_side'].sum())}/{len(context)} cells")
+        lines.append(_summary_line(f"context {context['context_length'].iloc[0]} predicted from contexts "
+                                   f"{context['trained_on'].iloc[0]}", context))
     for size, group in (table.groupby("held_out_batch_size") if not table.empty else []):
-        errors = group["speedup_error"].abs()
-        lines.append(f"B={size} predicted from B={group['trained_on'].iloc[0]}: median |error| "
-                     f"{errors.median() * 100:.1f}% (max {errors.max() * 100:.0f}%), same side of 1× in "
-                     f"{int(group['same_side'].sum())}/{len(group)} cells")
+        lines.append(_summary_line(f"B={size} predicted from B={group['trained_on'].iloc[0]}", group))
     return lines
 
 
@@ -646,9 +649,7 @@ def plan_table(models: dict, alphas: pd.DataFrame, drafts: list[str], ks: list[i
                     alpha = _alpha(alphas, draft, key)
                     if alpha is None:
                         continue
-                    known = model.measured_ks.get(draft) or sorted(
-                        {k for label, measured in model.measured_ks.items() if base_draft(label) == base_draft(draft)
-                         for k in measured})
+                    known = model.ks_measured(draft)
                     for k in ks:
                         speedup = model.speedup(alpha, draft, k, b, prompt_tokens)
                         if not np.isfinite(speedup):

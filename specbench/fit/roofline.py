@@ -32,7 +32,7 @@ parameters instead.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -190,24 +190,15 @@ class ForwardTimeModel:
         memory terms scale with bandwidth, compute terms with the flop rate, overheads stay."""
         bandwidth_ratio = target_peaks[0] / measured_peaks[0]
         flops_ratio = target_peaks[1] / measured_peaks[1]
-        return ForwardTimeModel(self.architecture, self.overhead_s, self.per_row_s, self.per_position_s,
-                                self.per_row_position_s,
-                                self.seconds_per_weight_byte / bandwidth_ratio,
-                                self.ridge * flops_ratio / bandwidth_ratio,
-                                self.seconds_per_kv_byte / bandwidth_ratio,
-                                self.seconds_per_attention_flop / flops_ratio, self.length_quantum, self.small_rows,
-                                self.small_offset_s, self.small_offset_per_position_s, self.points)
-
-    def describe(self) -> str:
-        return (f"{self.overhead_s * 1e3:.2f} ms + {self.per_row_s * 1e6:.1f} µs per row + "
-                f"{self.per_position_s * 1e6:.1f} µs per position + {self.per_row_position_s * 1e6:.1f} µs per row-position + "
-                f"max(weights at {self.bandwidth / 1e9:.0f} GB/s, {self.flop_rate / 1e12:.2f} TFLOP/s)"
-                + (f" + KV at {1 / self.seconds_per_kv_byte / 1e9:.0f} GB/s" if self.seconds_per_kv_byte > 0 else ""))
+        return replace(self, seconds_per_weight_byte=self.seconds_per_weight_byte / bandwidth_ratio,
+                       ridge=self.ridge * flops_ratio / bandwidth_ratio,
+                       seconds_per_kv_byte=self.seconds_per_kv_byte / bandwidth_ratio,
+                       seconds_per_attention_flop=self.seconds_per_attention_flop / flops_ratio)
 
 
 def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None = None,
                      flops_prior: float | None = None, length_quantum: int = 1, small_rows: int = 0,
-                     small_shared: bool | None = None) -> ForwardTimeModel:
+                     small_shared: bool = False) -> ForwardTimeModel:
     """Fit on forwards measured at (rows, positions, context) -> seconds, the columns of `points`.
     Optional columns: `weight` (how many forwards a point stands for) and `measurement` (points
     that share one are forwards timed together, their `seconds` the sum: a prefill in groups).
@@ -225,7 +216,7 @@ def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth
     if "measurement" in points or not small.any() or small.all():
         return _fit(points, architecture, bandwidth_prior, flops_prior, length_quantum)
     row_counts = sorted(points["rows"].unique())
-    shared = bool(small_shared)
+    shared = small_shared
     if len(row_counts) >= 3:
         largest = (points["rows"] == row_counts[-1]).to_numpy()
         tested = points[largest]

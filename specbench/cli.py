@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -152,6 +153,7 @@ def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     target: str = typer.Option("smollm2-135m", help="Target model: alias, local dir, .gguf file or hub id."),
     drafts: Optional[str] = typer.Option(
         None, help="Comma list: model alias/path (bare sizes like 1b resolve in the target's family), ALIAS@DTYPE, "
@@ -190,6 +192,11 @@ def sweep(
     chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
     output: Optional[Path] = typer.Option(None, help="Run directory (default: results/<time>_<target>)."),
     resume: bool = typer.Option(False, help="Skip cells already finished in --output (default: the latest run)."),
+    until_decided: bool = typer.Option(False, help="After the grid, while `check` (every measured batch size, "
+                                                   "--min-speedup) would be inconclusive, measure the cells that leave "
+                                                   "it open again, doubling their repeats up to --max-repeats."),
+    max_repeats: int = typer.Option(12, help="--until-decided: the most repeats a cell gets."),
+    min_speedup: float = typer.Option(1.0, help="--until-decided: the bar the verdict is about (as check's)."),
     dry_run: bool = typer.Option(False, help="Print the plan and exit."),
     download: bool = typer.Option(False, help="Allow downloading models from the hub."),
     trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
@@ -246,16 +253,34 @@ def sweep(
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
             target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
-            context_lengths=split_list(context_lengths, token_count, "--context-lengths") if context_lengths else [])
+            context_lengths=split_list(context_lengths, token_count, "--context-lengths") if context_lengths else [],
+            until_decided=until_decided, max_repeats=max_repeats, min_speedup=min_speedup)
         config.validate()
     except _known_errors() as error:
         fail(str(error))
-    _run_sweep(config, output, resume, dry_run)
+    _run_sweep(config, output, resume, dry_run, _given_fields(ctx))
 
 
-def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None:
+# sweep options -> the SweepConfig fields they set (the rest have the same name)
+_OPTION_FIELDS = {"k": {"ks"}, "alpha": {"alphas"}, "download": {"allow_download"}, "endpoint": {"endpoint", "engine"},
+                  **{name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                                                 "gpu_memory_utilization", "enforce_eager", "vllm_args", "vllm_python",
+                                                 "server_timeout")}}
+
+
+def _given_fields(ctx: typer.Context) -> set[str]:
+    """SweepConfig fields set by an option on the command line (not left at its default)."""
+    given = set()
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            given |= _OPTION_FIELDS.get(name, {name})
+    return given
+
+
+def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None) -> None:
     from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
-    from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, run_sweep
+    from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, resumed_config, run_sweep
 
     _quiet_libraries(config.allow_download)
     if dry_run:
@@ -288,6 +313,11 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
             resume_dir = output or latest_run(finished_only=False)
             if not (resume_dir / "run.json").exists():
                 raise UsageError(f"--resume: {resume_dir} is not a specbench run")
+            check_writable(resume_dir, " (--resume writes into the run)")
+            previous = json.loads((resume_dir / "run.json").read_text()).get("config") or {}
+            config, notes = resumed_config(previous, config, given)
+            for note in notes:
+                console.print(f"--resume: {escape(note)}", highlight=False, soft_wrap=True)
         elif output is not None:
             if prepare_output(output):
                 console.print(f"{output} holds a sweep that stopped before its first cell: running it again there",
@@ -336,9 +366,9 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool) -> None
     try:
         with live:
             run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         errors.print("[yellow]interrupted:[/] finished cells are saved; continue with --resume")
-        raise typer.Exit(130)
+        raise typer.Exit(TERMINATED if isinstance(stop, Terminated) else INTERRUPTED)
     except _known_errors() as error:
         fail(str(error))
     _print_summary(run_dir)
@@ -370,11 +400,18 @@ def _print_summary(run_dir: Path) -> None:
     for row in failed.to_dict("records"):
         errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {escape(_text(row.get('message')))}", highlight=False)
     _print_warnings(measurement_warnings(run.cells))
+    if run.meta.get("until_decided"):
+        console.print(f"--until-decided: {escape(run.meta['until_decided'])}", highlight=False, soft_wrap=True)
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
     console.print(f"next:    specbench report {run_dir}")
     if len(mismatches):
         errors.print(f"[bold red]{len(mismatches)} speculative cell(s) failed the lossless check[/]")
         raise typer.Exit(1)
+    ok = run.cells[run.cells["status"] == "ok"]
+    for mode in ("autoregressive", "speculative"):
+        if (run.cells["mode"] == mode).any() and not (ok["mode"] == mode).any():
+            fail(f"no {mode} cell was measured (statuses: {', '.join(sorted(set(run.cells['status'])))}): "
+                 f"nothing to compare; the cells' messages above say why")
 
 
 @app.command()
@@ -442,26 +479,27 @@ def report(
                                                        "baseline far slower is a warning."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
-    from specbench.fit import parse_slo
+    from specbench.fit import completeness, parse_slo
     from specbench.gate import evaluate, evaluate_slo
     from specbench.report import write_report
     from specbench.results import load_run
     from specbench.served.vllm_engine import base_speculative_configs
 
     try:
+        _check_price(gpu_price, gpus)
         run = load_run(run_dir)
-        if gpus < 1:
-            raise UsageError("--gpus must be >= 1")
         if slo:
             parse_slo(slo)
         measured = measured_batch_sizes(run.cells)
-        verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"])) \
+        verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"]),
+                           state=completeness(run.meta, run.cells), allow_incomplete=True) \
             if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
         slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
         if slo_text:
-            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text))
+            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text),
+                                      state=completeness(run.meta, run.cells), allow_incomplete=True)
             sections["rollout check under the SLO"] = _slo_gate_text(slo_result)
         reference_run = load_run(reference) if reference is not None else None
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict,
@@ -478,6 +516,13 @@ def report(
         console.print(text, highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
                   f"summary.md)")
+
+
+def _check_price(gpu_price: float | None, gpus: int) -> None:
+    if gpu_price is not None and not (math.isfinite(gpu_price) and gpu_price >= 0):
+        raise UsageError(f"--gpu-price must be a number of dollars >= 0, got {gpu_price:g}")
+    if gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {gpus}")
 
 
 def _frame_table(frame, title: str, columns: list[str], formats: dict[str, str] | None = None) -> Table:
@@ -557,21 +602,26 @@ def measured_batch_sizes(cells) -> list[int]:
 
 
 def _gate_text(result) -> str:
-    from specbench.fit import b_star_rule, best_draft_rule
+    from specbench.fit import CONFIDENCE, b_star_rule, best_draft_rule
     from specbench.gate import format_speedup
 
-    lines = []
+    states = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE", "missing": "N/A "}
+    lines = [result.headline] if result.headline else []
     for v in result.verdicts:
-        state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
         speedups = ", ".join(
             f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}"
-            + (f"; repeats {v.ranges[b][0]:.3f}–{v.ranges[b][1]:.3f}×" if b in v.ranges else "") + ")"
+            + (f"; {CONFIDENCE:.0%} interval {v.intervals[b][0]:.3f}–{v.intervals[b][1]:.3f}×" if b in v.intervals
+               else "") + ")"
             for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
-        lines.append(f"{state} {v.draft}: {speedups}{missing}; K schedule {v.schedule}; {v.crossover}")
-    lines.append(f"verdict: {result.message} (exit {result.exit_code})")
+        single = " (one K measured: no K comparison)" if v.ks_measured == 1 else ""
+        lines.append(f"{states[v.decision]} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
+                     f"{v.crossover}")
+    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
     lines.append(f"  {best_draft_rule(result.min_speedup)}")
     lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
+    lines.append("  K schedule = at each measured batch size the best K where speculation is shown to pay (its "
+                 "interval above the bar, or one unmarked repeat), off elsewhere")
     for v in result.verdicts:
         if v.speculative_config:
             lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")
@@ -580,16 +630,20 @@ def _gate_text(result) -> str:
 
 def _slo_gate_text(result) -> str:
     from specbench.fit import capacity_text
+    from specbench.gate import bounds_text
 
     lines = []
     for v in result.verdicts:
-        state = "PASS" if v.passes else ("FAIL" if v.passes is False else "N/A ")
+        state = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE"}.get(v.decision, "N/A ")
         with_k = f" (K={v.k})" if v.k is not None else ""
+        if v.bounds[0] != v.bounds[1] or v.baseline_bounds[0] != v.baseline_bounds[1]:
+            with_k += f" [within noise: {bounds_text(v.bounds, result.load)} with, " \
+                      f"{bounds_text(v.baseline_bounds, result.load)} without]"
         lines.append(f"{state} {v.workload}, T={v.temperature:g}: with {result.draft} "
                      f"{capacity_text(v.capacity, v.max_measured, result.load)}{with_k}, {_fmt(v.tokens_per_s, '.1f')} tok/s; "
                      f"without {capacity_text(v.baseline_capacity, v.max_measured, result.load)}, "
                      f"{_fmt(v.baseline_tokens_per_s, '.1f')} tok/s")
-    lines.append(f"verdict: {result.message} (exit {result.exit_code})")
+    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
     lines.append("  capacity = the highest measured load up to which every measured load meets the SLO (at each load "
                  "the best K); a load meets it when the SLO's percentile of every bounded metric over its requests is "
                  "within the bound")
@@ -610,20 +664,27 @@ def check(
     slo: Optional[str] = typer.Option(None, help="Judge the SLO instead: speculation must not lower the highest "
                                                  "load meeting it, e.g. ttft=1.0,tpot=0.05[,p90] (default: the "
                                                  "run's --slo on a request-rate run)."),
+    allow_incomplete: bool = typer.Option(False, help="Judge a run that did not finish (stopped, failed cells) on "
+                                                      "what it measured, instead of exit 2."),
     json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
-    """Rollout gate: exit 0 if speculation meets the bar at every named batch size (with --slo:
-    does not lower the highest load meeting the SLO), 1 if not, 2 if the run lacks the cells to answer."""
-    from specbench.fit import open_loop, parse_slo
+    """Rollout gate: does speculation meet the bar at every named batch size (with --slo: not lower
+    the highest load meeting the SLO)? Exit 0 pass, 1 fail, 2 cannot answer (bad input, missing
+    cells, an incomplete run), 3 inconclusive (an interval straddles the bar), 4 internal error."""
+    from specbench.fit import completeness, open_loop, parse_slo
     from specbench.gate import UNANSWERABLE, evaluate, evaluate_slo
     from specbench.results import load_run
     from specbench.served.vllm_engine import base_speculative_configs
 
     slo_result = None
     try:
+        if not (math.isfinite(min_speedup) and min_speedup > 0):
+            raise UsageError(f"--min-speedup must be a positive number, got {min_speedup:g}")
         run = load_run(run_dir)
+        state = completeness(run.meta, run.cells)  # of the whole run, before any filter
         if context_length is not None:
             run = _at_context(run, token_count(context_length))
+            state = state.at_context(token_count(context_length))
         chosen_workloads = split_list(workloads, str, "--workloads") if workloads else None
         chosen_temperatures = split_list(temperatures, float, "--temperatures") if temperatures else None
         recorded = (run.meta.get("config") or {}).get("slo") or ""
@@ -634,16 +695,21 @@ def check(
                 raise UsageError("--batch-sizes judges speed-ups; with --slo (or on a request-rate run) the loads "
                                  "judged are every load the run measured")
             slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo or recorded), draft,
-                                      chosen_workloads, chosen_temperatures)
+                                      chosen_workloads, chosen_temperatures, state, allow_incomplete)
         else:
             sizes = split_list(batch_sizes, int, "--batch-sizes") if batch_sizes else measured_batch_sizes(run.cells)
+            if any(b < 1 for b in sizes):
+                raise UsageError(f"--batch-sizes must be >= 1, got {batch_sizes}")
             result = evaluate(run.cells, sizes, min_speedup, draft, chosen_workloads, chosen_temperatures,
-                              base_speculative_configs(run.meta, run.cells["draft"]))
+                              base_speculative_configs(run.meta, run.cells["draft"]), state, allow_incomplete)
     except _known_errors() as error:
         if json_output:
             print(json.dumps({"exit_code": UNANSWERABLE, "message": str(error)}))
             raise typer.Exit(UNANSWERABLE)
         fail(str(error))
+    for answered in (slo_result, None if slo_result is not None else result):
+        if answered is not None:  # the commands that finish or decide it, runnable as printed
+            answered.message = answered.message.replace("--output RUN", f"--output {run.path}")
     if slo_result is not None:
         if json_output:
             print(json.dumps(slo_result.to_dict(), indent=2))
@@ -652,6 +718,7 @@ def check(
             console.print(f"does speculation keep the highest {unit} meeting the SLO ({slo_result.slo})? "
                           f"(run {run.path})", highlight=False, soft_wrap=True)
             console.print(_slo_gate_text(slo_result), highlight=False, soft_wrap=True)
+            _print_gate_warnings(slo_result.warnings)
         raise typer.Exit(slo_result.exit_code)
     if json_output:
         print(json.dumps(result.to_dict(), indent=2))
@@ -660,7 +727,14 @@ def check(
         console.print(f"does speculation keep ≥ {min_speedup:g}× at batch size(s) {', '.join(map(str, sizes))}?{which} "
                       f"(run {run.path})", highlight=False, soft_wrap=True)
         console.print(_gate_text(result), highlight=False, soft_wrap=True)
+        _print_gate_warnings(result.warnings)
     raise typer.Exit(result.exit_code)
+
+
+def _print_gate_warnings(warnings: list[str]) -> None:
+    """A verdict's warnings, on stdout with the verdict (a pipeline's log keeps them together)."""
+    for message in warnings:
+        console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -690,8 +764,9 @@ def plan(
     try:
         ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
         contexts = split_list(context_lengths, token_count, "--context-lengths") if context_lengths else []
-        if any(x < 1 for x in ks + sizes + contexts) or gpus < 1:
-            raise UsageError("--k, --batch-sizes, --context-lengths and --gpus must be >= 1")
+        if any(x < 1 for x in ks + sizes + contexts):
+            raise UsageError("--k, --batch-sizes and --context-lengths must be >= 1")
+        _check_price(gpu_price, gpus)
         if alpha is not None and not 0 <= alpha < 1:
             raise UsageError(f"--alpha must be in [0, 1), got {alpha}")
         if device is not None and device.lower() not in fit.DEVICES:
@@ -727,7 +802,8 @@ def plan(
     console.print(f"{label} from step times of {timings.path} and α of "
                   f"{'--alpha ' + format(alpha, 'g') if alpha is not None else accept_run.path} (not measurements; "
                   f"{price_note})", highlight=False)
-    _print_warnings(fit.measurement_warnings(timings.cells))
+    stopped = fit.completeness(timings.meta, timings.cells).describe()
+    _print_warnings(([stopped] if stopped else []) + fit.measurement_warnings(timings.cells))
     from specbench.report import trust_lines
 
     _print_trust(trust_lines(timings, pd.DataFrame(), trust))
@@ -804,8 +880,63 @@ def _print_plan(table, sizes: list[int], unit: str) -> None:
                           soft_wrap=True)
 
 
-def main() -> None:
-    app()
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the program is, so that it stops as on Ctrl-C: finished cells kept,
+    servers stopped, run.json `interrupted`."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `specbench` command. Exit codes (README, "Using check in CI"): 0 pass, 1 fail, 2 cannot
+    answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM.
+    Whatever goes wrong, a traceback never exits 0 or 1."""
+    import signal
+
+    usage_errors: tuple = ()
+    for module in ("typer._click.exceptions", "click.exceptions"):  # newer typer vendors its click
+        try:
+            usage_errors += (__import__(module, fromlist=["ClickException"]).ClickException,)
+        except ImportError:
+            pass
+
+    from specbench.gate import INTERNAL_ERROR, UNANSWERABLE
+
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = app(args=argv, prog_name="specbench", standalone_mode=False)
+    except usage_errors as error:  # bad usage: typer's own message
+        error.show()
+        code = UNANSWERABLE
+    except (typer.Abort, KeyboardInterrupt) as stop:
+        cause = stop if isinstance(stop, KeyboardInterrupt) else stop.__cause__ or stop.__context__
+        code = TERMINATED if isinstance(cause, Terminated) else INTERRUPTED
+        errors.print("[yellow]stopped[/]", highlight=False)
+    except OSError as error:  # a file or directory that cannot be read or written
+        where = f"{error.filename}: " if getattr(error, "filename", None) else ""
+        errors.print(f"[bold red]error:[/] {escape(where + (error.strerror or str(error)))}", highlight=False,
+                     soft_wrap=True)
+        code = UNANSWERABLE
+    except Exception as error:
+        code = INTERNAL_ERROR
+        errors.print(f"[bold red]internal error[/] (a bug in specbench, not a verdict): "
+                     f"{escape(type(error).__name__)}: {escape((str(error).splitlines() or [''])[0])}; "
+                     f"traceback in {_save_traceback()}", highlight=False, soft_wrap=True)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="specbench-traceback-", suffix=".txt", delete=False) as file:
+        traceback.print_exc(file=file)
+    return file.name
 
 
 if __name__ == "__main__":

@@ -3,24 +3,37 @@
 Per draft, the speed-up at a batch size is the best over K there (the K you would deploy at that
 size), and the worst over the run's workloads and temperatures (a gate should not pass on the
 friendliest traffic). A draft passes when every named batch size meets `min_speedup`.
-With several repeats each speed-up also has the range of its repeat-by-repeat ratios; a range
-that straddles the bar means the verdict there is within the machine's noise, and says so.
-Exit codes: 0 pass, 1 fail, 2 the run lacks the cells to answer.
+With repeats, each speed-up has a confidence interval (fit.evidence); a batch size is decided only
+when an interval lies wholly on one side of the bar, else the verdict is inconclusive and says how
+many repeats would decide it. A run that did not finish cannot pass (nor fail) unless asked to.
+Exit codes: EXIT_CODES.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
 from specbench.fit import (
-    Slo, best_k_by_batch, capacity_ratio, capacity_text, crossover, load_column, pick_best_draft, repeat_range,
-    schedule_ranges, slo_capacity, slo_table, vllm_speculative_config, worst_case_by_batch,
+    AR, CONFIDENCE, Completeness, Slo, best_k_by_batch, capacity_ratio, capacity_text, combine_all, combine_any,
+    crossover, judge, label_cells, load_column, marked_cells, measurement_warnings, ok_closed_loop, pick_best_draft,
+    repeats_to_decide, schedule_ranges, slo_capacity, slo_table, speedup_headline, speedup_interval,
+    vllm_speculative_config, worst_case_by_batch,
 )
+from specbench.fit.evidence import FAIL as FAILS, INCONCLUSIVE as UNDECIDED, PASS as PASSES
 from specbench.grid import format_schedule
 
-PASS, FAIL, UNANSWERABLE = 0, 1, 2
+PASS, FAIL, UNANSWERABLE, INCONCLUSIVE, INTERNAL_ERROR = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    PASS: "pass: speculation meets the bar",
+    FAIL: "fail: it does not",
+    UNANSWERABLE: "cannot answer: bad input, a run without the cells to judge, or an incomplete run",
+    INCONCLUSIVE: "inconclusive: a confidence interval straddles the bar (more repeats or requests decide it)",
+    INTERNAL_ERROR: "internal error: specbench itself failed (a bug; the message says where the traceback is)",
+}
+VERDICTS = {PASS: "PASS", FAIL: "FAIL", UNANSWERABLE: "CANNOT ANSWER", INCONCLUSIVE: "INCONCLUSIVE"}
 
 
 def format_speedup(value: float, bar: float) -> str:
@@ -36,19 +49,24 @@ def format_speedup(value: float, bar: float) -> str:
 @dataclass
 class DraftVerdict:
     draft: str
-    passes: bool | None  # None: cannot answer
+    passes: bool | None  # None: cannot answer, or inconclusive
     speedups: dict[int, float]  # named B -> worst-case best-K speed-up
     best_k: dict[int, int]  # named B -> K that achieves it (in the worst workload)
-    schedule: str  # recommended K per batch size over every measured B
+    schedule: str  # recommended K per batch size over every measured B (off where not shown to pay)
     crossover: str
     missing: list[int] = field(default_factory=list)
-    ranges: dict[int, tuple[float, float]] = field(default_factory=dict)  # named B -> repeats' min, max
+    intervals: dict[int, tuple[float, float]] = field(default_factory=dict)  # named B -> CI of that speed-up
     # the schedule as a complete vLLM --speculative-config (None: the draft's config is unknown, or it never pays)
     speculative_config: dict | None = None
+    decisions: dict[int, str] = field(default_factory=dict)  # named B -> pass / fail / inconclusive
+    repeats_to_decide: dict[int, int | None] = field(default_factory=dict)  # inconclusive B -> repeats in all
+    marks: dict[int, str] = field(default_factory=dict)  # named B -> the warning that marks its worst cell
+    ks_measured: int = 0
+    headline: str = ""
 
-    def within_noise(self, bar: float) -> list[int]:
-        """Named batch sizes whose repeats fell on both sides of the bar."""
-        return [b for b, (low, high) in self.ranges.items() if low < bar <= high]
+    @property
+    def decision(self) -> str:
+        return "missing" if self.missing else combine_all(list(self.decisions.values()))
 
 
 @dataclass
@@ -59,76 +77,220 @@ class GateResult:
     min_speedup: float
     verdicts: list[DraftVerdict]
     message: str
+    verdict: str = ""  # PASS, FAIL, INCONCLUSIVE, CANNOT ANSWER
+    warnings: list[str] = field(default_factory=list)  # every measurement warning, incompleteness first
+    incomplete: str = ""  # why the run is not complete; "" when it is
+    confidence: float = CONFIDENCE
+    headline: str = ""
+
+    def __post_init__(self) -> None:
+        self.verdict = self.verdict or VERDICTS.get(self.exit_code, "")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _judged(cells: pd.DataFrame, min_speedup: float, workloads: list[str] | None,
+            temperatures: list[float] | None) -> pd.DataFrame:
+    """Every finished speculative cell with a speed-up, its interval and its decision against the bar."""
+    sd = ok_closed_loop(label_cells(cells))
+    sd = sd[(sd["mode"] != AR) & sd["speedup"].notna()].copy() if not sd.empty else sd
+    if sd.empty:
+        return sd
+    if workloads:
+        sd = sd[sd["workload"].isin(workloads)]
+    if temperatures is not None:
+        sd = sd[sd["temperature"].isin(temperatures)]
+    marks = marked_cells(cells)
+    runs = sd["speedup_runs"] if "speedup_runs" in sd else pd.Series([None] * len(sd), index=sd.index)
+    sd["interval"] = [speedup_interval(r) for r in runs]
+    sd["mark"] = [marks.get(c, "") for c in sd["cell_id"]]
+    sd["decision"] = [judge(float(p), i, min_speedup, bool(m)) for p, i, m in zip(sd["speedup"], sd["interval"],
+                                                                                   sd["mark"])]
+    return sd
+
+
+def _decisions_by_batch(judged: pd.DataFrame) -> dict[int, str]:
+    """One draft's decision per batch size: at each (workload, temperature) the best of its K, then
+    the worst of those."""
+    per_point = judged.groupby(["workload", "temperature", "batch_size"])["decision"].agg(lambda d: combine_any(list(d)))
+    return {int(b): combine_all(list(group)) for b, group in per_point.groupby(level="batch_size")}
+
+
+def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min_speedup: float = 1.0) -> list[str]:
+    """The draft's cells at the (workload, temperature, batch size) points whose decision is
+    inconclusive: what more repeats of (with their baselines) can decide."""
+    judged = _judged(cells, min_speedup, None, None)
+    if judged.empty:
+        return []
+    judged = judged[(judged["draft"] == draft) & judged["batch_size"].isin(batch_sizes)]
+    keys = ["workload", "temperature", "batch_size"]
+    open_points = judged.groupby(keys)["decision"].agg(lambda d: combine_any(list(d)))
+    open_points = set(open_points[open_points == UNDECIDED].index)
+    return [row.cell_id for row in judged.itertuples() if (row.workload, row.temperature, row.batch_size) in open_points]
+
+
 def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1.0,
              draft: str | None = None, workloads: list[str] | None = None,
-             temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None) -> GateResult:
-    """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is added."""
+             temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None,
+             state: Completeness | None = None, allow_incomplete: bool = False) -> GateResult:
+    """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is
+    added. `state`: whether the run finished (`fit.completeness(run.meta, run.cells)`, of the whole
+    run); None: judged as complete."""
+    warnings = measurement_warnings(cells)
+    incomplete = state.describe() if state is not None else ""  # a sweep that stopped, whatever it judges
+
+    def unanswerable(name: str | None, verdicts: list[DraftVerdict], message: str) -> GateResult:
+        return GateResult(UNANSWERABLE, name, batch_sizes, min_speedup, verdicts, message,
+                          warnings=([incomplete] if incomplete else []) + warnings, incomplete=incomplete)
+
     best = best_k_by_batch(cells)
     if not best.empty and workloads:
         best = best[best["workload"].isin(workloads)]
     if not best.empty and temperatures is not None:
         best = best[best["temperature"].isin(temperatures)]
     if best.empty:
-        return GateResult(UNANSWERABLE, draft, batch_sizes, min_speedup, [],
-                          "the run has no finished speculative cells (with a baseline) to judge")
+        return unanswerable(draft, [], "the run has no finished speculative cells (with a baseline) to judge"
+                            + (f" ({incomplete})" if incomplete else ""))
     drafts = sorted(best["draft"].unique())
     if draft is not None and draft not in drafts:
-        return GateResult(UNANSWERABLE, draft, batch_sizes, min_speedup, [],
-                          f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
+        return unanswerable(draft, [], f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
 
+    judged = _judged(cells, min_speedup, workloads, temperatures)
     worst_all = worst_case_by_batch(best)
-    verdicts = []
-    for name in drafts:
-        worst = worst_all[worst_all["draft"] == name]  # worst workload/temperature of the best-K speed-up, per B
-        by_batch = {int(r.batch_size): (float(r.speedup), int(r.k)) for r in worst.itertuples()}
-        ranges = {int(r.batch_size): repeat_range(getattr(r, "speedup_runs", None)) for r in worst.itertuples()}
-        ranges = {b: spread for b, spread in ranges.items() if spread and b in batch_sizes}
-        missing = [b for b in batch_sizes if b not in by_batch]
-        speedups = {b: by_batch[b][0] for b in batch_sizes if b in by_batch}
-        best_k = {b: by_batch[b][1] for b in batch_sizes if b in by_batch}
-        measured = sorted(by_batch)
-        schedule = schedule_ranges(measured, [by_batch[b][1] if by_batch[b][0] >= min_speedup else None
-                                              for b in measured])
-        found = crossover(measured, [by_batch[b][0] for b in measured], threshold=min_speedup)
-        passes = None if missing else all(s >= min_speedup for s in speedups.values())
-        base = (base_configs or {}).get(name)
-        config = vllm_speculative_config(base, schedule) if base is not None else None
-        verdicts.append(DraftVerdict(name, passes, speedups, best_k, format_schedule(schedule), found.text, missing,
-                                     ranges, config))
+    verdicts = [_draft_verdict(name, worst_all[worst_all["draft"] == name], judged[judged["draft"] == name],
+                               batch_sizes, min_speedup, (base_configs or {}).get(name)) for name in drafts]
 
     if draft is None:  # judge the best draft (best_draft_rule) at the named batch sizes
         name = pick_best_draft(worst_all, batch_sizes)
         chosen = next(v for v in verdicts if v.draft == name) if name else verdicts[0]
     else:
         chosen = next(v for v in verdicts if v.draft == draft)
-    measured = sorted(best["batch_size"].unique().tolist())
-    if chosen.passes is None:
-        return GateResult(UNANSWERABLE, chosen.draft, batch_sizes, min_speedup, verdicts,
-                          f"no measurement at batch size(s) {', '.join(map(str, chosen.missing))} "
-                          f"(measured: {', '.join(map(str, measured))}); sweep them or use `specbench plan` "
-                          f"for a prediction")
-    failing = [b for b, s in chosen.speedups.items() if s < min_speedup]
-    if failing:
-        message = (f"{chosen.draft}: speculation is below {min_speedup:g}× at batch size(s) "
-                   + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], min_speedup)})" for b in failing))
-        return GateResult(FAIL, chosen.draft, batch_sizes, min_speedup, verdicts, message + _noise_note(chosen, min_speedup))
-    return GateResult(PASS, chosen.draft, batch_sizes, min_speedup, verdicts,
-                      f"{chosen.draft}: at least {min_speedup:g}× at every batch size in "
-                      f"{', '.join(map(str, batch_sizes))}" + _noise_note(chosen, min_speedup))
+    if chosen.missing:
+        measured = sorted(best["batch_size"].unique().tolist())
+        return unanswerable(chosen.draft, verdicts,
+                            f"no measurement at batch size(s) {', '.join(map(str, chosen.missing))} "
+                            f"(measured: {', '.join(map(str, measured))}); sweep them or use `specbench plan` "
+                            f"for a prediction")
+    gaps = _evidence_gaps(cells, chosen.draft, batch_sizes, workloads, temperatures)
+    if gaps["mismatched"]:
+        return unanswerable(chosen.draft, verdicts,
+                            f"{chosen.draft}: {len(gaps['mismatched'])} cell(s) failed the lossless check "
+                            f"({', '.join(gaps['mismatched'][:3])}): their speed-ups are not those of a correct "
+                            f"engine")
+    absent = state.missing_in([chosen.draft, AR], batch_sizes, workloads, temperatures) if state is not None else []
+    for ids, what in ((gaps["failed"], "failed"), (absent, "were planned but have no row")):
+        if ids:
+            gap = f"{len(ids)} cell(s) it judges {what} ({', '.join(ids[:3])}{', …' if len(ids) > 3 else ''})"
+            incomplete = f"{incomplete}; {gap}" if incomplete else gap
+    result = _verdict(chosen, batch_sizes, min_speedup, verdicts)
+    result.headline = chosen.headline
+    result.warnings = ([incomplete] if incomplete else []) + warnings
+    result.incomplete = incomplete
+    if incomplete and not allow_incomplete:
+        return unanswerable(chosen.draft, verdicts,
+                            f"incomplete evidence: {incomplete}; on the cells measured the verdict would be "
+                            f"{result.verdict} ({result.message}); finish the sweep (`specbench sweep --resume "
+                            f"--output RUN`), or pass --allow-incomplete to judge what was measured")
+    if incomplete:
+        result.message += f" (judged on an incomplete run, --allow-incomplete: {incomplete})"
+    return result
 
 
-def _noise_note(verdict: DraftVerdict, bar: float) -> str:
-    noisy = verdict.within_noise(bar)
-    if not noisy:
+def _evidence_gaps(cells: pd.DataFrame, draft: str, batch_sizes: list[int], workloads: list[str] | None,
+                   temperatures: list[float] | None) -> dict[str, list[str]]:
+    """Cells the verdict would judge (the draft's and the baselines at the named batch sizes) that
+    failed, and those that failed the lossless check."""
+    labelled = label_cells(cells)
+    if labelled.empty or "status" not in labelled:
+        return {"failed": [], "mismatched": []}
+    mine = labelled[labelled["draft"].isin([draft, AR]) & labelled["batch_size"].isin(batch_sizes)]
+    if workloads:
+        mine = mine[mine["workload"].isin(workloads)]
+    if temperatures is not None:
+        mine = mine[mine["temperature"].isin(temperatures)]
+    mismatched = mine[mine["lossless"] == "MISMATCH"]["cell_id"].tolist() if "lossless" in mine else []
+    failed = [c for c in mine[mine["status"] == "failed"]["cell_id"] if c not in mismatched]
+    return {"failed": failed, "mismatched": mismatched}
+
+
+def _draft_verdict(name: str, worst: pd.DataFrame, judged: pd.DataFrame, batch_sizes: list[int], bar: float,
+                   base_config: dict | None) -> DraftVerdict:
+    """`worst`: the draft's worst-case best-K rows per batch size; `judged`: every one of its cells."""
+    by_batch = {int(r.batch_size): (float(r.speedup), int(r.k), r.workload, r.temperature) for r in worst.itertuples()}
+    decided = _decisions_by_batch(judged) if not judged.empty else {}
+    measured = sorted(by_batch)
+    # K is on only where it is shown to pay: a batch size decided PASS
+    schedule = schedule_ranges(measured, [by_batch[b][1] if decided.get(b) == PASSES else None for b in measured])
+    found = crossover(measured, [by_batch[b][0] for b in measured], threshold=bar)
+    named = [b for b in batch_sizes if b in by_batch]
+    worst_rows = {b: _worst_row(judged, b, by_batch[b]) for b in named}
+    intervals = {b: row["interval"] for b, row in worst_rows.items() if row is not None and row["interval"]}
+    marks = {b: row["mark"] for b, row in worst_rows.items() if row is not None and row["mark"]}
+    decisions = {b: decided.get(b, UNDECIDED) for b in named}
+    to_decide = {b: repeats_to_decide(row.get("speedup_runs"), bar) if row is not None else None
+                 for b, row in worst_rows.items() if decisions[b] == UNDECIDED}
+    missing = [b for b in batch_sizes if b not in by_batch]
+    verdict = DraftVerdict(
+        name, None, {b: by_batch[b][0] for b in named}, {b: by_batch[b][1] for b in named}, format_schedule(schedule),
+        found.text, missing, intervals, vllm_speculative_config(base_config, schedule) if base_config is not None
+        else None, decisions, to_decide, marks, int(judged["k"].nunique()) if not judged.empty else 0)
+    verdict.passes = {PASSES: True, FAILS: False}.get(verdict.decision)
+    undecided = [b for b in measured if decided.get(b) == UNDECIDED]
+    verdict.headline = speedup_headline(name, {b: by_batch[b][0] for b in measured}, found.text, verdict.schedule,
+                                        verdict.ks_measured, undecided)
+    return verdict
+
+
+def _worst_row(judged: pd.DataFrame, batch_size: int, point: tuple) -> dict | None:
+    """The judged row of the worst-case best-K cell at a batch size."""
+    if judged.empty:
+        return None
+    speedup, k, workload, temperature = point
+    match = judged[(judged["batch_size"] == batch_size) & (judged["k"] == k) & (judged["workload"] == workload)
+                   & (judged["temperature"] == temperature)]
+    return match.iloc[0].to_dict() if len(match) else None
+
+
+def _verdict(chosen: DraftVerdict, batch_sizes: list[int], bar: float, verdicts: list[DraftVerdict]) -> GateResult:
+    decision = chosen.decision
+    failing = [b for b, d in chosen.decisions.items() if d == FAILS]
+    if decision == FAILS:
+        message = (f"{chosen.draft}: speculation is below {bar:g}× at batch size(s) "
+                   + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], bar)}{_interval_text(chosen, b)})"
+                               for b in failing))
+        return GateResult(FAIL, chosen.draft, batch_sizes, bar, verdicts, message)
+    if decision == UNDECIDED:
+        parts = []
+        for b, d in chosen.decisions.items():
+            if d != UNDECIDED:
+                continue
+            if b in chosen.intervals:
+                low, high = chosen.intervals[b]
+                needed = chosen.repeats_to_decide.get(b)
+                more = (f"about {needed} repeats in all would decide it if the spread holds" if needed
+                        else "it sits on the bar: a --min-speedup margin decides, more repeats may not")
+                parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)}, {CONFIDENCE:.0%} interval "
+                             f"{low:.3f}×–{high:.3f}× straddles {bar:g}× ({more})")
+            else:
+                why = chosen.marks.get(b, "a speed-up warnings mark")
+                parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)} from one repeat, and {why} "
+                             f"(--repeats 3 gives an interval)")
+        message = (f"{chosen.draft}: inconclusive, within the measurement's noise at " + "; ".join(parts)
+                   + "; `specbench sweep --resume --output RUN --until-decided` adds repeats where they decide")
+        return GateResult(INCONCLUSIVE, chosen.draft, batch_sizes, bar, verdicts, message)
+    shown = "; ".join(f"B={b} {format_speedup(chosen.speedups[b], bar)}{_interval_text(chosen, b)}"
+                      for b in chosen.speedups)
+    return GateResult(PASS, chosen.draft, batch_sizes, bar, verdicts,
+                      f"{chosen.draft}: at least {bar:g}× at every batch size in {', '.join(map(str, batch_sizes))} "
+                      f"({shown})")
+
+
+def _interval_text(verdict: DraftVerdict, batch_size: int) -> str:
+    if batch_size not in verdict.intervals:
         return ""
-    spans = ", ".join(f"B={b}: {verdict.ranges[b][0]:.3f}×–{verdict.ranges[b][1]:.3f}×" for b in noisy)
-    return (f"; within noise: repeats fell on both sides of {bar:g}× ({spans}), so more --repeats or a "
-            f"--min-speedup margin decides")
+    low, high = verdict.intervals[batch_size]
+    return f", {CONFIDENCE:.0%} interval {low:.3f}×–{high:.3f}×"
 
 
 # --- the same question under an SLO ------------------------------------------------------------
@@ -144,6 +306,10 @@ class SloVerdict:
     passes: bool | None
     baseline_tokens_per_s: float = float("nan")  # at the baseline's capacity
     tokens_per_s: float = float("nan")  # at the draft's capacity
+    # the capacities within the requests' noise: (beyond doubt, at most) — fit.slo_capacity
+    baseline_bounds: tuple[float | None, float | None] = (None, None)
+    bounds: tuple[float | None, float | None] = (None, None)
+    decision: str = ""  # pass / fail / inconclusive ("" when neither meets the SLO at any load)
 
 
 @dataclass
@@ -154,26 +320,48 @@ class SloGateResult:
     load: str  # "request_rate" or "batch_size"
     verdicts: list[SloVerdict]
     message: str
+    verdict: str = ""
+    warnings: list[str] = field(default_factory=list)
+    incomplete: str = ""
+    confidence: float = CONFIDENCE
+
+    def __post_init__(self) -> None:
+        self.verdict = self.verdict or VERDICTS.get(self.exit_code, "")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _slo_decision(ours: tuple, theirs: tuple) -> str:
+    """Speculation keeps the capacity beyond doubt when its lowest possible capacity is at least the
+    baseline's highest possible one; lowers it beyond doubt when its highest is below the baseline's lowest."""
+    low = lambda value: -math.inf if value is None else value  # noqa: E731 (None: no load meets it)
+    if low(ours[0]) >= low(theirs[1]):
+        return PASSES
+    return FAILS if low(ours[1]) < low(theirs[0]) else UNDECIDED
+
+
 def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: str | None = None,
-                 workloads: list[str] | None = None, temperatures: list[float] | None = None) -> SloGateResult:
+                 workloads: list[str] | None = None, temperatures: list[float] | None = None,
+                 state: Completeness | None = None, allow_incomplete: bool = False) -> SloGateResult:
     """Speculation must not lower the highest load (request rate, or concurrency) at which every
     measured load up to it meets the SLO, for any workload and temperature. The draft judged is
-    `draft`, else the one whose worst ratio of capacities is highest. Exit 2 when the run lacks
-    the cells or requests, or no load meets the SLO with or without speculation."""
+    `draft`, else the one whose worst ratio of capacities is highest. Each capacity is also taken
+    within the noise of its requests (bootstrap intervals of the percentiles): where the intervals
+    leave it open, the verdict is inconclusive. Exit 2 when the run lacks the cells or requests, is
+    incomplete, or no load meets the SLO with or without speculation."""
     column = load_column(cells)
+    warnings = measurement_warnings(cells)
+    incomplete = state.describe() if state is not None else ""
     table = slo_table(cells, requests, slo)
     if not table.empty and workloads:
         table = table[table["workload"].isin(workloads)]
     if not table.empty and temperatures is not None:
         table = table[table["temperature"].isin(temperatures)]
 
-    def unanswerable(message: str) -> SloGateResult:
-        return SloGateResult(UNANSWERABLE, draft, slo.text, column, [], message)
+    def unanswerable(message: str, name: str | None = draft, verdicts: list | None = None) -> SloGateResult:
+        return SloGateResult(UNANSWERABLE, name, slo.text, column, verdicts or [], message,
+                             warnings=([incomplete] if incomplete else []) + warnings, incomplete=incomplete)
 
     if table.empty:
         return unanswerable("the run has no finished cells with per-request records to judge the SLO on")
@@ -197,9 +385,12 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
             ours = None if pd.isna(row.max_load) else float(row.max_load)
             theirs = None if pd.isna(b["max_load"]) else float(b["max_load"])
             passes = None if ours is None and theirs is None else (theirs is None or (ours or 0) >= theirs)
+            bounds = (_or_none(row.max_load_low), _or_none(row.max_load_high))
+            baseline_bounds = (_or_none(b["max_load_low"]), _or_none(b["max_load_high"]))
             out.append(SloVerdict(row.workload, float(row.temperature), theirs, ours,
                                   None if pd.isna(row.k) else int(row.k), float(row.max_measured_load), passes,
-                                  float(b["tokens_per_s"]), float(row.tokens_per_s)))
+                                  float(b["tokens_per_s"]), float(row.tokens_per_s), baseline_bounds, bounds,
+                                  "" if passes is None else _slo_decision(bounds, baseline_bounds)))
         return out
 
     by_draft = {name: verdicts_for(name) for name in drafts}
@@ -211,18 +402,52 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
     name = draft or max(drafts, key=score)
     verdicts = by_draft[name]
     if not verdicts or all(v.passes is None for v in verdicts):
-        return SloGateResult(UNANSWERABLE, name, slo.text, column, verdicts,
-                             f"no measured load meets {slo.describe()}, with or without speculation: measure "
-                             f"lower loads or relax the SLO")
-    failing = [v for v in verdicts if v.passes is False]
+        return unanswerable(f"no measured load meets {slo.describe()}, with or without speculation: measure "
+                            f"lower loads or relax the SLO", name, verdicts)
     unit = "request rate" if column == "request_rate" else "concurrency"
-    if failing:
-        worst = failing[0]
-        return SloGateResult(FAIL, name, slo.text, column, verdicts,
-                             f"{name}: speculation lowers the highest {unit} meeting {slo.describe()} "
-                             f"({worst.workload}, T={worst.temperature:g}: "
-                             f"{capacity_text(worst.capacity, worst.max_measured, column)} against "
-                             f"{capacity_text(worst.baseline_capacity, worst.max_measured, column)} without)")
-    return SloGateResult(PASS, name, slo.text, column, verdicts,
-                         f"{name}: speculation does not lower the highest {unit} meeting {slo.describe()} "
-                         f"in any workload and temperature")
+    decision = combine_all([v.decision for v in verdicts if v.decision])
+    if decision == FAILS:
+        worst = next(v for v in verdicts if v.decision == FAILS)
+        result = SloGateResult(FAIL, name, slo.text, column, verdicts,
+                               f"{name}: speculation lowers the highest {unit} meeting {slo.describe()} "
+                               f"({worst.workload}, T={worst.temperature:g}: "
+                               f"{capacity_text(worst.capacity, worst.max_measured, column)} against "
+                               f"{capacity_text(worst.baseline_capacity, worst.max_measured, column)} without)")
+    elif decision == UNDECIDED:
+        open_ = [v for v in verdicts if v.decision == UNDECIDED]
+        spans = "; ".join(f"{v.workload}, T={v.temperature:g}: with {name} {bounds_text(v.bounds, column)}, "
+                          f"without {bounds_text(v.baseline_bounds, column)}" for v in open_)
+        result = SloGateResult(INCONCLUSIVE, name, slo.text, column, verdicts,
+                               f"{name}: inconclusive: within the requests' noise the highest {unit} meeting "
+                               f"{slo.describe()} could be ({spans}); a load whose p{slo.percentile} interval "
+                               f"({CONFIDENCE:.0%}, bootstrap over requests) straddles a bound is open; more requests "
+                               f"per load (--num-prompts; the interval narrows about as 1/√requests) or --repeats "
+                               f"decide it")
+    else:
+        result = SloGateResult(PASS, name, slo.text, column, verdicts,
+                               f"{name}: speculation does not lower the highest {unit} meeting {slo.describe()} "
+                               f"in any workload and temperature, beyond the requests' noise")
+    absent = state.missing_in([name, AR], None, workloads, temperatures) if state is not None else []
+    if absent:
+        gap = f"{len(absent)} cell(s) it judges were planned but have no row ({', '.join(absent[:3])})"
+        incomplete = f"{incomplete}; {gap}" if incomplete else gap
+    result.warnings = ([incomplete] if incomplete else []) + warnings
+    result.incomplete = incomplete
+    if incomplete and not allow_incomplete:
+        return unanswerable(f"incomplete evidence: {incomplete}; on the cells measured the verdict would be "
+                            f"{result.verdict} ({result.message}); finish the sweep (`specbench sweep --resume "
+                            f"--output RUN`), or pass --allow-incomplete to judge what was measured", name, verdicts)
+    if incomplete:
+        result.message += f" (judged on an incomplete run, --allow-incomplete: {incomplete})"
+    return result
+
+
+def _or_none(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def bounds_text(bounds: tuple, column: str) -> str:
+    low, high = bounds
+    name = "R" if column == "request_rate" else "B"
+    text = lambda value: "no load" if value is None else f"{value:g}"  # noqa: E731
+    return f"{name} = {text(low)}" if low == high else f"{name} between {text(low)} and {text(high)}"

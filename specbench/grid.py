@@ -142,6 +142,9 @@ class SweepConfig:
     baseline_endpoint: str = ""  # ... and the same model served without speculation
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
     context_lengths: list[int] = field(default_factory=list)  # prompts built to these lengths; [] = as they come
+    until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
+    max_repeats: int = 12  # ... up to this many per cell
+    min_speedup: float = 1.0  # the bar that verdict is about
 
     @property
     def torch_dtype(self):
@@ -198,6 +201,17 @@ class SweepConfig:
                             ("--repeats", self.repeats)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if not (math.isfinite(self.min_speedup) and self.min_speedup > 0):
+            raise ValueError(f"--min-speedup must be a positive number, got {self.min_speedup:g}")
+        if self.until_decided:
+            if self.request_rates:
+                raise ValueError("--until-decided adds repeats to speed-up cells; a request-rate run's SLO verdict "
+                                 "narrows with more requests per load (--num-prompts)")
+            if self.engine == "endpoint" and not self.baseline_endpoint:
+                raise ValueError("--until-decided needs speed-ups: an endpoint run needs --baseline-endpoint")
+            if self.max_repeats < max(2, self.repeats):
+                raise ValueError(f"--max-repeats must be at least 2 and --repeats ({self.repeats}), got "
+                                 f"{self.max_repeats}")
         SamplingParams(temperature=1.0, top_p=self.top_p, top_k=self.top_k)
         if self.dtype:
             parse_dtype(self.dtype)

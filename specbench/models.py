@@ -136,7 +136,11 @@ def parse_draft_spec(text: str, allow_served: bool = False) -> DraftSpec:
         if n < 1:
             raise ValueError(f"ngram size must be >= 1 in {text!r}")
         return DraftSpec(text, "ngram", ngram=n)
+    if text.startswith("ngram"):
+        raise ValueError(f"draft {text!r}: write ngram or ngram:N, N the longest match to look up (>= 1)")
     if m := re.fullmatch(r"self:(\d+)", text):
+        if int(m.group(1)) < 1:
+            raise ValueError(f"draft {text!r}: a self-draft needs at least 1 layer")
         return DraftSpec(text, "self", layers=int(m.group(1)))
     if text.startswith("self"):
         raise ValueError(f"self-draft needs a layer count, e.g. self:8 (got {text!r})")

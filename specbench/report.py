@@ -576,13 +576,9 @@ def answer(a: Analysis, gate_result=None) -> str:
                         f"server sustains from {capacity_text(b['max_load'], b['max_measured_load'], a.load)} to "
                         f"{capacity_text(row.max_load, row.max_measured_load, a.load)} ({row.workload}, "
                         f"T={row.temperature:g}: the least favourable workload and temperature){cost}.")
-    if gate_result is not None and getattr(gate_result, "verdicts", None):
-        chosen = next((v for v in gate_result.verdicts if v.draft == gate_result.draft), gate_result.verdicts[0])
-        if chosen.speedups:
-            low, high = min(chosen.speedups), max(chosen.speedups)
-            return (f"With {chosen.draft} at its best K, speculation runs at {chosen.speedups[low]:.2f}× the "
-                    f"autoregressive tokens/s at B={low} and {chosen.speedups[high]:.2f}× at B={high} (the least "
-                    f"favourable workload and temperature); {chosen.crossover}; recommended K schedule {chosen.schedule}.")
+    if gate_result is not None and getattr(gate_result, "headline", ""):
+        incomplete = f" Judged on an incomplete run: {gate_result.incomplete}." if gate_result.incomplete else ""
+        return gate_result.headline + incomplete
     points = _load_points(a)
     if len(points) and a.load == "request_rate":
         sd = points[points["mode"] != AR]

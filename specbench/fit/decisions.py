@@ -121,6 +121,22 @@ def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
     return format_schedule(schedule_ranges(batch_sizes, best_k))
 
 
+def speedup_headline(draft: str, speedups: dict[int, float], crossover_text: str, schedule_text: str,
+                     ks_measured: int, undecided: list[int] | None = None) -> str:
+    """The one-sentence answer report and check both print: the draft's best and worst measured
+    batch sizes (the gate's worst case over workloads and temperatures), B*, and the K schedule."""
+    if not speedups:
+        return ""
+    best, worst = max(speedups, key=speedups.get), min(speedups, key=speedups.get)
+    at = f"{speedups[best]:.2f}× the autoregressive tokens/s at B={best}"
+    if worst != best:
+        at += f" and {speedups[worst]:.2f}× at B={worst}, its worst measured batch size"
+    k = "at its best K" if ks_measured > 1 else "at the one K measured (no K comparison)"
+    noise = (f"; within noise at B={', '.join(map(str, undecided))} (the schedule leaves it off there)"
+             if undecided else "")
+    return (f"With {draft} {k}, speculation runs at {at} (the least favourable workload and temperature); "
+            f"{crossover_text}; recommended K schedule {schedule_text}{noise}.")
+
 
 def vllm_speculative_config(base: dict, schedule: list[tuple[int, int, int]]) -> dict | None:
     """A complete `--speculative-config` for vLLM from a draft's own config and a K schedule

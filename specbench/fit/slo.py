@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.fit.cells import closed_loop, label_cells, open_loop
+from specbench.fit.evidence import percentile_interval
 
 SLO_METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "e2el": "e2e_s"}
 SLO_PERCENTILES = (50, 90, 95, 99)
@@ -88,26 +89,36 @@ def slo_table(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo) -> pd.DataF
         if mine is None:
             continue
         good = np.ones(len(mine), dtype=bool)
-        figures = {}
+        figures, sides = {}, []
         for metric, bound in slo.bounds:
             values = mine[SLO_METRICS[metric]].astype(float).fillna(0.0 if metric == "tpot" else np.inf).to_numpy()
             good &= values <= bound
-            figures[f"{metric}_p{slo.percentile}_s"] = float(np.percentile(values, slo.percentile))
+            name = f"{metric}_p{slo.percentile}_s"
+            figures[name] = float(np.percentile(values, slo.percentile))
+            figures[name + "_low"], figures[name + "_high"] = percentile_interval(values, slo.percentile)
+            sides.append("meets" if figures[name + "_high"] <= bound else "misses" if figures[name + "_low"] > bound
+                         else "uncertain")
         meets = all(figures[f"{m}_p{slo.percentile}_s"] <= b for m, b in slo.bounds)
+        # decided only when every bound's interval lies on one side of it (one decided miss is a miss)
+        decided = "misses" if "misses" in sides else "meets" if all(x == "meets" for x in sides) else "uncertain"
         wall = float(cell.get("wall_s") or float("nan"))
         rows.append({"cell_id": cell["cell_id"], "mode": cell["mode"], "draft": cell["draft"], "k": cell["k"],
                      "workload": cell["workload"], "temperature": cell["temperature"], "load": float(cell[column]),
                      "requests": len(mine), "good_requests": int(good.sum()),
                      "good_fraction": float(good.mean()), "goodput_rps": float(good.sum()) / wall if wall else float("nan"),
                      "achieved_request_rate": len(mine) / wall if wall else float("nan"),
-                     "tokens_per_s": float(cell["tokens_per_s"]), "meets_slo": meets, **figures})
+                     "tokens_per_s": float(cell["tokens_per_s"]), "meets_slo": meets, "slo_decided": decided,
+                     **figures})
     return pd.DataFrame(rows)
 
 
 def slo_capacity(table: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, temperature) and per draft (the best K at each load, the one that meets the
     SLO with most goodput) next to the autoregressive baseline: the highest measured load up to
-    which every measured load meets the SLO, the tokens/s there, and the K used there."""
+    which every measured load meets the SLO, the tokens/s there, and the K used there; and the
+    same within the requests' noise: `max_load_low` where every load up to it meets the SLO beyond
+    doubt (the bootstrap interval of each bounded percentile within its bound), `max_load_high`
+    where no load up to it misses it beyond doubt."""
     if table.empty:
         return pd.DataFrame()
     rows = []
@@ -123,13 +134,35 @@ def slo_capacity(table: pd.DataFrame) -> pd.DataFrame:
                 if not best["meets_slo"]:
                     break
                 capacity, chosen = load, best
+            low, high = _capacity_bounds(mine)
             rows.append({"workload": workload, "temperature": temperature, "draft": draft,
-                         "mode": per_load[0][1]["mode"], "max_load": capacity,
+                         "mode": per_load[0][1]["mode"], "max_load": capacity, "max_load_low": low,
+                         "max_load_high": high,
                          "max_measured_load": per_load[-1][0], "min_measured_load": per_load[0][0],
                          "k": int(chosen["k"]) if chosen is not None else None,
                          "tokens_per_s": float(chosen["tokens_per_s"]) if chosen is not None else float("nan"),
                          "goodput_rps": float(chosen["goodput_rps"]) if chosen is not None else float("nan")})
     return pd.DataFrame(rows)
+
+
+def _capacity_bounds(mine: pd.DataFrame) -> tuple[float | None, float | None]:
+    """(highest load up to which every load meets the SLO beyond doubt, highest load up to which
+    none misses it beyond doubt); at a load, one K meeting it beyond doubt is enough, and it is
+    missed only when every K misses it."""
+    states = []
+    for load, at in mine.groupby("load"):  # ascending
+        decided = set(at["slo_decided"])
+        states.append((float(load), "meets" if "meets" in decided else "misses" if decided == {"misses"} else "?"))
+    low = high = None
+    for load, state in states:
+        if state == "misses":
+            break
+        high = load
+    for load, state in states:
+        if state != "meets":
+            break
+        low = load
+    return low, high
 
 
 def capacity_ratio(ours, theirs) -> float:

@@ -160,3 +160,23 @@ def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:
     """(workload, batch size) groups whose baselines drifted: charts mark them."""
     return {(workload, batch_size) for workload, batch_size, _ in drifted_groups(cells)}
 
+
+
+def marked_cells(cells: pd.DataFrame) -> dict[str, str]:
+    """cell_id -> why a measurement warning marks it: its group's baselines drifted apart, or it
+    ran on a busy machine. Without repeats such a speed-up cannot decide a verdict."""
+    import os
+
+    if cells.empty or "cell_id" not in cells:
+        return {}
+    labelled = label_context(cells)
+    marks = {}
+    drifted = drifted_keys(cells)
+    for row in labelled.itertuples():
+        if (row.workload, getattr(row, "batch_size", None)) in drifted:
+            marks[row.cell_id] = f"{row.workload} B={int(row.batch_size)}: its baselines drifted apart"
+    if "load_average" in cells and "device" in cells:
+        busy = cells[(cells["device"] == "cpu") & (cells["load_average"] > 1.5 * (os.cpu_count() or 1))]
+        for cell_id in busy["cell_id"]:
+            marks.setdefault(cell_id, "it ran on a busy machine")
+    return marks

@@ -360,6 +360,7 @@ class CellRun:
     def measure(self, repeat: int) -> None:
         cell, config = self.cell, self.config
         tokens = seconds = 0.0
+        first = not self.throughput_per_repeat  # its outputs are the ones checked (repeat 0, or a top-up's first)
         captures_before = self._graph_captures()
         with PeakMemory(self.models.target.model.devices()) as memory:
             for batch_index, rows in enumerate(self.batches):
@@ -372,7 +373,7 @@ class CellRun:
                     self.request_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
                 for record in step_rows(result, ids):
                     self.step_table.append({"cell_id": cell.id, "repeat": repeat, "batch_index": batch_index, **record})
-                if repeat == 0:
+                if first:
                     for i, out in zip(rows, result.tokens):
                         self.outputs[i] = out
                 tokens += result.num_generated

@@ -616,6 +616,7 @@ class VllmCellRun:
         return [list(request.tokens) for request in run.requests]
 
     def measure(self, repeat: int) -> None:
+        first = not self.throughput_per_repeat  # its outputs are the ones checked
         server = self.stage.server
         before = self.stage.scrape()
         cuda = self.config.device.startswith("cuda")
@@ -647,7 +648,7 @@ class VllmCellRun:
                 "arrival_s": request.scheduled_s if self.cell.request_rate else request.sent_s,
                 "send_lag_s": request.sent_s - request.scheduled_s if self.cell.request_rate else 0.0,
             })
-            if repeat == 0:
+            if first:
                 self.outputs[request.index] = list(request.tokens)
         self.throughput_per_repeat.append(run.output_tokens / run.wall_s)
         self.request_rate_per_repeat.append(len(run.requests) / run.wall_s)

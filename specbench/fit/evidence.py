@@ -1,0 +1,179 @@
+"""What a verdict's evidence is worth: confidence intervals of speed-ups from repeats, a bootstrap
+over requests for SLO percentiles, and whether the run that holds them finished.
+
+A speed-up's repeats are paired (a group's cells take turns, so repeat i of a draft and of its
+baseline ran side by side); the interval is Student's t on the log of the paired ratios. A
+percentile's interval is a bootstrap over the cell's requests. Either decides a bar only when it
+lies wholly on one side of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+CONFIDENCE = 0.95
+BOOTSTRAP_SAMPLES = 2000
+MAX_REPEATS_SUGGESTED = 100
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+def _logs(runs) -> np.ndarray:
+    values = np.asarray([float(x) for x in runs] if isinstance(runs, (list, tuple, np.ndarray)) else [], dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    return np.log(values)
+
+
+def _t(confidence: float, dof: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2, dof))
+
+
+def speedup_interval(runs, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The confidence interval of a cell's speed-up from its repeat-by-repeat ratios
+    (`speedup_runs`); None with fewer than two."""
+    logs = _logs(runs)
+    if len(logs) < 2:
+        return None
+    half = _t(confidence, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
+    return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+
+
+def repeats_to_decide(runs, bar: float, confidence: float = CONFIDENCE) -> int | None:
+    """How many repeats in all would put the interval on one side of `bar`, if the mean and the
+    spread of the repeats so far held; None when none would (the mean sits on the bar) or more
+    than MAX_REPEATS_SUGGESTED."""
+    logs = _logs(runs)
+    if len(logs) < 2:
+        return None
+    gap, spread = abs(logs.mean() - math.log(bar)), logs.std(ddof=1)
+    if gap == 0:
+        return None
+    for n in range(len(logs), MAX_REPEATS_SUGGESTED + 1):
+        if _t(confidence, n - 1) * spread / math.sqrt(n) < gap:
+            return n
+    return None
+
+
+def judge(point: float, interval: tuple[float, float] | None, bar: float, marked: bool = False) -> str:
+    """pass / fail / inconclusive for one speed-up: its interval when it has one, else its point,
+    unless a measurement warning marks it (a drifted baseline, a busy machine) and nothing but the
+    point speaks for it."""
+    if interval is not None:
+        low, high = interval
+        return PASS if low >= bar else FAIL if high < bar else INCONCLUSIVE
+    if marked or not math.isfinite(point):
+        return INCONCLUSIVE
+    return PASS if point >= bar else FAIL
+
+
+def combine_any(decisions: list[str]) -> str:
+    """Several K at one point: it passes when one K passes, fails when every K fails."""
+    return PASS if PASS in decisions else FAIL if decisions and all(d == FAIL for d in decisions) else INCONCLUSIVE
+
+
+def combine_all(decisions: list[str]) -> str:
+    """Several points that must all pass (workloads, temperatures, batch sizes)."""
+    return FAIL if FAIL in decisions else PASS if decisions and all(d == PASS for d in decisions) else INCONCLUSIVE
+
+
+# --- percentiles over requests -----------------------------------------------------------------
+
+def percentile_interval(values: np.ndarray, percentile: float, confidence: float = CONFIDENCE,
+                        samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap interval (resampling the requests) of the `percentile` of `values`, seeded so
+    that the same requests always give the same interval."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        value = float(np.percentile(values, percentile)) if len(values) else float("nan")
+        return value, value
+    rng = np.random.default_rng(seed)
+    draws = values[rng.integers(0, len(values), size=(samples, len(values)))]
+    estimates = np.percentile(draws, percentile, axis=1)
+    tail = (1 - confidence) / 2 * 100
+    return float(np.percentile(estimates, tail)), float(np.percentile(estimates, 100 - tail))
+
+
+# --- is the run complete? ----------------------------------------------------------------------
+
+@dataclass
+class Completeness:
+    status: str  # run.json's status: complete, interrupted, failed, running (or killed while running)
+    planned: int
+    finished: int  # cells with a row, measured or not
+    # planned cells without a row, labelled as cells are (fit.label_cells); empty when the plan is unknown
+    missing: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def stopped(self) -> bool:
+        """The sweep did not run to its end: nothing it measured can carry a verdict alone."""
+        return self.status != "complete"
+
+    def describe(self) -> str:
+        """One sentence on a sweep that did not run to its end; empty when it did."""
+        if not self.stopped:
+            return ""
+        state = {"running": "still running, or was killed before it could record that it stopped"}.get(
+            self.status, self.status)
+        return f"the sweep is {state}: {self.finished} of {self.planned} planned cells finished"
+
+    def missing_in(self, drafts: list[str], batch_sizes: list[int] | None, workloads: list[str] | None = None,
+                   temperatures: list[float] | None = None) -> list[str]:
+        """Ids of planned cells without a row among those a verdict judges (`batch_sizes` None:
+        at every load)."""
+        gone = self.missing
+        if gone.empty:
+            return []
+        gone = gone[gone["draft"].isin(drafts)]
+        if batch_sizes is not None:
+            gone = gone[gone["batch_size"].isin(batch_sizes)]
+        if workloads:
+            gone = gone[gone["workload"].isin(workloads)]
+        if temperatures is not None:
+            gone = gone[gone["temperature"].isin(temperatures)]
+        return gone["cell_id"].tolist()
+
+    def at_context(self, length: int) -> "Completeness":
+        gone = self.missing
+        return Completeness(self.status, self.planned, self.finished,
+                            gone[gone["context_length"] == length] if not gone.empty else gone)
+
+
+def completeness(meta: dict, cells: pd.DataFrame) -> Completeness:
+    """Whether a run finished, from its run.json (status, plan) and its cells."""
+    from specbench.fit.cells import label_cells
+
+    present = set(cells["cell_id"]) if not cells.empty and "cell_id" in cells else set()
+    planned = _planned_cells(meta)
+    missing = pd.DataFrame()
+    if planned is not None:
+        gone = [{"cell_id": c.id, "mode": "speculative" if c.is_speculative else "autoregressive",
+                 "workload": c.workload, "draft": c.draft, "k": c.k, "batch_size": c.batch_size,
+                 "temperature": c.temperature, "request_rate": c.request_rate, "context_length": c.context_length,
+                 "synthetic_alpha": c.alpha} for c in planned if c.id not in present]
+        missing = label_cells(pd.DataFrame(gone)) if gone else missing
+    count = len(planned) if planned is not None else int((meta.get("plan") or {}).get("cells") or len(cells))
+    return Completeness(str(meta.get("status") or "unknown"), count, len(cells), missing)
+
+
+def _planned_cells(meta: dict):
+    """The run's planned cells, rebuilt from its recorded config; None when it cannot be."""
+    from dataclasses import fields
+
+    from specbench.grid import SweepConfig, VllmOptions, plan_cells
+
+    recorded = meta.get("config")
+    if not recorded:
+        return None
+    try:
+        known = {f.name for f in fields(SweepConfig)}
+        config = {key: value for key, value in recorded.items() if key in known}
+        config["vllm"] = VllmOptions(**(config.get("vllm") or {}))
+        return plan_cells(SweepConfig(**config))
+    except Exception:  # a run.json from an older version, or edited by hand
+        return None

@@ -1,0 +1,205 @@
+"""A gate a rollout pipeline can trust: exit codes, bad input as one line, SIGTERM, incomplete runs,
+resumes that would mix settings, and repeats added until the verdict is decided."""
+
+import json
+import os
+import signal
+
+import pandas as pd
+import pytest
+
+import specbench.native.runner as native_runner
+from specbench.cli import main
+from specbench.results import load_run, write_json, write_table
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """The installed `specbench` entry point, in process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as stopped:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return stopped.value.code, out, err
+
+
+@pytest.fixture(autouse=True)
+def default_sigterm():
+    """main() installs a SIGTERM handler; leave the test process as it was."""
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.fixture
+def crafted(tmp_path):
+    """A finished two-batch-size run (speed-ups 1.5× and 0.8×) with a run.json config."""
+    rows = []
+    for b, speedup in ((1, 1.5), (4, 0.8)):
+        rows.append({"cell_id": f"chat|B{b}|T0|autoregressive", "status": "ok", "mode": "autoregressive",
+                     "workload": "chat", "draft": "autoregressive", "k": 0, "batch_size": b, "temperature": 0.0,
+                     "tokens_per_s": 10.0 * b, "speedup": 1.0})
+        rows.append({"cell_id": f"chat|B{b}|T0|ngram|K2", "status": "ok", "mode": "speculative", "workload": "chat",
+                     "draft": "ngram", "k": 2, "batch_size": b, "temperature": 0.0, "tokens_per_s": 10.0 * b * speedup,
+                     "speedup": speedup})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_table(run_dir, "cells", pd.DataFrame(rows))
+    write_json(run_dir / "run.json", {"status": "complete", "plan": {"cells": 4}, "hardware": {"gpus": []},
+                                      "config": {"target": "smollm2-135m", "max_new_tokens": 48, "seed": 0,
+                                                 "drafts": ["ngram"], "ks": [2], "batch_sizes": [1, 4],
+                                                 "temperatures": [0.0], "workloads": ["chat"]}})
+    return run_dir
+
+
+def big_prompt_file(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"prompt": "word " * 2_000_000}) + "\n")  # one 10 MB line
+    return path
+
+
+BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every one exits 2
+    (["sweep", "--drafts", "self:0"], "at least 1 layer"),
+    (["sweep", "--drafts", "self:100"], "smollm2-135m has 30 layers; a self-draft uses fewer"),
+    (["sweep", "--drafts", "ngram:abc"], "write ngram or ngram:N"),
+    (["sweep", "--max-new-tokens", "100000"], "has a 8192-token context"),
+    (["sweep", "--workloads", "{big}"], "10,000,000 characters, over the size limit"),
+    (["sweep", "--until-decided", "--max-repeats", "1"], "--max-repeats must be at least 2"),
+    (["sweep", "--min-speedup", "0"], "--min-speedup must be a positive number"),
+    (["check", "{run}", "--min-speedup", "nan"], "--min-speedup must be a positive number, got nan"),
+    (["check", "{run}", "--min-speedup", "-1"], "--min-speedup must be a positive number"),
+    (["check", "{run}", "--batch-sizes", "0"], "--batch-sizes must be >= 1"),
+    (["check", "{run}", "--bogus"], "No such option: --bogus"),
+    (["report", "{run}", "--gpu-price", "-1"], "--gpu-price must be a number of dollars >= 0"),
+    (["plan", "{run}", "--gpu-price", "-1"], "--gpu-price must be a number of dollars >= 0"),
+    (["report", "{run}", "--output", "{file}/report"], "Not a directory"),
+    (["sweep", "--resume", "--output", "{run}", "--max-new-tokens", "64"],
+     "--resume would mix cells measured under other settings: --max-new-tokens 64 (the run: 48)"),
+    (["check", "{nowhere}"], "is not a specbench run"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[" ".join(a[:3]) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_and_exit_2(argv, message, crafted, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(native_runner, "load_models", lambda *a: pytest.fail("loaded models"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    names = {"{run}": str(crafted), "{file}": str(tmp_path / "a-file"), "{nowhere}": str(tmp_path / "nowhere"),
+             "{big}": str(big_prompt_file(tmp_path))}
+    argv = [next((arg.replace(k, v) for k, v in names.items() if k in arg), arg) for arg in argv]
+    code, out, err = run_cli(argv, capsys)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert code == 2, out + err
+    assert message in out + err, out + err
+    if "--bogus" not in argv:  # typer's own usage message has its usage lines
+        assert len(lines) == 1, lines
+    assert json.loads((crafted / "run.json").read_text())["config"]["max_new_tokens"] == 48  # nothing rewritten
+
+
+def test_an_internal_error_is_exit_4_never_0_or_1(crafted, capsys, monkeypatch):
+    import specbench.gate
+
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(specbench.gate, "evaluate", broken)
+    code, out, err = run_cli(["check", crafted], capsys)
+    assert code == 4 and "internal error" in err and "IndexError: list index out of range" in err
+    traceback_file = err.split("traceback in ")[1].split()[0]
+    assert "IndexError" in open(traceback_file).read() and len(err.strip().splitlines()) == 1
+
+
+def test_check_codes_pass_fail_and_json(crafted, capsys):
+    assert run_cli(["check", crafted, "--batch-sizes", "1"], capsys)[0] == 0
+    code, out, _ = run_cli(["check", crafted], capsys)
+    assert code == 1 and "0.80× at B=4, its worst measured batch size" in out  # the headline names the worst
+    assert "one K measured: no K comparison" in out
+    code, out, _ = run_cli(["check", crafted, "--json"], capsys)
+    payload = json.loads(out)
+    assert code == 1 and payload["verdict"] == "FAIL" and payload["warnings"] == [] and payload["incomplete"] == ""
+
+
+def test_sigterm_ends_a_sweep_like_ctrl_c_and_check_says_incomplete(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+    original = native_runner.CellRun.measure
+
+    def terminated(run, repeat):
+        if run.cell.id == "chat|B3|T0|autoregressive":  # a real SIGTERM, to this process, mid-sweep
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(run, repeat)
+
+    monkeypatch.setattr(native_runner.CellRun, "measure", terminated)
+    output = tmp_path / "run"
+    args = ["sweep", "--target", tiny_model_dirs["target"], "--drafts", "ngram:2", "--k", "1", "--batch-sizes", "1,3",
+            "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "6", "--num-prompts", "3",
+            "--dtype", "fp64", "--output", output]
+    code, _, err = run_cli(args, capsys)
+    assert code == 143 and "interrupted" in err
+    run = load_run(output)
+    assert run.meta["status"] == "interrupted" and len(run.cells) == 2  # B=1's cells kept
+    code, out, _ = run_cli(["check", output], capsys)
+    assert code == 2 and "incomplete evidence: the sweep is interrupted: 2 of 4 planned cells finished" in out
+    monkeypatch.undo()
+    code, out, _ = run_cli(["sweep", "--resume", "--output", output], capsys)  # the run's own settings
+    assert code == 0 and load_run(output).meta["status"] == "complete", out
+
+
+def test_resume_takes_the_runs_settings_and_extends_its_grid(tiny_model_dirs, tmp_path, capsys):
+    output = tmp_path / "run"
+    base = ["sweep", "--target", tiny_model_dirs["target"], "--drafts", "ngram:2", "--k", "1", "--temperatures", "0",
+            "--workloads", "chat", "--max-new-tokens", "6", "--num-prompts", "2", "--dtype", "fp64", "--output", output]
+    assert run_cli(base + ["--batch-sizes", "1"], capsys)[0] == 0
+    code, out, _ = run_cli(["sweep", "--resume", "--output", output, "--batch-sizes", "1,2"], capsys)
+    assert code == 0 and "--batch-sizes 1,2 replaces the run's 1: its cells already measured are kept" in out
+    run = load_run(output)
+    assert len(run.cells) == 4 and run.meta["config"]["max_new_tokens"] == 6 and run.meta["config"]["batch_sizes"] == [1, 2]
+    code, _, err = run_cli(["sweep", "--resume", "--output", output, "--seed", "3", "--dtype", "fp32"], capsys)
+    assert code == 2 and "--seed 3 (the run: 0)" in err and "--dtype fp32 (the run: fp64)" in err
+
+
+@pytest.mark.parametrize("ratios, said, repeats", [
+    ([1.1, 1.2, 1.15, 1.25], "decided: PASS", 4),  # two repeats leave it open, four decide it
+    ([0.9, 1.15, 0.95, 1.2], "budget spent: 8 repeats (--max-repeats) and still INCONCLUSIVE", 8),
+])
+def test_until_decided_adds_repeats_until_decided_or_its_budget(ratios, said, repeats, tiny_model_dirs, tmp_path,
+                                                                capsys, monkeypatch):
+    """Speed-ups that straddle 1× (a fake clock sets every repeat's tokens/s): --until-decided
+    doubles the repeats of the cells that leave the verdict open, and says which way it ended."""
+    import itertools
+
+    spread = itertools.cycle(ratios)
+    finish = native_runner.CellRun.finish
+
+    def fake_clock(run):
+        outcome = finish(run)
+        runs = [100.0 * (next(spread) if run.cell.is_speculative else 1.0) for _ in outcome.row["tokens_per_s_runs"]]
+        outcome.row.update(tokens_per_s_runs=runs, tokens_per_s=float(pd.Series(runs).median()))
+        return outcome
+
+    monkeypatch.setattr(native_runner.CellRun, "finish", fake_clock)
+    output = tmp_path / "run"
+    args = ["sweep", "--target", tiny_model_dirs["target"], "--drafts", "ngram:2", "--k", "1", "--batch-sizes", "1",
+            "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "6", "--num-prompts", "2",
+            "--dtype", "fp64", "--repeats", "2", "--until-decided", "--max-repeats", "8", "--output", output]
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0, out
+    run = load_run(output)
+    assert run.meta["until_decided"].startswith(said) and f"--until-decided: {said}" in out
+    cells = run.cells.set_index("cell_id")
+    speculative, baseline = cells.loc["chat|B1|T0|ngram:2|K1"], cells.loc["chat|B1|T0|autoregressive"]
+    assert speculative["repeats"] == baseline["repeats"] == repeats  # both, taking turns
+    assert list(speculative["speedup_runs"]) == pytest.approx(list(itertools.islice(itertools.cycle(ratios), repeats)))
+    assert sorted(set(run.requests["repeat"])) == list(range(repeats)) and speculative["lossless"] == "exact"
+    code, out, _ = run_cli(["check", output], capsys)
+    assert code == (0 if said.startswith("decided") else 3), out
+
+
+def test_a_planned_cell_without_a_row_blocks_only_the_verdicts_it_touches(crafted, capsys):
+    meta = json.loads((crafted / "run.json").read_text())
+    meta["config"]["batch_sizes"] = [1, 4, 16]  # B=16 planned, never measured, in a run that says complete
+    write_json(crafted / "run.json", meta)
+    code, out, _ = run_cli(["check", crafted, "--batch-sizes", "1"], capsys)
+    assert code == 0, out  # B=16 is not judged
+    code, out, _ = run_cli(["check", crafted, "--batch-sizes", "1,16"], capsys)
+    assert code == 2 and "no measurement at batch size(s) 16" in out
+    meta["config"]["temperatures"] = [0.0, 0.7]  # T=0.7 planned too: the worst case could be there
+    write_json(crafted / "run.json", meta)
+    code, out, _ = run_cli(["check", crafted, "--batch-sizes", "1"], capsys)
+    assert code == 2 and "2 cell(s) it judges were planned but have no row (chat|B1|T0.7|autoregressive" in out
+    assert run_cli(["check", crafted, "--batch-sizes", "1", "--temperatures", "0"], capsys)[0] == 0

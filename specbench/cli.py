@@ -618,6 +618,8 @@ def _gate_text(result) -> str:
         lines.append(f"{states[v.decision]} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
                      f"{v.crossover}")
     lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+    if result.advice:
+        lines.append(f"  next: {result.advice}")
     lines.append(f"  {best_draft_rule(result.min_speedup)}")
     lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
     lines.append("  K schedule = at each measured batch size the best K where speculation is shown to pay (its "
@@ -644,6 +646,8 @@ def _slo_gate_text(result) -> str:
                      f"without {capacity_text(v.baseline_capacity, v.max_measured, result.load)}, "
                      f"{_fmt(v.baseline_tokens_per_s, '.1f')} tok/s")
     lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+    if result.advice:
+        lines.append(f"  next: {result.advice}")
     lines.append("  capacity = the highest measured load up to which every measured load meets the SLO (at each load "
                  "the best K); a load meets it when the SLO's percentile of every bounded metric over its requests is "
                  "within the bound")
@@ -704,12 +708,12 @@ def check(
                               base_speculative_configs(run.meta, run.cells["draft"]), state, allow_incomplete)
     except _known_errors() as error:
         if json_output:
-            print(json.dumps({"exit_code": UNANSWERABLE, "message": str(error)}))
+            print(json.dumps({"exit_code": UNANSWERABLE, "verdict": "CANNOT ANSWER", "message": str(error)}))
             raise typer.Exit(UNANSWERABLE)
         fail(str(error))
     for answered in (slo_result, None if slo_result is not None else result):
         if answered is not None:  # the commands that finish or decide it, runnable as printed
-            answered.message = answered.message.replace("--output RUN", f"--output {run.path}")
+            answered.advice = answered.advice.replace("--output RUN", f"--output {run.path}")
     if slo_result is not None:
         if json_output:
             print(json.dumps(slo_result.to_dict(), indent=2))

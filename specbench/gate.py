@@ -19,7 +19,7 @@ import pandas as pd
 from specbench.fit import (
     AR, CONFIDENCE, Completeness, Slo, best_k_by_batch, capacity_ratio, capacity_text, combine_all, combine_any,
     crossover, judge, label_cells, load_column, marked_cells, measurement_warnings, ok_closed_loop, pick_best_draft,
-    repeats_to_decide, schedule_ranges, slo_capacity, slo_table, speedup_headline, speedup_interval,
+    repeats_to_decide, requests_to_bound, schedule_ranges, slo_capacity, slo_table, speedup_headline, speedup_interval,
     vllm_speculative_config, worst_case_by_batch,
 )
 from specbench.fit.evidence import FAIL as FAILS, INCONCLUSIVE as UNDECIDED, PASS as PASSES
@@ -33,6 +33,8 @@ EXIT_CODES = {
     INCONCLUSIVE: "inconclusive: a confidence interval straddles the bar (more repeats or requests decide it)",
     INTERNAL_ERROR: "internal error: specbench itself failed (a bug; the message says where the traceback is)",
 }
+FINISH_ADVICE = ("finish the sweep (`specbench sweep --resume --output RUN`), or pass --allow-incomplete to judge "
+                 "what was measured")
 VERDICTS = {PASS: "PASS", FAIL: "FAIL", UNANSWERABLE: "CANNOT ANSWER", INCONCLUSIVE: "INCONCLUSIVE"}
 
 
@@ -82,6 +84,7 @@ class GateResult:
     incomplete: str = ""  # why the run is not complete; "" when it is
     confidence: float = CONFIDENCE
     headline: str = ""
+    advice: str = ""  # what would settle an inconclusive or incomplete verdict
 
     def __post_init__(self) -> None:
         self.verdict = self.verdict or VERDICTS.get(self.exit_code, "")
@@ -188,10 +191,10 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     result.warnings = ([incomplete] if incomplete else []) + warnings
     result.incomplete = incomplete
     if incomplete and not allow_incomplete:
-        return unanswerable(chosen.draft, verdicts,
-                            f"incomplete evidence: {incomplete}; on the cells measured the verdict would be "
-                            f"{result.verdict} ({result.message}); finish the sweep (`specbench sweep --resume "
-                            f"--output RUN`), or pass --allow-incomplete to judge what was measured")
+        refused = unanswerable(chosen.draft, verdicts, f"incomplete evidence: {incomplete}; on the cells measured "
+                                                       f"the verdict would be {result.verdict} ({result.message})")
+        refused.advice = FINISH_ADVICE
+        return refused
     if incomplete:
         result.message += f" (judged on an incomplete run, --allow-incomplete: {incomplete})"
     return result
@@ -269,16 +272,18 @@ def _verdict(chosen: DraftVerdict, batch_sizes: list[int], bar: float, verdicts:
                 low, high = chosen.intervals[b]
                 needed = chosen.repeats_to_decide.get(b)
                 more = (f"about {needed} repeats in all would decide it if the spread holds" if needed
-                        else "it sits on the bar: a --min-speedup margin decides, more repeats may not")
+                        else "it sits on the bar: no practical number of repeats decides it, a --min-speedup "
+                             "margin does")
                 parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)}, {CONFIDENCE:.0%} interval "
                              f"{low:.3f}×–{high:.3f}× straddles {bar:g}× ({more})")
             else:
                 why = chosen.marks.get(b, "a speed-up warnings mark")
                 parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)} from one repeat, and {why} "
                              f"(--repeats 3 gives an interval)")
-        message = (f"{chosen.draft}: inconclusive, within the measurement's noise at " + "; ".join(parts)
-                   + "; `specbench sweep --resume --output RUN --until-decided` adds repeats where they decide")
-        return GateResult(INCONCLUSIVE, chosen.draft, batch_sizes, bar, verdicts, message)
+        message = f"{chosen.draft}: inconclusive, within the measurement's noise at " + "; ".join(parts)
+        return GateResult(INCONCLUSIVE, chosen.draft, batch_sizes, bar, verdicts, message,
+                          advice="`specbench sweep --resume --output RUN --until-decided` adds repeats where they "
+                                 "decide")
     shown = "; ".join(f"B={b} {format_speedup(chosen.speedups[b], bar)}{_interval_text(chosen, b)}"
                       for b in chosen.speedups)
     return GateResult(PASS, chosen.draft, batch_sizes, bar, verdicts,
@@ -324,6 +329,7 @@ class SloGateResult:
     warnings: list[str] = field(default_factory=list)
     incomplete: str = ""
     confidence: float = CONFIDENCE
+    advice: str = ""
 
     def __post_init__(self) -> None:
         self.verdict = self.verdict or VERDICTS.get(self.exit_code, "")
@@ -347,7 +353,7 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
     """Speculation must not lower the highest load (request rate, or concurrency) at which every
     measured load up to it meets the SLO, for any workload and temperature. The draft judged is
     `draft`, else the one whose worst ratio of capacities is highest. Each capacity is also taken
-    within the noise of its requests (bootstrap intervals of the percentiles): where the intervals
+    within the noise of its requests (order-statistic intervals of the percentiles): where the intervals
     leave it open, the verdict is inconclusive. Exit 2 when the run lacks the cells or requests, is
     incomplete, or no load meets the SLO with or without speculation."""
     column = load_column(cells)
@@ -390,18 +396,20 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
             out.append(SloVerdict(row.workload, float(row.temperature), theirs, ours,
                                   None if pd.isna(row.k) else int(row.k), float(row.max_measured_load), passes,
                                   float(b["tokens_per_s"]), float(row.tokens_per_s), baseline_bounds, bounds,
-                                  "" if passes is None else _slo_decision(bounds, baseline_bounds)))
+                                  # n/a only when both miss the SLO beyond doubt from the lowest load on
+                                  "" if bounds[1] is None and baseline_bounds[1] is None
+                                  else _slo_decision(bounds, baseline_bounds)))
         return out
 
     by_draft = {name: verdicts_for(name) for name in drafts}
 
     def score(name: str) -> float:
-        ratios = [capacity_ratio(v.capacity, v.baseline_capacity) for v in by_draft[name] if v.passes is not None]
+        ratios = [capacity_ratio(v.capacity, v.baseline_capacity) for v in by_draft[name] if v.decision]
         return min(ratios) if ratios else -1.0
 
     name = draft or max(drafts, key=score)
     verdicts = by_draft[name]
-    if not verdicts or all(v.passes is None for v in verdicts):
+    if not verdicts or all(not v.decision for v in verdicts):
         return unanswerable(f"no measured load meets {slo.describe()}, with or without speculation: measure "
                             f"lower loads or relax the SLO", name, verdicts)
     unit = "request rate" if column == "request_rate" else "concurrency"
@@ -417,12 +425,13 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
         open_ = [v for v in verdicts if v.decision == UNDECIDED]
         spans = "; ".join(f"{v.workload}, T={v.temperature:g}: with {name} {bounds_text(v.bounds, column)}, "
                           f"without {bounds_text(v.baseline_bounds, column)}" for v in open_)
+        needed = requests_to_bound(slo.percentile)
         result = SloGateResult(INCONCLUSIVE, name, slo.text, column, verdicts,
                                f"{name}: inconclusive: within the requests' noise the highest {unit} meeting "
-                               f"{slo.describe()} could be ({spans}); a load whose p{slo.percentile} interval "
-                               f"({CONFIDENCE:.0%}, bootstrap over requests) straddles a bound is open; more requests "
-                               f"per load (--num-prompts; the interval narrows about as 1/√requests) or --repeats "
-                               f"decide it")
+                               f"{slo.describe()} could be ({spans}); a load is open while the {CONFIDENCE:.0%} "
+                               f"interval of a bounded p{slo.percentile} straddles its bound",
+                               advice=f"more requests per load (--num-prompts): a p{slo.percentile} is bounded "
+                                      f"from above only from {needed} requests on")
     else:
         result = SloGateResult(PASS, name, slo.text, column, verdicts,
                                f"{name}: speculation does not lower the highest {unit} meeting {slo.describe()} "
@@ -434,9 +443,10 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
     result.warnings = ([incomplete] if incomplete else []) + warnings
     result.incomplete = incomplete
     if incomplete and not allow_incomplete:
-        return unanswerable(f"incomplete evidence: {incomplete}; on the cells measured the verdict would be "
-                            f"{result.verdict} ({result.message}); finish the sweep (`specbench sweep --resume "
-                            f"--output RUN`), or pass --allow-incomplete to judge what was measured", name, verdicts)
+        refused = unanswerable(f"incomplete evidence: {incomplete}; on the cells measured the verdict would be "
+                               f"{result.verdict} ({result.message})", name, verdicts)
+        refused.advice = FINISH_ADVICE
+        return refused
     if incomplete:
         result.message += f" (judged on an incomplete run, --allow-incomplete: {incomplete})"
     return result

@@ -99,8 +99,9 @@ def test_an_unreachable_endpoint_is_one_line(tmp_path):
 
 # --- the SLO gate on hand-made tables -------------------------------------------------------------
 
-def _cells_and_requests(ar_ttft: dict[float, float], sd_ttft: dict[float, float]):
-    """Two rates, four requests each, every request of a cell with the same TTFT; 2 s per cell."""
+def _cells_and_requests(ar_ttft: dict[float, float], sd_ttft: dict[float, float], count: int = 400):
+    """Two rates, `count` requests each (enough to bound a p99: 368), every request of a cell with
+    the same TTFT; 2 s per cell."""
     cells, requests = [], []
     for mode, draft, k, ttfts in (("autoregressive", "autoregressive", 0, ar_ttft), ("speculative", "d", 2, sd_ttft)):
         for rate, ttft in ttfts.items():
@@ -108,7 +109,7 @@ def _cells_and_requests(ar_ttft: dict[float, float], sd_ttft: dict[float, float]
             cells.append({"cell_id": cell_id, "status": "ok", "mode": mode, "draft": draft, "k": k, "workload": "chat",
                           "temperature": 0.0, "batch_size": 0, "request_rate": rate, "wall_s": 2.0,
                           "tokens_per_s": 100.0 * rate})
-            requests += [{"cell_id": cell_id, "ttft_s": ttft, "tpot_s": 0.01, "e2e_s": ttft + 1} for _ in range(4)]
+            requests += [{"cell_id": cell_id, "ttft_s": ttft, "tpot_s": 0.01, "e2e_s": ttft + 1} for _ in range(count)]
     return pd.DataFrame(cells), pd.DataFrame(requests)
 
 
@@ -117,10 +118,12 @@ def test_the_slo_gate_passes_fails_and_cannot_answer():
     cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5})
     table = slo_table(cells, requests, slo)
     assert table.set_index("cell_id").loc["chat|R4|T0|d", "goodput_rps"] == 0.0
-    assert table.set_index("cell_id").loc["chat|R4|T0|autoregressive", "goodput_rps"] == pytest.approx(4 / 2.0)
+    assert table.set_index("cell_id").loc["chat|R4|T0|autoregressive", "goodput_rps"] == pytest.approx(400 / 2.0)
     capacity = slo_capacity(table).set_index("draft")["max_load"]
     assert capacity["autoregressive"] == 4.0 and capacity["d"] == 1.0
     assert evaluate_slo(cells, requests, slo).exit_code == FAIL  # speculation lowers the sustainable rate
+    few = evaluate_slo(*_cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5}, count=4), slo)
+    assert few.exit_code == 3 and "from 368 requests on" in few.advice  # 4 requests cannot bound a p99
     cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 1.8}, {1.0: 0.4, 4.0: 0.9})
     assert evaluate_slo(cells, requests, slo).exit_code == PASS
     cells, requests = _cells_and_requests({1.0: 3.0, 4.0: 3.0}, {1.0: 3.0, 4.0: 3.0})
@@ -156,7 +159,9 @@ def test_an_open_loop_sweep_sends_at_the_seeded_arrivals_and_check_slo_judges_it
     assert table.loc[cell_id, "goodput_rps"] == pytest.approx(good / cells.loc[cell_id, "wall_s"])
     assert cells.loc[cell_id, "achieved_request_rate"] == pytest.approx(6 / cells.loc[cell_id, "wall_s"])
 
-    passed = runner.invoke(app, ["check", str(run_dir)])  # the run's own --slo
+    open_ = runner.invoke(app, ["check", str(run_dir)])  # the run's own --slo: a p99 of 6 requests is not bounded
+    assert open_.exit_code == 3 and "from 368 requests on" in open_.output, open_.output
+    passed = runner.invoke(app, ["check", str(run_dir), "--slo", "ttft=2,tpot=0.5,p50"])  # 6 requests bound a p50
     assert passed.exit_code == 0 and "highest request rate" in passed.output, passed.output
     nothing = runner.invoke(app, ["check", str(run_dir), "--slo", "ttft=0.000001"])
     assert nothing.exit_code == 2 and "no measured load meets" in nothing.output, nothing.output

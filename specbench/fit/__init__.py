@@ -31,7 +31,7 @@ from specbench.fit.decisions import (  # noqa: F401
     pick_best_draft, schedule_ranges, speedup_headline, vllm_speculative_config, worst_case_by_batch,
 )
 from specbench.fit.evidence import (  # noqa: F401
-    CONFIDENCE, Completeness, combine_all, combine_any, completeness, judge, percentile_interval, repeats_to_decide,
+    CONFIDENCE, Completeness, combine_all, combine_any, completeness, judge, percentile_interval, repeats_to_decide, requests_to_bound,
     speedup_interval,
 )
 from specbench.fit.prices import GPU_PRICES_PER_HOUR, cost_per_million, default_gpu_price  # noqa: F401

@@ -117,7 +117,7 @@ def slo_capacity(table: pd.DataFrame) -> pd.DataFrame:
     SLO with most goodput) next to the autoregressive baseline: the highest measured load up to
     which every measured load meets the SLO, the tokens/s there, and the K used there; and the
     same within the requests' noise: `max_load_low` where every load up to it meets the SLO beyond
-    doubt (the bootstrap interval of each bounded percentile within its bound), `max_load_high`
+    doubt (the interval of each bounded percentile within its bound), `max_load_high`
     where no load up to it misses it beyond doubt."""
     if table.empty:
         return pd.DataFrame()

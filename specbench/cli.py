@@ -19,7 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
-                  help="Measure whether speculative decoding pays off on your models, traffic and hardware.")
+                  help="Measure whether speculative decoding pays off on your models, traffic and hardware. "
+                       "Exit codes: 0 pass, 1 fail, 2 cannot answer or bad input, 3 inconclusive, 4 internal "
+                       "error, 130/143 stopped by SIGINT/SIGTERM.")
 # Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
 # wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
 _LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000

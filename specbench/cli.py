@@ -21,7 +21,7 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="Measure whether speculative decoding pays off on your models, traffic and hardware. "
                        "Exit codes: 0 pass, 1 fail, 2 cannot answer or bad input, 3 inconclusive, 4 internal "
-                       "error, 130/143 stopped by SIGINT/SIGTERM.")
+                       "error, 130/143 stopped by SIGINT/SIGTERM, 141 output pipe closed.")
 # Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
 # wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
 _LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000
@@ -891,17 +891,23 @@ class Terminated(KeyboardInterrupt):
     servers stopped, run.json `interrupted`."""
 
 
+_signals_received: list[int] = []
+
+
 def _raise_terminated(signum, frame) -> None:
+    _signals_received.append(signum)
     raise Terminated()
 
 
-INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
+INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them
 
 
 def main(argv: list[str] | None = None) -> None:
     """The `specbench` command. Exit codes (README, "Using check in CI"): 0 pass, 1 fail, 2 cannot
-    answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM.
+    answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM, 141
+    its output pipe closed.
     Whatever goes wrong, a traceback never exits 0 or 1."""
+    import errno
     import signal
 
     usage_errors: tuple = ()
@@ -913,12 +919,17 @@ def main(argv: list[str] | None = None) -> None:
 
     from specbench.gate import INTERNAL_ERROR, UNANSWERABLE
 
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = app(args=argv, prog_name="specbench", standalone_mode=False)
     except usage_errors as error:  # bad usage: typer's own message
         error.show()
         code = UNANSWERABLE
+    except SystemExit as stop:  # typer exits 1 when a reader closed the output pipe: never read as FAIL
+        cause = stop.__context__
+        if not (isinstance(cause, OSError) and cause.errno == errno.EPIPE):
+            raise
+        code = PIPE_CLOSED
     except (typer.Abort, KeyboardInterrupt) as stop:
         cause = stop if isinstance(stop, KeyboardInterrupt) else stop.__cause__ or stop.__context__
         code = TERMINATED if isinstance(cause, Terminated) else INTERRUPTED
@@ -933,6 +944,10 @@ def main(argv: list[str] | None = None) -> None:
         errors.print(f"[bold red]internal error[/] (a bug in specbench, not a verdict): "
                      f"{escape(type(error).__name__)}: {escape((str(error).splitlines() or [''])[0])}; "
                      f"traceback in {_save_traceback()}", highlight=False, soft_wrap=True)
+    finally:  # past the command, SIGTERM ends the process as it would have (no exception in atexit code)
+        signal.signal(signal.SIGTERM, previous)
+    if code == INTERRUPTED and _signals_received:  # typer reports any KeyboardInterrupt as 130
+        code = TERMINATED
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -224,3 +224,21 @@ def test_the_intervals_cover_at_their_nominal_rate():
     assert percentile_interval(np.arange(12.0), 99)[1] == math.inf  # 12 requests cannot bound a p99 from above
     assert [requests_to_bound(p) for p in (99, 95, 90, 50)] == [368, 72, 36, 6]
     assert percentile_interval(rng.random(368), 99)[1] <= 1.0
+
+
+def test_a_closed_output_pipe_and_sigterm_outside_a_sweep_are_not_verdicts(crafted, capsys, monkeypatch):
+    import specbench.cli as cli
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")  # as when `specbench check | head -1` stops reading
+
+    monkeypatch.setattr(cli.console, "print", closed)
+    assert run_cli(["check", crafted], capsys)[0] == 141
+    monkeypatch.undo()
+    import specbench.gate
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(specbench.gate, "evaluate", terminated)
+    assert run_cli(["check", crafted], capsys)[0] == 143

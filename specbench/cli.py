@@ -263,20 +263,21 @@ def sweep(
     _run_sweep(config, output, resume, dry_run, _given_fields(ctx))
 
 
-# sweep options -> the SweepConfig fields they set (the rest have the same name)
-_OPTION_FIELDS = {"k": {"ks"}, "alpha": {"alphas"}, "download": {"allow_download"}, "endpoint": {"endpoint", "engine"},
-                  **{name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
-                                                 "gpu_memory_utilization", "enforce_eager", "vllm_args", "vllm_python",
-                                                 "server_timeout")}}
-
-
 def _given_fields(ctx: typer.Context) -> set[str]:
     """SweepConfig fields set by an option on the command line (not left at its default)."""
+    from specbench.sweep import OPTION_NAMES
+
+    # sweep options -> the SweepConfig fields they set (the rest have the same name)
+    fields_of = {option: {field} for field, option in OPTION_NAMES.items()}
+    fields_of["endpoint"] = {"endpoint", "engine"}
+    fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                                                  "gpu_memory_utilization", "enforce_eager", "vllm_args",
+                                                  "vllm_python", "server_timeout")})
     given = set()
     for name in ctx.params:
         source = ctx.get_parameter_source(name)
         if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
-            given |= _OPTION_FIELDS.get(name, {name})
+            given |= fields_of.get(name, {name})
     return given
 
 
@@ -493,15 +494,16 @@ def report(
         if slo:
             parse_slo(slo)
         measured = measured_batch_sizes(run.cells)
+        state = completeness(run.meta, run.cells)
         verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"]),
-                           state=completeness(run.meta, run.cells), allow_incomplete=True) \
+                           state=state, allow_incomplete=True) \
             if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
         slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
         if slo_text:
-            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text),
-                                      state=completeness(run.meta, run.cells), allow_incomplete=True)
+            slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text), state=state,
+                                      allow_incomplete=True)
             sections["rollout check under the SLO"] = _slo_gate_text(slo_result)
         reference_run = load_run(reference) if reference is not None else None
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict,
@@ -605,9 +607,8 @@ def measured_batch_sizes(cells) -> list[int]:
 
 def _gate_text(result) -> str:
     from specbench.fit import CONFIDENCE, b_star_rule, best_draft_rule
-    from specbench.gate import format_speedup
+    from specbench.gate import DECISION_LABELS, format_speedup
 
-    states = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE", "missing": "N/A "}
     lines = [result.headline] if result.headline else []
     for v in result.verdicts:
         speedups = ", ".join(
@@ -617,7 +618,7 @@ def _gate_text(result) -> str:
             for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         single = " (one K measured: no K comparison)" if v.ks_measured == 1 else ""
-        lines.append(f"{states[v.decision]} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
+        lines.append(f"{DECISION_LABELS.get(v.decision, 'N/A ')} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
                      f"{v.crossover}")
     lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
     if result.advice:
@@ -634,11 +635,11 @@ def _gate_text(result) -> str:
 
 def _slo_gate_text(result) -> str:
     from specbench.fit import capacity_text
-    from specbench.gate import bounds_text
+    from specbench.gate import DECISION_LABELS, bounds_text
 
     lines = []
     for v in result.verdicts:
-        state = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE"}.get(v.decision, "N/A ")
+        state = DECISION_LABELS.get(v.decision, "N/A ")
         with_k = f" (K={v.k})" if v.k is not None else ""
         if v.bounds[0] != v.bounds[1] or v.baseline_bounds[0] != v.baseline_bounds[1]:
             with_k += f" [within noise: {bounds_text(v.bounds, result.load)} with, " \
@@ -930,9 +931,8 @@ def main(argv: list[str] | None = None) -> None:
         if not (isinstance(cause, OSError) and cause.errno == errno.EPIPE):
             raise
         code = PIPE_CLOSED
-    except (typer.Abort, KeyboardInterrupt) as stop:
-        cause = stop if isinstance(stop, KeyboardInterrupt) else stop.__cause__ or stop.__context__
-        code = TERMINATED if isinstance(cause, Terminated) else INTERRUPTED
+    except (typer.Abort, KeyboardInterrupt):
+        code = INTERRUPTED  # TERMINATED below when it was SIGTERM
         errors.print("[yellow]stopped[/]", highlight=False)
     except OSError as error:  # a file or directory that cannot be read or written
         where = f"{error.filename}: " if getattr(error, "filename", None) else ""
@@ -946,7 +946,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"traceback in {_save_traceback()}", highlight=False, soft_wrap=True)
     finally:  # past the command, SIGTERM ends the process as it would have (no exception in atexit code)
         signal.signal(signal.SIGTERM, previous)
-    if code == INTERRUPTED and _signals_received:  # typer reports any KeyboardInterrupt as 130
+    if code == INTERRUPTED and _signals_received:  # typer reports any KeyboardInterrupt (Terminated too) as 130
         code = TERMINATED
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -35,6 +35,7 @@ EXIT_CODES = {
 }
 FINISH_ADVICE = ("finish the sweep (`specbench sweep --resume --output RUN`), or pass --allow-incomplete to judge "
                  "what was measured")
+DECISION_LABELS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE"}  # a draft's, a point's; else "N/A "
 VERDICTS = {PASS: "PASS", FAIL: "FAIL", UNANSWERABLE: "CANNOT ANSWER", INCONCLUSIVE: "INCONCLUSIVE"}
 
 

@@ -65,18 +65,26 @@ DRIFT_ADVICE = ("speed-ups inside such a group are skewed by the drift; --repeat
                 "cells and takes medians")
 
 
+BUSY_LOAD = 1.5  # load average per core above which a CPU machine was busy with other work
+
+
+def _busy_cells(cells: pd.DataFrame, cores: int) -> pd.DataFrame:
+    """Cells of a CPU run measured while the load average was above BUSY_LOAD per core."""
+    if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
+        return cells.iloc[0:0]
+    return cells[cells["load_average"] > BUSY_LOAD * cores]
+
+
 def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
     """A warning when CPU cells ran while the machine's load average was well above its cores."""
     import os
 
-    if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
-        return None
     cores = cores or os.cpu_count() or 1
-    busy = cells[cells["load_average"] > 1.5 * cores]
+    busy = _busy_cells(cells, cores)
     if not len(busy):
         return None
-    return (f"the machine was busy (load average above {1.5 * cores:g} on {cores} cores) during {len(busy)} cell(s); "
-            f"their timings include the other work")
+    return (f"the machine was busy (load average above {BUSY_LOAD * cores:g} on {cores} cores) during {len(busy)} "
+            f"cell(s); their timings include the other work")
 
 
 # --- how fast the baseline is ------------------------------------------------------------------
@@ -161,7 +169,6 @@ def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:
     return {(workload, batch_size) for workload, batch_size, _ in drifted_groups(cells)}
 
 
-
 def marked_cells(cells: pd.DataFrame) -> dict[str, str]:
     """cell_id -> why a measurement warning marks it: its group's baselines drifted apart, or it
     ran on a busy machine. Without repeats such a speed-up cannot decide a verdict."""
@@ -175,8 +182,6 @@ def marked_cells(cells: pd.DataFrame) -> dict[str, str]:
     for row in labelled.itertuples():
         if (row.workload, getattr(row, "batch_size", None)) in drifted:
             marks[row.cell_id] = f"{row.workload} B={int(row.batch_size)}: its baselines drifted apart"
-    if "load_average" in cells and "device" in cells:
-        busy = cells[(cells["device"] == "cpu") & (cells["load_average"] > 1.5 * (os.cpu_count() or 1))]
-        for cell_id in busy["cell_id"]:
-            marks.setdefault(cell_id, "it ran on a busy machine")
+    for cell_id in _busy_cells(cells, os.cpu_count() or 1)["cell_id"]:
+        marks.setdefault(cell_id, "it ran on a busy machine")
     return marks

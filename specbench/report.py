@@ -20,7 +20,7 @@ from specbench.fit import (  # noqa: E402
     baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_cells, label_context, load_column,
     load_label, measurement_warnings, slow_baseline_warning,
     parse_slo, predictions, repeat_range, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
-    MIN_BATCH_SIZES_FOR_HOLDOUT,
+    MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
 )
 from specbench.results import Run  # noqa: E402
 
@@ -80,6 +80,7 @@ def trust_lines(run: Run, predicted: pd.DataFrame, validation: pd.DataFrame,
         sizes = closed_loop(run.cells[run.cells["status"] == "ok"])["batch_size"].nunique() if not run.cells.empty else 0
         lines.append(f"held out: not measured (needs {MIN_BATCH_SIZES_FOR_HOLDOUT} or more batch sizes; the run has "
                      f"{sizes}): predictions beyond the measured sizes are untested")
+    lines += step_time_notes(fit_step_times(run.cells, run.steps, run.requests, run.meta)) if not run.steps.empty else []
     if not predicted.empty:
         errors = predicted["speedup_error"].abs()
         lines.append(f"in-sample (fitted on the same cells): median |error| {errors.median() * 100:.1f}%, "

@@ -14,12 +14,14 @@ from specbench.fit import (
     Architecture, CostModel, ForwardTimeModel, StepTimes, expected_tau, fit_forward_time, tokens_per_step_moments,
 )
 from specbench.fit.cost import expected_longest, prefill_forwards
+from specbench.fit.roofline import ForwardProfile, slower_than_larger
 from specbench.grid import Cell, SweepConfig, plan_cells
 from specbench.synthetic import shipped_config
 from specbench.workloads import encode_prompt, load_workload, long_context_records
 
 runner = CliRunner()
 LLAMA_8B = Architecture.from_config(shipped_config("llama3-8b")[1], "bfloat16")
+SMOLLM2 = Architecture.from_config(shipped_config("smollm2-135m")[1], "float32")
 
 
 def known_model(**overrides) -> ForwardTimeModel:
@@ -72,6 +74,60 @@ def test_a_timing_hiccup_does_not_bend_the_extrapolation():
     points.loc[points.index[5], "seconds"] *= 2  # one forward twice as slow (a GC pause, a slow kernel choice)
     fitted = fit_forward_time(points, LLAMA_8B, bandwidth_prior=2.5e12, flops_prior=600e12)
     assert fitted.seconds(128, 1, 512) == pytest.approx(truth.seconds(128, 1, 512), rel=0.05)
+
+
+def concave_profile() -> ForwardProfile:
+    """A CPU-like bare forward: flat while memory-bound, then products that get more efficient as
+    they grow (each token costs less at 256 rows than at 16): no single flop rate draws it."""
+    tokens = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    return ForwardProfile(tokens, tuple(0.02 + 0.004 * max(t - 4, 0) ** 0.75 for t in tokens))
+
+
+def test_profile_interpolates_and_goes_on_at_its_last_rate():
+    profile = concave_profile()
+    assert profile(8) == pytest.approx(profile.seconds[3])
+    assert profile(12) == pytest.approx((profile.seconds[3] + profile.seconds[4]) / 2)
+    rate = (profile.seconds[-1] - profile.seconds[-2]) / 256
+    assert profile(1024) == pytest.approx(profile.seconds[-1] + 512 * rate)
+    assert ForwardProfile.from_dict(profile.to_dict()) == profile and ForwardProfile.from_dict({}) is None
+
+
+def test_a_measured_profile_carries_the_efficiency_curve_a_roofline_cannot():
+    """Step times = 1.3 x the profiled forward + host work per step + KV reads: fitted on B <= 4,
+    the profiled model predicts B = 16 and 64 (it recovers the scale); one flop rate cannot."""
+    profile = concave_profile()
+    truth = known_model(architecture=SMOLLM2, per_row_s=0.0, seconds_per_weight_byte=0.0, overhead_s=2e-3,
+                        seconds_per_kv_byte=1 / 30e9, profile=profile, profile_scale=1.3)
+    points = measured_points(truth, [1, 2, 4], contexts=(100, 400), noise=0.01)
+    profiled = fit_forward_time(points, SMOLLM2, bandwidth_prior=30e9, flops_prior=200e9, profile=profile)
+    assert profiled.profile_scale == pytest.approx(1.3, rel=0.1)
+    roofline = fit_forward_time(points, SMOLLM2, bandwidth_prior=30e9, flops_prior=200e9)
+    for rows, positions in ((16, 3), (64, 5)):
+        expected = truth.seconds(rows, positions, 200)
+        assert profiled.seconds(rows, positions, 200) == pytest.approx(expected, rel=0.05)
+        assert abs(roofline.seconds(rows, positions, 200) / expected - 1) > 0.15
+    # another device: the profile is this one's only, so the roofline fitted beside it moves
+    assert profiled.roofline is not None
+    moved = profiled.on_device((30e9, 200e9), (60e9, 400e9))
+    assert moved.profile is None and moved.seconds(4, 1, 100) < profiled.seconds(4, 1, 100)
+
+
+def test_a_forward_slower_than_most_larger_ones_is_left_out():
+    """The 2026-11-22 H100 runs: the autoregressive step at B=8 took longer than every 3- and
+    5-position verify at B=8 (a kernel choice at one shape). A fit that keeps it predicts B=32
+    from a cost that falls with work; left out, B=32 is predicted from the rest. One faster
+    twin (a CPU's drift between two cells) is not enough to leave a forward out."""
+    truth = known_model()
+    points = measured_points(truth, [1, 8], contexts=(512,), noise=0.0).assign(temperature=0.0)
+    odd = (points["rows"] == 8) & (points["positions"] == 1)
+    points.loc[odd, "seconds"] *= 1.5
+    assert list(slower_than_larger(points)) == list(odd)
+    fitted = fit_forward_time(points, LLAMA_8B, bandwidth_prior=2.5e12, flops_prior=600e12)
+    assert fitted.seconds(32, 1, 512) == pytest.approx(truth.seconds(32, 1, 512), rel=0.05)
+    twin = pd.concat([points[~odd], points[~odd].iloc[[-1]].assign(seconds=lambda f: f["seconds"] * 0.7)])
+    assert not slower_than_larger(twin).any()
+    sampled = points.assign(temperature=np.where(odd, 0.7, 0.0))  # sampling costs more than argmax
+    assert not slower_than_larger(sampled).any()
 
 
 def test_grouped_measurements_fit_sums_of_forwards():
@@ -157,6 +213,7 @@ def test_report_prints_the_held_out_error_before_predictions(timing_run, tmp_pat
     assert "held out: B=4 predicted from B=1,2: median |error|" in result.output
     assert "held out: context 256 predicted from contexts 128" in result.output
     assert "in-sample (fitted on the same cells)" in result.output
+    assert "step times alone (given those cells' own α and prompts)" in result.output
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "how far the performance model's predictions can be trusted" in summary
     assert "chat@128" in summary and "chat@256" in summary  # B* per context length

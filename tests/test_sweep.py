@@ -62,7 +62,15 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert meta["status"] == "complete"
     assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
     assert meta["hardware"]["cpu"] and meta["config"]["seed"] == 0
+    # each model's bare forward, measured up to twice the widest step planned (B=3 x K+1=4 rows x positions)
+    target = meta["profiles"]["target"]
+    assert target["tokens"][0] == 1 and 12 <= target["tokens"][-1] <= 24 and all(s > 0 for s in target["seconds"])
+    assert list(meta["profiles"]["drafts"]) == [tiny_model_dirs_draft(meta)]
     assert "results:" in printed and "specbench report" in printed
+
+
+def tiny_model_dirs_draft(meta: dict) -> str:
+    return next(d for d in meta["config"]["drafts"] if not d.startswith("ngram"))
 
 
 def test_sweep_log_has_a_plain_line_per_cell(finished_run):

@@ -24,7 +24,7 @@ from specbench.fit.cells import (  # noqa: F401
 )
 from specbench.fit.cost import (  # noqa: F401
     MIN_BATCH_SIZES_FOR_HOLDOUT, CostModel, ServedCostModel, StepTimes, architectures, cost_models, device_priors, fit_step_times, forward_table,
-    held_out, held_out_context, held_out_summary, model_alphas, plan_table, predictions,
+    held_out, held_out_context, held_out_summary, model_alphas, plan_table, predictions, step_time_notes,
 )
 from specbench.fit.decisions import (  # noqa: F401
     WORST_CASE, Crossover, b_star_rule, best_draft_rule, best_k_by_batch, crossover, crossover_table, k_schedule,
@@ -36,7 +36,7 @@ from specbench.fit.evidence import (  # noqa: F401
 )
 from specbench.fit.prices import GPU_PRICES_PER_HOUR, cost_per_million, default_gpu_price  # noqa: F401
 from specbench.fit.roofline import (  # noqa: F401
-    DEVICES, Architecture, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
+    DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
 from specbench.fit.slo import (  # noqa: F401
     SLO_METRICS, SLO_PERCENTILES, Slo, capacity_ratio, capacity_text, load_column, load_label, parse_slo,

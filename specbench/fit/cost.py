@@ -33,7 +33,7 @@ from specbench.fit.acceptance import expected_max_normal, expected_tau, tokens_p
 from specbench.fit.cells import AR, TRAFFIC, base_draft, closed_loop, label_synthetic, ok_closed_loop, with_context
 from specbench.fit.prices import cost_per_million
 from specbench.fit.roofline import (
-    DEVICES, Architecture, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
+    DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
 
 DECODE_SAMPLES = 16  # points of the decode at which step times are averaged (the context grows)
@@ -186,7 +186,8 @@ class StepTimes:
 def _points(frame: pd.DataFrame, seconds: str, by: list[str]) -> pd.DataFrame:
     """Medians per group of forwards (with how many each stands for)."""
     grouped = frame.groupby(by).agg(rows=("rows", "first"), context=("context", "median"),
-                                    seconds=(seconds, "median"), k=("k", "first"), weight=(seconds, "size"))
+                                    seconds=(seconds, "median"), k=("k", "first"), weight=(seconds, "size"),
+                                    temperature=("temperature", "first"))
     if "positions" not in by:
         grouped["positions"] = frame.groupby(by)["positions"].first()
     grouped = grouped.reset_index()
@@ -212,7 +213,9 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
     if target_points.empty:
         return None
     small, shared = small_rows(cells, meta)
-    target = fit_forward_time(target_points, target_arch, bandwidth, flops, quantum, small, shared)
+    profiles = meta.get("profiles") or {}
+    target = fit_forward_time(target_points, target_arch, bandwidth, flops, quantum, small, shared,
+                              ForwardProfile.from_dict(profiles.get("target")))
     drafts: dict = {}
     drafting = full[(full["mode"] != AR) & (full["drafted"] > 0)]
     for draft, mine in drafting.groupby("draft"):
@@ -223,12 +226,32 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
             per_token = points.assign(seconds=points["seconds"] / points["k"])
             draft_dtype = "bfloat16" if draft_archs[draft].bytes_per_parameter == 2 else "float32"
             drafts[draft] = fit_forward_time(per_token, draft_archs[draft], bandwidth,
-                                             device_priors(meta, draft_dtype)[1], quantum, small, shared)
+                                             device_priors(meta, draft_dtype)[1], quantum, small, shared,
+                                             ForwardProfile.from_dict((profiles.get("drafts") or {}).get(draft)))
         else:
             drafts[draft] = LinearTime.fit(search_features(points["rows"], points["context"], points["k"]),
                                            points["seconds"].to_numpy())
     prefill, draft_prefill = _fit_prefills(cells, requests, target_arch, draft_archs, (bandwidth, flops))
     return StepTimes(target, drafts, prefill, draft_prefill)
+
+
+def step_time_notes(times: StepTimes | None) -> list[str]:
+    """What the forward times rest on (a profile measured at the sweep's start, or the roofline
+    alone) and which forwards the fit left out, one line each."""
+    if times is None:
+        return []
+    models = {"target": times.target} | {d: m for d, m in times.drafts.items() if isinstance(m, ForwardTimeModel)}
+    profiled = [f"{name} {int(m.profile.tokens[0])}–{int(m.profile.tokens[-1])} rows (×{m.profile_scale:.2f})"
+                for name, m in models.items() if m.profile is not None]
+    lines = [f"step times: from each model's forward profiled at the sweep's start ({', '.join(profiled)}), "
+             f"plus fitted per-step, per-row and KV terms" if profiled else
+             "step times: the roofline alone (the run has no forward profile: CUDA graphs, a layer-scaled model, "
+             "a served engine or an older sweep)"]
+    left_out = [label for m in models.values() for label in m.left_out]
+    if left_out:
+        lines.append(f"left out of the step-time fit, slower than most forwards that did more work (another code "
+                     f"path or a hiccup, not the hardware): {', '.join(left_out)}")
+    return lines
 
 
 def small_rows(cells: pd.DataFrame, meta: dict) -> tuple[int, bool]:
@@ -458,9 +481,12 @@ def _measured_ks(cells: pd.DataFrame) -> dict[str, list[int]]:
     return {draft: sorted(mine["k"].astype(int).unique().tolist()) for draft, mine in speculative.groupby("draft")}
 
 
-def cost_models(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> dict:
+def cost_models(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
+                times: StepTimes | None = None) -> dict:
     """One CostModel per (workload, temperature, context length) of a run's finished closed-loop
-    cells; synthetic cells count as their own drafts (`draft α=0.8`)."""
+    cells; synthetic cells count as their own drafts (`draft α=0.8`). Given `times` (step times
+    fitted on other cells), the native groups use those and take only their traffic (prompts,
+    coverage) from these cells; served groups are left out."""
     raw = with_context(ok_closed_loop(cells))
     cells = label_synthetic(raw)
     if cells.empty:
@@ -470,12 +496,12 @@ def cost_models(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame
     if "engine" in served:
         served = served[served["engine"].fillna("native") != "native"]
     models: dict = {}
-    if len(served):
+    if len(served) and times is None:
         models.update(_served_models(served, requests, meta))
     native = cells[cells["cell_id"].isin(with_steps)]
     if native.empty:
         return models
-    times = fit_step_times(raw[raw["cell_id"].isin(native["cell_id"])], steps, requests, meta)
+    times = times or fit_step_times(raw[raw["cell_id"].isin(native["cell_id"])], steps, requests, meta)
     if times is None:
         return models
     steps = steps[steps["cell_id"].isin(native["cell_id"])]
@@ -559,10 +585,24 @@ def _finished(cells: pd.DataFrame) -> pd.DataFrame:
 
 def _predict_held_out(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
                       train_ids: set, tested: pd.DataFrame, fitted_context: int | None = None) -> pd.DataFrame:
-    """Fit the whole model (step times, α, coverage) on the `train_ids` cells only, predict `tested`."""
-    pick = lambda frame: frame[frame["cell_id"].isin(train_ids)] if not frame.empty else frame  # noqa: E731
-    models = cost_models(pick(cells), pick(steps), pick(requests), meta)
-    return _predict_cells(label_synthetic(tested), models, model_alphas(pick(cells), pick(steps)), fitted_context)
+    """Fit the whole model (step times, α, coverage) on the `train_ids` cells only, predict `tested`.
+    `speedup_error_at_traffic`: the error of the step-time model alone, fitted on the same cells
+    but given the tested cells' own traffic (their α, coverage and prompts): what is left of the
+    error when the smaller sizes' prompts are not the larger sizes' (native runs)."""
+    pick = lambda frame, ids: frame[frame["cell_id"].isin(ids)] if not frame.empty else frame  # noqa: E731
+    train = [pick(frame, train_ids) for frame in (cells, steps, requests)]
+    predicted = _predict_cells(label_synthetic(tested), cost_models(*train, meta), model_alphas(train[0], train[1]),
+                               fitted_context)
+    times = fit_step_times(*train, meta) if fitted_context is None and not steps.empty else None
+    if predicted.empty or times is None:
+        return predicted
+    own = [pick(frame, set(tested["cell_id"])) for frame in (cells, steps, requests)]
+    at_traffic = _predict_cells(label_synthetic(tested), cost_models(*own, meta, times=times),
+                                model_alphas(own[0], own[1]))
+    if at_traffic.empty:
+        return predicted
+    return predicted.merge(at_traffic.set_index("cell_id")["speedup_error"].rename("speedup_error_at_traffic"),
+                           left_on="cell_id", right_index=True, how="left")
 
 
 def _with_side(table: pd.DataFrame) -> pd.DataFrame:
@@ -607,8 +647,12 @@ def held_out_context(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.Data
 
 def _summary_line(what: str, group: pd.DataFrame) -> str:
     errors = group["speedup_error"].abs()
-    return (f"{what}: median |error| {errors.median() * 100:.1f}% (max {errors.max() * 100:.0f}%), same side of 1× "
+    line = (f"{what}: median |error| {errors.median() * 100:.1f}% (max {errors.max() * 100:.0f}%), same side of 1× "
             f"in {int(group['same_side'].sum())}/{len(group)} cells")
+    if "speedup_error_at_traffic" in group and group["speedup_error_at_traffic"].notna().any():
+        line += (f"; step times alone (given those cells' own α and prompts) "
+                 f"{group['speedup_error_at_traffic'].abs().median() * 100:.1f}%")
+    return line
 
 
 def held_out_summary(table: pd.DataFrame, context: pd.DataFrame | None = None) -> list[str]:

@@ -27,6 +27,12 @@ matrix-multiply rate decide it: each is a prior the fit is pulled towards, weakl
 which do decide it win. Shapes come from the model's config (layers, heads, KV heads, dimensions,
 dtype): dense Llama/Qwen/Mistral-style decoders; a mixture of experts would need its active
 parameters instead.
+
+Where the sweep measured the engine's bare forward at a range of row counts (`ForwardProfile`),
+that curve replaces the `max(...)`: the device's own efficiency at each size (a CPU's products
+get cheaper per row as they grow, which one flop rate cannot draw), scaled by a fitted factor.
+The roofline is fitted beside it, for other devices. Forwards slower than most of those that did
+more work (`slower_than_larger`) are left out of every fit.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ WEIGHTS_COLUMN, KV_COLUMN, ATTENTION_COLUMN = 4, 5, 6
 GROWTH_COLUMNS = (1, 2, 3)  # per row, per position, per row-position
 HUBER, ROBUST_ROUNDS = 0.1, 3
 GROWTH_PENALTY = 0.1  # a term that makes up half of every forward costs like one point off by 5%
+PROFILE_PRIOR_WEIGHT = 0.1  # the steps may run slower than the bare forward (other work, a warmer cache): data decide
 RIDGE_PRIOR_WEIGHT = 0.3  # per (ln ratio)^2: a 2x miss of the measured matmul rate costs as one point off by 38%
 
 
@@ -141,6 +148,36 @@ def visible_context(context, positions, quantum: int = 1):
     return np.ceil(columns / quantum) * quantum if quantum > 1 else columns
 
 
+@dataclass(frozen=True)
+class ForwardProfile:
+    """The engine's bare forward measured at sweep start (`native.measure.forward_profile`): seconds
+    of `tokens` rows of one new position over a short context. Its shape in the token count is the
+    hardware's own efficiency curve (memory-bound and flat at first, then products that use the
+    cores better as they grow), which a roofline with one flop rate draws as a straight line."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, values: dict | None) -> "ForwardProfile | None":
+        if not values or len(values.get("tokens") or []) < 2:
+            return None
+        pairs = sorted((float(t), float(s)) for t, s in zip(values["tokens"], values["seconds"]) if s > 0)
+        return cls(tuple(t for t, _ in pairs), tuple(s for _, s in pairs)) if len(pairs) >= 2 else None
+
+    def to_dict(self) -> dict:
+        return {"tokens": list(self.tokens), "seconds": list(self.seconds)}
+
+    def __call__(self, tokens) -> np.ndarray:
+        """Interpolated; past the largest measured size, on at the last two sizes' rate per token
+        (compute-bound products grow linearly)."""
+        known, seconds = np.asarray(self.tokens), np.asarray(self.seconds)
+        tokens = np.asarray(tokens, float)
+        rate = max((seconds[-1] - seconds[-2]) / (known[-1] - known[-2]), 0.0)
+        return np.where(tokens > known[-1], seconds[-1] + rate * (tokens - known[-1]),
+                        np.interp(tokens, known, seconds))
+
+
 @dataclass
 class ForwardTimeModel:
     """Seconds of one forward (see the module docstring); `visible_context` is applied inside."""
@@ -159,6 +196,10 @@ class ForwardTimeModel:
     small_offset_s: float = 0.0  # ... which cost this much more than the model says (or less) ...
     small_offset_per_position_s: float = 0.0  # ... and this much per row-position
     points: int = 0  # forwards (medians) it was fitted on
+    profile: ForwardProfile | None = None  # measured: then the weights' term is profile_scale x profile(rows x positions)
+    profile_scale: float = 0.0
+    roofline: "ForwardTimeModel | None" = None  # the same forwards fitted without the profile: moves to other devices
+    left_out: tuple[str, ...] = ()  # forwards slower than most that did more work (`slower_than_larger`)
 
     @property
     def bandwidth(self) -> float:
@@ -171,13 +212,17 @@ class ForwardTimeModel:
     def seconds(self, rows, positions, context):
         arch = self.architecture
         visible = visible_context(context, positions, self.length_quantum)
-        weights = np.maximum(arch.weight_bytes, arch.linear_flops(rows, positions) / self.ridge)
         m = np.asarray(rows, float) * np.asarray(positions, float)
+        if self.profile is not None:
+            weights = self.profile_scale * self.profile(m)
+        else:
+            weights = self.seconds_per_weight_byte * np.maximum(arch.weight_bytes,
+                                                                arch.linear_flops(rows, positions) / self.ridge)
         offset = np.where(m <= self.small_rows, self.small_offset_s + self.small_offset_per_position_s * m, 0.0)
         return (self.overhead_s + offset + self.per_row_s * np.asarray(rows, float)
                 + self.per_position_s * np.asarray(positions, float)
                 + self.per_row_position_s * np.asarray(rows, float) * np.asarray(positions, float)
-                + self.seconds_per_weight_byte * weights + self.seconds_per_kv_byte * arch.kv_bytes(rows, visible)
+                + weights + self.seconds_per_kv_byte * arch.kv_bytes(rows, visible)
                 + self.seconds_per_attention_flop * arch.attention_flops(rows, positions, visible))
 
     def bound(self, rows, positions, context) -> np.ndarray:
@@ -187,7 +232,10 @@ class ForwardTimeModel:
 
     def on_device(self, measured_peaks: tuple[float, float], target_peaks: tuple[float, float]) -> "ForwardTimeModel":
         """The same efficiencies (fitted / peak) on another device's peaks (bandwidth, flop rate):
-        memory terms scale with bandwidth, compute terms with the flop rate, overheads stay."""
+        memory terms scale with bandwidth, compute terms with the flop rate, overheads stay. A
+        profiled model moves its roofline fit (a profile is this device's only)."""
+        if self.roofline is not None:
+            return self.roofline.on_device(measured_peaks, target_peaks)
         bandwidth_ratio = target_peaks[0] / measured_peaks[0]
         flops_ratio = target_peaks[1] / measured_peaks[1]
         return replace(self, seconds_per_weight_byte=self.seconds_per_weight_byte / bandwidth_ratio,
@@ -198,7 +246,7 @@ class ForwardTimeModel:
 
 def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None = None,
                      flops_prior: float | None = None, length_quantum: int = 1, small_rows: int = 0,
-                     small_shared: bool = False) -> ForwardTimeModel:
+                     small_shared: bool = False, profile: ForwardProfile | None = None) -> ForwardTimeModel:
     """Fit on forwards measured at (rows, positions, context) -> seconds, the columns of `points`.
     Optional columns: `weight` (how many forwards a point stands for) and `measurement` (points
     that share one are forwards timed together, their `seconds` the sum: a prefill in groups).
@@ -208,7 +256,26 @@ def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth
     fit (their kernels scale like the others) or not (another regime: a CPU's dense small-M
     products at two rows can cost three times the packed ones at four) is decided by the data:
     with three or more row counts, the choice that better predicts the largest from the others;
-    else `small_shared` (default: apart)."""
+    else `small_shared` (default: apart).
+
+    Given the engine's measured `profile`, its curve is the weights' term (scaled by a fitted
+    factor pulled towards 1) and the few-rows regimes need no offset: it measured them. Forwards
+    `slower_than_larger` are left out (and named in `left_out`)."""
+    odd = slower_than_larger(points, small_rows) if "measurement" not in points else np.zeros(len(points), bool)
+    left_out = tuple(_label(row) for row in points[odd].to_dict("records"))
+    points = points[~odd]
+    roofline = _fit_roofline(points, architecture, bandwidth_prior, flops_prior, length_quantum, small_rows,
+                             small_shared)
+    if profile is None or "measurement" in points:
+        return replace(roofline, left_out=left_out)
+    return replace(_fit(points, architecture, bandwidth_prior, flops_prior, length_quantum, profile),
+                   roofline=roofline, left_out=left_out)
+
+
+def _fit_roofline(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None,
+                  flops_prior: float | None, length_quantum: int, small_rows: int,
+                  small_shared: bool) -> ForwardTimeModel:
+    """The roofline fit, with the few-rows regime apart or shared (see `fit_forward_time`)."""
     m = points["rows"].to_numpy(float) * points["positions"].to_numpy(float)
     small = m <= small_rows
     fit = lambda frame, shared: _fit_with_small(frame, architecture, bandwidth_prior, flops_prior,  # noqa: E731
@@ -229,6 +296,34 @@ def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth
     return fit(points, shared)
 
 
+INCONSISTENT_MARGIN = 0.25  # a forward this much slower than a larger one of the same run is not its hardware
+INCONSISTENT_CONTEXT = 0.75  # ... where the larger one attended over at least this share of its context
+
+
+def _label(point: dict) -> str:
+    where = point.get("cell_id") or f"B={int(point['rows'])}"
+    return f"{where} ({int(point['positions'])} position{'s' if point['positions'] != 1 else ''})"
+
+
+def slower_than_larger(points: pd.DataFrame, small_rows: int = 0) -> np.ndarray:
+    """Forwards measured slower, by more than INCONSISTENT_MARGIN, than most of those that did at least as
+    much (as many rows and positions, most of the context) in the same kernel regime, at the same
+    temperature (an optional column: sampling costs more than argmax): no smooth model of the
+    hardware has that, so it is a measurement's hiccup or another code path (an eager fallback,
+    a kernel choice at one shape), and fitting it bends every prediction."""
+    rows, positions = points["rows"].to_numpy(float), points["positions"].to_numpy(float)
+    context, seconds = points["context"].to_numpy(float), points["seconds"].to_numpy(float)
+    small = rows * positions <= small_rows
+    kind = points["temperature"].to_numpy(float) if "temperature" in points else np.zeros(len(points))
+    larger = ((rows[None, :] >= rows[:, None]) & (positions[None, :] >= positions[:, None])
+              & (context[None, :] >= INCONSISTENT_CONTEXT * context[:, None]) & (small[None, :] == small[:, None])
+              & (kind[None, :] == kind[:, None]))
+    np.fill_diagonal(larger, False)
+    faster = (larger & (seconds[None, :] * (1 + INCONSISTENT_MARGIN) < seconds[:, None])).sum(axis=1)
+    # most of them, not one: a single faster twin is the machine's noise (a CPU's drift between cells)
+    return (faster >= 2) & (faster >= 0.5 * larger.sum(axis=1))
+
+
 def _fit_with_small(points: pd.DataFrame, architecture: Architecture, bandwidth_prior, flops_prior, length_quantum: int,
                     small_rows: int, shared: bool) -> ForwardTimeModel:
     m = points["rows"].to_numpy(float) * points["positions"].to_numpy(float)
@@ -246,7 +341,7 @@ def _fit_with_small(points: pd.DataFrame, architecture: Architecture, bandwidth_
 
 
 def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: float | None, flops_prior: float | None,
-         length_quantum: int) -> ForwardTimeModel:
+         length_quantum: int, profile: ForwardProfile | None = None) -> ForwardTimeModel:
     rows = points["rows"].to_numpy(float)
     positions = points["positions"].to_numpy(float)
     visible = visible_context(points["context"].to_numpy(float), positions, length_quantum)
@@ -263,27 +358,39 @@ def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: floa
     base = [total(c) for c in (np.ones_like(rows), rows, positions, rows * positions)]
     attention = [total(arch.kv_bytes(rows, visible)), total(arch.attention_flops(rows, positions, visible))]
     # Priors, one row each: (column, the value it is pulled towards, weight)
-    priors = [(column, 1 / bandwidth_prior, weight) for column, weight in
-              ((WEIGHTS_COLUMN, BANDWIDTH_PRIOR_WEIGHT), (KV_COLUMN, KV_PRIOR_WEIGHT)) if bandwidth_prior]
+    priors = [(KV_COLUMN, 1 / bandwidth_prior, KV_PRIOR_WEIGHT)] if bandwidth_prior else []
     priors += [(ATTENTION_COLUMN, 1 / flops_prior, KV_PRIOR_WEIGHT)] if flops_prior else []
-    prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else None
+    if profile is not None:  # the profile's own scale: 1
+        priors.append((WEIGHTS_COLUMN, 1.0, PROFILE_PRIOR_WEIGHT))
+        weights_column = lambda ridge: total(profile(rows * positions))  # noqa: E731
+        ridges = [flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else RIDGES[50]]
+    else:
+        priors += [(WEIGHTS_COLUMN, 1 / bandwidth_prior, BANDWIDTH_PRIOR_WEIGHT)] if bandwidth_prior else []
+        weights_column = lambda ridge: total(np.maximum(arch.weight_bytes,  # noqa: E731
+                                                        arch.linear_flops(rows, positions) / ridge))
+        ridges = RIDGES
+    prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior and profile is None else None
     robust = np.ones_like(seconds)
     for _ in range(ROBUST_ROUNDS):
-        best = _best_fit(arch, rows, positions, total, base, attention, seconds, scale * robust, priors, prior_ridge)
+        best = _best_fit(weights_column, ridges, total, base, attention, seconds, scale * robust, priors, prior_ridge)
         relative = np.abs(best[3] / seconds - 1)
         # Huber weights: a point off by more than HUBER counts less (a timing hiccup, or a regime
         # no smooth model has, should not bend the extrapolation)
         robust = np.sqrt(np.minimum(1.0, HUBER / np.maximum(relative, 1e-12)))
     _, ridge, c, _ = best
+    if profile is not None:  # the weights' term is the profile's; the roofline's own from the priors
+        return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]),
+                                1 / bandwidth_prior if bandwidth_prior else 0.0, float(ridge), float(c[5]), float(c[6]),
+                                length_quantum, points=len(labels), profile=profile, profile_scale=float(c[4]))
     return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(ridge),
                             float(c[5]), float(c[6]), length_quantum, points=len(labels))
 
 
-def _best_fit(arch, rows, positions, total, base, attention, seconds, scale, priors, prior_ridge):
+def _best_fit(weights_column, ridges, total, base, attention, seconds, scale, priors, prior_ridge):
     """(loss, ridge, coefficients, fitted seconds) of the best ridge point."""
     best = None
-    for ridge in RIDGES:
-        weights = total(np.maximum(arch.weight_bytes, arch.linear_flops(rows, positions) / ridge))
+    for ridge in ridges:
+        weights = weights_column(ridge)
         unscaled = np.stack(base + [weights] + attention, axis=1)
         matrix = unscaled * scale[:, None]
         target = seconds * scale

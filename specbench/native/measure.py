@@ -130,6 +130,32 @@ def time_forward(model: CausalLM, batch: int, tokens: int, context: int, repeats
     return float(np.median(samples))
 
 
+PROFILE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                  3072, 4096)
+PROFILE_CONTEXT = 16  # cached positions each row attends over: enough to run attention, too few to cost
+
+
+def forward_profile(model: CausalLM, max_tokens: int, budget_s: float = 1.0, repeats: int = 5) -> dict:
+    """The engine's bare decode forward at a growing number of rows (one new position each, over
+    PROFILE_CONTEXT cached ones): {"tokens": [...], "seconds": [...]}, the curve the performance
+    model scales instead of assuming one flop rate (`fit.roofline.ForwardProfile`). Sizes up to
+    `max_tokens` (rows x positions of the largest step the run plans) or until one forward takes
+    `budget_s`; warm-up excluded, medians."""
+    tokens, seconds = [], []
+    for size in PROFILE_TOKENS:
+        if size > max(max_tokens, PROFILE_TOKENS[0]):
+            break
+        try:
+            elapsed = time_forward(model, size, 1, PROFILE_CONTEXT, repeats=repeats)
+        except (RuntimeError, MemoryError):  # out of memory at this size: the profile ends here
+            break
+        tokens.append(size)
+        seconds.append(elapsed)
+        if elapsed > budget_s:
+            break
+    return {"tokens": tokens, "seconds": seconds, "context": PROFILE_CONTEXT}
+
+
 # --- memory-bandwidth roofline ----------------------------------------------------------------
 
 def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, repeats: int = 10) -> float:

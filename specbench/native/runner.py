@@ -24,7 +24,8 @@ from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfD
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM
 from specbench.native.measure import (
-    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, matmul_rate, phase_times, request_rows, step_rows,
+    PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, forward_profile, matmul_rate, phase_times,
+    request_rows, step_rows,
 )
 from specbench.native.placement import free_bytes, memory_budget, parse_devices, placement_devices
 from specbench.native.random_models import (
@@ -72,6 +73,7 @@ class NativeEngine(Engine):
         dtypes = {models.target.model.dtype} | {loaded.model.dtype for loaded in models.draft_models.values()}
         models.matmul_rates = {str(d).replace("torch.", ""): measured_matmul_rate(models.target.model.device, d)
                                for d in dtypes}
+        models.profiles = measured_profiles(models, config)
         return message
 
     def annotate(self, meta: dict) -> None:
@@ -83,6 +85,8 @@ class NativeEngine(Engine):
             meta["hardware"]["matmul_dtype"] = target_dtype
             meta["hardware"]["matmul_flops_per_s_by_dtype"] = self.models.matmul_rates
             meta["architectures"] = self.models.architectures()
+            if self.models.profiles:
+                meta["profiles"] = self.models.profiles
             from specbench.native.lean import Projection
 
             if Projection._dense_limits:  # the CPU's measured crossover from dense to packed products
@@ -143,6 +147,7 @@ class Models:
     draft_scalers: dict[str, LayerScaler] = field(default_factory=dict)
     copy_bandwidth: float = float("nan")  # bytes/s on the target's device, for the roofline
     matmul_rates: dict = field(default_factory=dict)  # dtype -> FLOP/s of square products there
+    profiles: dict = field(default_factory=dict)  # "target" and "drafts" -> forward_profile, for the performance model
 
     def architectures(self) -> dict:
         """The shapes the performance model reads (specbench.fit.roofline), at full depth."""
@@ -176,6 +181,19 @@ def measured_matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
         return matmul_rate(device, dtype)
     except (RuntimeError, MemoryError):
         return float("nan")
+
+
+def measured_profiles(models: Models, config: SweepConfig) -> dict:
+    """Each model's bare forward over the sizes the run's steps will have (`forward_profile`); none
+    where the steps are not the profile's forwards: CUDA graphs replay fixed shapes, and a model
+    built with only its first layers is timed scaled."""
+    if config.cuda_graphs or models.target_scaler is not None or models.draft_scalers:
+        return {}
+    widest = max(config.batch_sizes) * (max(config.ks, default=0) + 1)
+    profiles = {"target": forward_profile(models.target.model, 2 * widest)}
+    profiles["drafts"] = {label: forward_profile(loaded.model, 2 * max(config.batch_sizes))
+                          for label, loaded in models.draft_models.items()}
+    return profiles
 
 
 def measured_bandwidth(device: torch.device) -> float:

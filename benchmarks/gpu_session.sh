@@ -14,7 +14,9 @@
 # bench:  benchmarks/compare_transformers.py on CUDA, eager and with --cuda-graphs.
 # tests:  the whole test suite (real vLLM aside) on the image's versions, CUDA tests included.
 # sweeps: the real default pair on CUDA, eager and with --cuda-graphs (TEMPERATURES=0,0.7 for sampled
-#         cells and their lossless check, BATCH_SIZES to change the batch axis).
+#         cells and their lossless check, BATCH_SIZES to change the batch axis). The eager run records
+#         each model's forward profile (CUDA-graph runs do not yet): compare the two runs' `held out:`
+#         lines in `specbench report` to see what the profile does on a GPU.
 # context: the graph tests, then a synthetic llama3-8b + 1b sweep over context lengths (CONTEXTS,
 #         BATCH_SIZES) on CUDA graphs: where long contexts keep decode memory-bound at large batch.
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here

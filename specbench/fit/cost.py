@@ -591,9 +591,10 @@ def _predict_held_out(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.Dat
     error when the smaller sizes' prompts are not the larger sizes' (native runs)."""
     pick = lambda frame, ids: frame[frame["cell_id"].isin(ids)] if not frame.empty else frame  # noqa: E731
     train = [pick(frame, train_ids) for frame in (cells, steps, requests)]
-    predicted = _predict_cells(label_synthetic(tested), cost_models(*train, meta), model_alphas(train[0], train[1]),
-                               fitted_context)
-    times = fit_step_times(*train, meta) if fitted_context is None and not steps.empty else None
+    models = cost_models(*train, meta)
+    predicted = _predict_cells(label_synthetic(tested), models, model_alphas(train[0], train[1]), fitted_context)
+    native = [model.times for model in models.values() if not isinstance(model, ServedCostModel)]
+    times = native[0] if native and fitted_context is None else None
     if predicted.empty or times is None:
         return predicted
     own = [pick(frame, set(tested["cell_id"])) for frame in (cells, steps, requests)]

@@ -268,7 +268,9 @@ def fit_forward_time(points: pd.DataFrame, architecture: Architecture, bandwidth
                              small_shared)
     if profile is None or "measurement" in points:
         return replace(roofline, left_out=left_out)
+    # the roofline's own weight-read cost and ridge, for `bound` (the profile's curve replaces them in `seconds`)
     return replace(_fit(points, architecture, bandwidth_prior, flops_prior, length_quantum, profile),
+                   seconds_per_weight_byte=roofline.seconds_per_weight_byte, ridge=roofline.ridge,
                    roofline=roofline, left_out=left_out)
 
 
@@ -360,16 +362,17 @@ def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: floa
     # Priors, one row each: (column, the value it is pulled towards, weight)
     priors = [(KV_COLUMN, 1 / bandwidth_prior, KV_PRIOR_WEIGHT)] if bandwidth_prior else []
     priors += [(ATTENTION_COLUMN, 1 / flops_prior, KV_PRIOR_WEIGHT)] if flops_prior else []
-    if profile is not None:  # the profile's own scale: 1
+    prior_ridge = None
+    if profile is not None:  # the profile's own scale: 1; no ridge to search, the profile measured it
         priors.append((WEIGHTS_COLUMN, 1.0, PROFILE_PRIOR_WEIGHT))
         weights_column = lambda ridge: total(profile(rows * positions))  # noqa: E731
-        ridges = [flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else RIDGES[50]]
+        ridges = [math.nan]
     else:
         priors += [(WEIGHTS_COLUMN, 1 / bandwidth_prior, BANDWIDTH_PRIOR_WEIGHT)] if bandwidth_prior else []
         weights_column = lambda ridge: total(np.maximum(arch.weight_bytes,  # noqa: E731
                                                         arch.linear_flops(rows, positions) / ridge))
         ridges = RIDGES
-    prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior and profile is None else None
+        prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else None
     robust = np.ones_like(seconds)
     for _ in range(ROBUST_ROUNDS):
         best = _best_fit(weights_column, ridges, total, base, attention, seconds, scale * robust, priors, prior_ridge)
@@ -378,12 +381,10 @@ def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: floa
         # no smooth model has, should not bend the extrapolation)
         robust = np.sqrt(np.minimum(1.0, HUBER / np.maximum(relative, 1e-12)))
     _, ridge, c, _ = best
-    if profile is not None:  # the weights' term is the profile's; the roofline's own from the priors
-        return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]),
-                                1 / bandwidth_prior if bandwidth_prior else 0.0, float(ridge), float(c[5]), float(c[6]),
-                                length_quantum, points=len(labels), profile=profile, profile_scale=float(c[4]))
-    return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(ridge),
-                            float(c[5]), float(c[6]), length_quantum, points=len(labels))
+    weights = float(c[4])  # seconds per weight byte, or the profile's scale
+    return ForwardTimeModel(arch, float(c[0]), float(c[1]), float(c[2]), float(c[3]),
+                            0.0 if profile else weights, float(ridge), float(c[5]), float(c[6]), length_quantum,
+                            points=len(labels), profile=profile, profile_scale=weights if profile else 0.0)
 
 
 def _best_fit(weights_column, ridges, total, base, attention, seconds, scale, priors, prior_ridge):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,7 +169,8 @@ def _integer_ticks(ax) -> None:
 
 
 def _finish(fig, path: Path, title: str, fontsize: int = 12) -> None:
-    fig.suptitle(title, fontsize=fontsize)
+    width = int(fig.get_figwidth() * 72 / (0.6 * fontsize))  # characters that fit across the figure
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=fontsize)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -223,6 +223,11 @@ def sweep(
     vllm_python: Optional[str] = typer.Option(None, help="vLLM: the Python that runs the servers (another "
                                                          "environment); default: this one."),
     server_timeout: float = typer.Option(900.0, help="vLLM: seconds a server may take to answer /health."),
+    served_pairing: str = typer.Option("auto", help="vLLM: side-by-side (the baseline server stays up and repeats "
+                                                    "alternate with each speculative server's), bracketed (the "
+                                                    "baseline measured again after the speculative servers: an "
+                                                    "unpaired interval), or auto (side-by-side where two servers "
+                                                    "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
     from specbench.sweep import SweepConfig, VllmOptions
@@ -239,7 +244,7 @@ def sweep(
         vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                            enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
-                           startup_timeout_s=server_timeout)
+                           startup_timeout_s=server_timeout, pairing=served_pairing)
         config = SweepConfig(
             target=target,
             drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
@@ -272,7 +277,7 @@ def _given_fields(ctx: typer.Context) -> set[str]:
     fields_of["endpoint"] = {"endpoint", "engine"}
     fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
                                                   "gpu_memory_utilization", "enforce_eager", "vllm_args",
-                                                  "vllm_python", "server_timeout")})
+                                                  "vllm_python", "server_timeout", "served_pairing")})
     given = set()
     for name in ctx.params:
         source = ctx.get_parameter_source(name)
@@ -496,7 +501,7 @@ def report(
         measured = measured_batch_sizes(run.cells)
         state = completeness(run.meta, run.cells)
         verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"]),
-                           state=state, allow_incomplete=True) \
+                           state=state, allow_incomplete=True, requests=run.requests, steps=run.steps) \
             if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
@@ -606,15 +611,14 @@ def measured_batch_sizes(cells) -> list[int]:
 
 
 def _gate_text(result) -> str:
-    from specbench.fit import CONFIDENCE, b_star_rule, best_draft_rule
-    from specbench.gate import DECISION_LABELS, format_speedup
+    from specbench.fit import b_star_rule, best_draft_rule
+    from specbench.gate import DECISION_LABELS, evidence_text, format_speedup
 
     lines = [result.headline] if result.headline else []
     for v in result.verdicts:
         speedups = ", ".join(
-            f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}"
-            + (f"; {CONFIDENCE:.0%} interval {v.intervals[b][0]:.3f}–{v.intervals[b][1]:.3f}×" if b in v.intervals
-               else "") + ")"
+            f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}, "
+            f"{DECISION_LABELS.get(v.decisions.get(b), 'N/A').strip()}{evidence_text(v, b)})"
             for b, s in v.speedups.items()) or "none measured"
         missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
         single = " (one K measured: no K comparison)" if v.ks_measured == 1 else ""
@@ -623,10 +627,12 @@ def _gate_text(result) -> str:
     lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
     if result.advice:
         lines.append(f"  next: {result.advice}")
+    if result.noise.get("text") and any(n == 1 for v in result.verdicts for n in v.repeats.values()):
+        lines.append(f"  {result.noise['text']}")
     lines.append(f"  {best_draft_rule(result.min_speedup)}")
     lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
-    lines.append("  K schedule = at each measured batch size the best K where speculation is shown to pay (its "
-                 "interval above the bar, or one unmarked repeat), off elsewhere")
+    lines.append("  K schedule = at each measured batch size the fastest K shown to pay there (its interval, or one "
+                 "repeat's noise band, above the bar; one repeat above what acceptance allows never), off elsewhere")
     for v in result.verdicts:
         if v.speculative_config:
             lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")
@@ -708,7 +714,8 @@ def check(
             if any(b < 1 for b in sizes):
                 raise UsageError(f"--batch-sizes must be >= 1, got {batch_sizes}")
             result = evaluate(run.cells, sizes, min_speedup, draft, chosen_workloads, chosen_temperatures,
-                              base_speculative_configs(run.meta, run.cells["draft"]), state, allow_incomplete)
+                              base_speculative_configs(run.meta, run.cells["draft"]), state, allow_incomplete,
+                              run.requests, run.steps)
     except _known_errors() as error:
         if json_output:
             print(json.dumps({"exit_code": UNANSWERABLE, "verdict": "CANNOT ANSWER", "message": str(error)}))

@@ -19,10 +19,12 @@ import pandas as pd
 from specbench.fit import (
     AR, CONFIDENCE, Completeness, Slo, best_k_by_batch, capacity_ratio, capacity_text, combine_all, combine_any,
     crossover, judge, label_cells, load_column, marked_cells, measurement_warnings, ok_closed_loop, pick_best_draft,
-    repeats_to_decide, requests_to_bound, schedule_ranges, slo_capacity, slo_table, speedup_headline, speedup_interval,
+    repeats_to_decide, requests_to_bound, schedule_ranges, slo_capacity, slo_table, speedup_headline,
     vllm_speculative_config, worst_case_by_batch,
 )
 from specbench.fit.evidence import FAIL as FAILS, INCONCLUSIVE as UNDECIDED, PASS as PASSES
+from specbench.fit.noise import SIDE_BY_SIDE, TURNS, RunNoise, cell_interval, pairing, repeats_behind, run_noise
+from specbench.fit.physics import tokens_per_forward, with_bounds
 from specbench.grid import format_schedule
 
 PASS, FAIL, UNANSWERABLE, INCONCLUSIVE, INTERNAL_ERROR = 0, 1, 2, 3, 4
@@ -66,6 +68,11 @@ class DraftVerdict:
     marks: dict[int, str] = field(default_factory=dict)  # named B -> the warning that marks its worst cell
     ks_measured: int = 0
     headline: str = ""
+    repeats: dict[int, int] = field(default_factory=dict)  # named B -> repeats its decision rests on
+    reasons: dict[int, str] = field(default_factory=dict)  # named B -> why it is decided (or not)
+    bounds: dict[int, float] = field(default_factory=dict)  # named B -> what acceptance allows there
+    above_bound: list[str] = field(default_factory=list)  # the draft's cells above what acceptance allows
+    cells: dict[int, str] = field(default_factory=dict)  # named B -> the cell the decision rests on
 
     @property
     def decision(self) -> str:
@@ -86,6 +93,8 @@ class GateResult:
     confidence: float = CONFIDENCE
     headline: str = ""
     advice: str = ""  # what would settle an inconclusive or incomplete verdict
+    noise: dict = field(default_factory=dict)  # the run's noise band of a single comparison (fit.noise)
+    above_bound: list[dict] = field(default_factory=list)  # cells above what acceptance allows
 
     def __post_init__(self) -> None:
         self.verdict = self.verdict or VERDICTS.get(self.exit_code, "")
@@ -95,8 +104,9 @@ class GateResult:
 
 
 def _judged(cells: pd.DataFrame, min_speedup: float, workloads: list[str] | None,
-            temperatures: list[float] | None) -> pd.DataFrame:
-    """Every finished speculative cell with a speed-up, its interval and its decision against the bar."""
+            temperatures: list[float] | None, noise: RunNoise | None = None) -> pd.DataFrame:
+    """Every finished speculative cell with a speed-up, its bound, interval, repeats and decision
+    against the bar (and why)."""
     sd = ok_closed_loop(label_cells(cells))
     sd = sd[(sd["mode"] != AR) & sd["speedup"].notna()].copy() if not sd.empty else sd
     if sd.empty:
@@ -105,26 +115,54 @@ def _judged(cells: pd.DataFrame, min_speedup: float, workloads: list[str] | None
         sd = sd[sd["workload"].isin(workloads)]
     if temperatures is not None:
         sd = sd[sd["temperature"].isin(temperatures)]
+    noise = noise or run_noise(cells)
     marks = marked_cells(cells)
-    runs = sd["speedup_runs"] if "speedup_runs" in sd else pd.Series([None] * len(sd), index=sd.index)
-    sd["interval"] = [speedup_interval(r) for r in runs]
+    sd = with_bounds(sd)
+    records = sd.to_dict("records")
+    sd["interval"] = [cell_interval(r) for r in records]
+    sd["repeats_behind"] = [repeats_behind(r) for r in records]
+    sd["pairing"] = [pairing(r) for r in records]
     sd["mark"] = [marks.get(c, "") for c in sd["cell_id"]]
-    sd["decision"] = [judge(float(p), i, min_speedup, bool(m)) for p, i, m in zip(sd["speedup"], sd["interval"],
-                                                                                   sd["mark"])]
+    judgements = [judge(float(r["speedup"]), interval, min_speedup, bool(mark), _or_none(r["speedup_bound"]),
+                        tokens_per_forward(r), _or_none(r.get("drafted")) or 0.0,
+                        noise.interval(r["cell_id"], float(r["speedup"])), "" if noise.drift is not None
+                        else noise.describe())
+                  for r, interval, mark in zip(records, sd["interval"], sd["mark"])]
+    sd["decision"] = [j.decision for j in judgements]
+    sd["reason"] = [j.reason for j in judgements]
     return sd
 
 
-def _decisions_by_batch(judged: pd.DataFrame) -> dict[int, str]:
-    """One draft's decision per batch size: at each (workload, temperature) the best of its K, then
-    the worst of those."""
-    per_point = judged.groupby(["workload", "temperature", "batch_size"])["decision"].agg(lambda d: combine_any(list(d)))
-    return {int(b): combine_all(list(group)) for b, group in per_point.groupby(level="batch_size")}
+SEVERITY = {FAILS: 0, UNDECIDED: 1, PASSES: 2}
 
 
-def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min_speedup: float = 1.0) -> list[str]:
+def _point_row(rows: pd.DataFrame) -> dict:
+    """One (workload, temperature, batch size) point over its K: it passes when one K passes (the
+    fastest passing K speaks for it), fails when every K fails, else is open (the fastest open K)."""
+    decision = combine_any(list(rows["decision"]))
+    candidates = rows[rows["decision"] == decision] if decision != FAILS else rows
+    return candidates.loc[candidates["speedup"].idxmax()].to_dict() | {"decision": decision}
+
+
+def _deciding_rows(judged: pd.DataFrame) -> dict[int, dict]:
+    """One draft's decision per batch size and the cell behind it: at each (workload, temperature)
+    the best of its K, then the worst of those (a fail before an open point before a pass, then
+    the lowest speed-up)."""
+    points = [_point_row(rows) for _, rows in judged.groupby(["workload", "temperature", "batch_size"])]
+    by_batch: dict[int, dict] = {}
+    for row in points:
+        b = int(row["batch_size"])
+        held = by_batch.get(b)
+        if held is None or (SEVERITY[row["decision"]], row["speedup"]) < (SEVERITY[held["decision"]], held["speedup"]):
+            by_batch[b] = row
+    return by_batch
+
+
+def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min_speedup: float = 1.0,
+                    requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> list[str]:
     """The draft's cells at the (workload, temperature, batch size) points whose decision is
     inconclusive: what more repeats of (with their baselines) can decide."""
-    judged = _judged(cells, min_speedup, None, None)
+    judged = _judged(cells, min_speedup, None, None, run_noise(cells, requests, steps))
     if judged.empty:
         return []
     judged = judged[(judged["draft"] == draft) & judged["batch_size"].isin(batch_sizes)]
@@ -137,16 +175,20 @@ def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min
 def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1.0,
              draft: str | None = None, workloads: list[str] | None = None,
              temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None,
-             state: Completeness | None = None, allow_incomplete: bool = False) -> GateResult:
+             state: Completeness | None = None, allow_incomplete: bool = False,
+             requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> GateResult:
     """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is
     added. `state`: whether the run finished (`fit.completeness(run.meta, run.cells)`, of the whole
-    run); None: judged as complete."""
+    run); None: judged as complete. `requests`, `steps`: the run's tables, from which the noise band
+    of a single comparison is measured (fit.noise)."""
     warnings = measurement_warnings(cells)
+    noise = run_noise(cells, requests, steps)
     incomplete = state.describe() if state is not None else ""  # a sweep that stopped, whatever it judges
 
     def unanswerable(name: str | None, verdicts: list[DraftVerdict], message: str) -> GateResult:
         return GateResult(UNANSWERABLE, name, batch_sizes, min_speedup, verdicts, message,
-                          warnings=([incomplete] if incomplete else []) + warnings, incomplete=incomplete)
+                          warnings=([incomplete] if incomplete else []) + warnings, incomplete=incomplete,
+                          noise=noise.to_dict())
 
     best = best_k_by_batch(cells)
     if not best.empty and workloads:
@@ -160,7 +202,7 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     if draft is not None and draft not in drafts:
         return unanswerable(draft, [], f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
 
-    judged = _judged(cells, min_speedup, workloads, temperatures)
+    judged = _judged(cells, min_speedup, workloads, temperatures, noise)
     worst_all = worst_case_by_batch(best)
     verdicts = [_draft_verdict(name, worst_all[worst_all["draft"] == name], judged[judged["draft"] == name],
                                batch_sizes, min_speedup, (base_configs or {}).get(name)) for name in drafts]
@@ -189,6 +231,9 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
             incomplete = f"{incomplete}; {gap}" if incomplete else gap
     result = _verdict(chosen, batch_sizes, min_speedup, verdicts)
     result.headline = chosen.headline
+    result.noise = noise.to_dict()
+    result.above_bound = [{"cell_id": row.cell_id, "speedup": float(row.speedup), "bound": float(row.speedup_bound)}
+                          for row in judged[judged["above_bound"]].itertuples()]
     result.warnings = ([incomplete] if incomplete else []) + warnings
     result.incomplete = incomplete
     if incomplete and not allow_incomplete:
@@ -220,40 +265,37 @@ def _evidence_gaps(cells: pd.DataFrame, draft: str, batch_sizes: list[int], work
 
 def _draft_verdict(name: str, worst: pd.DataFrame, judged: pd.DataFrame, batch_sizes: list[int], bar: float,
                    base_config: dict | None) -> DraftVerdict:
-    """`worst`: the draft's worst-case best-K rows per batch size; `judged`: every one of its cells."""
-    by_batch = {int(r.batch_size): (float(r.speedup), int(r.k), r.workload, r.temperature) for r in worst.itertuples()}
-    decided = _decisions_by_batch(judged) if not judged.empty else {}
-    measured = sorted(by_batch)
-    # K is on only where it is shown to pay: a batch size decided PASS
-    schedule = schedule_ranges(measured, [by_batch[b][1] if decided.get(b) == PASSES else None for b in measured])
-    found = crossover(measured, [by_batch[b][0] for b in measured], threshold=bar)
-    named = [b for b in batch_sizes if b in by_batch]
-    worst_rows = {b: _worst_row(judged, b, by_batch[b]) for b in named}
-    intervals = {b: row["interval"] for b, row in worst_rows.items() if row is not None and row["interval"]}
-    marks = {b: row["mark"] for b, row in worst_rows.items() if row is not None and row["mark"]}
-    decisions = {b: decided.get(b, UNDECIDED) for b in named}
-    to_decide = {b: repeats_to_decide(row.get("speedup_runs"), bar) if row is not None else None
-                 for b, row in worst_rows.items() if decisions[b] == UNDECIDED}
-    missing = [b for b in batch_sizes if b not in by_batch]
+    """`worst`: the draft's worst-case best-K rows per batch size (B*); `judged`: every one of its cells."""
+    rows = _deciding_rows(judged) if not judged.empty else {}
+    measured = sorted(rows)
+    speedups = {b: float(rows[b]["speedup"]) for b in measured}
+    # K is on only where it is shown to pay: a batch size decided PASS, with the K that passed there
+    schedule = schedule_ranges(measured, [int(rows[b]["k"]) if rows[b]["decision"] == PASSES else None
+                                          for b in measured])
+    best = {int(r.batch_size): float(r.speedup) for r in worst.itertuples()}
+    found = crossover(sorted(best), [best[b] for b in sorted(best)], threshold=bar)
+    named = [b for b in batch_sizes if b in rows]
+    picked = {b: rows[b] for b in named}
+    decisions = {b: row["decision"] for b, row in picked.items()}
     verdict = DraftVerdict(
-        name, None, {b: by_batch[b][0] for b in named}, {b: by_batch[b][1] for b in named}, format_schedule(schedule),
-        found.text, missing, intervals, vllm_speculative_config(base_config, schedule) if base_config is not None
-        else None, decisions, to_decide, marks, int(judged["k"].nunique()) if not judged.empty else 0)
+        name, None, {b: speedups[b] for b in named}, {b: int(row["k"]) for b, row in picked.items()},
+        format_schedule(schedule), found.text, [b for b in batch_sizes if b not in rows],
+        {b: tuple(row["interval"]) for b, row in picked.items() if row["interval"]},
+        vllm_speculative_config(base_config, schedule) if base_config is not None else None, decisions,
+        {b: repeats_to_decide(row.get("speedup_runs"), bar) if row["pairing"] in (TURNS, SIDE_BY_SIDE) else None
+         for b, row in picked.items() if row["decision"] == UNDECIDED},
+        {b: row["mark"] for b, row in picked.items() if row["mark"]},
+        int(judged["k"].nunique()) if not judged.empty else 0,
+        repeats={b: int(row["repeats_behind"]) for b, row in picked.items()},
+        reasons={b: row["reason"] for b, row in picked.items()},
+        bounds={b: float(row["speedup_bound"]) for b, row in picked.items() if pd.notna(row["speedup_bound"])},
+        above_bound=sorted(judged[judged["above_bound"]]["cell_id"]) if not judged.empty else [],
+        cells={b: row["cell_id"] for b, row in picked.items()})
     verdict.passes = {PASSES: True, FAILS: False}.get(verdict.decision)
-    undecided = [b for b in measured if decided.get(b) == UNDECIDED]
-    verdict.headline = speedup_headline(name, {b: by_batch[b][0] for b in measured}, found.text, verdict.schedule,
-                                        verdict.ks_measured, undecided)
+    undecided = [b for b in measured if rows[b]["decision"] == UNDECIDED]
+    verdict.headline = speedup_headline(name, speedups, found.text, verdict.schedule, verdict.ks_measured, undecided,
+                                        {b: int(rows[b]["repeats_behind"]) for b in measured})
     return verdict
-
-
-def _worst_row(judged: pd.DataFrame, batch_size: int, point: tuple) -> dict | None:
-    """The judged row of the worst-case best-K cell at a batch size."""
-    if judged.empty:
-        return None
-    speedup, k, workload, temperature = point
-    match = judged[(judged["batch_size"] == batch_size) & (judged["k"] == k) & (judged["workload"] == workload)
-                   & (judged["temperature"] == temperature)]
-    return match.iloc[0].to_dict() if len(match) else None
 
 
 def _verdict(chosen: DraftVerdict, batch_sizes: list[int], bar: float, verdicts: list[DraftVerdict]) -> GateResult:
@@ -261,7 +303,7 @@ def _verdict(chosen: DraftVerdict, batch_sizes: list[int], bar: float, verdicts:
     failing = [b for b, d in chosen.decisions.items() if d == FAILS]
     if decision == FAILS:
         message = (f"{chosen.draft}: speculation is below {bar:g}× at batch size(s) "
-                   + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], bar)}{_interval_text(chosen, b)})"
+                   + ", ".join(f"{b} ({format_speedup(chosen.speedups[b], bar)}{evidence_text(chosen, b)})"
                                for b in failing))
         return GateResult(FAIL, chosen.draft, batch_sizes, bar, verdicts, message)
     if decision == UNDECIDED:
@@ -269,34 +311,42 @@ def _verdict(chosen: DraftVerdict, batch_sizes: list[int], bar: float, verdicts:
         for b, d in chosen.decisions.items():
             if d != UNDECIDED:
                 continue
-            if b in chosen.intervals:
+            if b in chosen.intervals and chosen.reasons.get(b) == "interval straddles the bar":
                 low, high = chosen.intervals[b]
                 needed = chosen.repeats_to_decide.get(b)
                 more = (f"about {needed} repeats in all would decide it if the spread holds" if needed
                         else "it sits on the bar: no practical number of repeats decides it, a --min-speedup "
                              "margin does")
                 parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)}, {CONFIDENCE:.0%} interval "
-                             f"{low:.3f}×–{high:.3f}× straddles {bar:g}× ({more})")
+                             f"{low:.3f}×–{high:.3f}× from {_repeats_text(chosen, b)} straddles {bar:g}× ({more})")
             else:
-                why = chosen.marks.get(b, "a speed-up warnings mark")
-                parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)} from one repeat, and {why} "
-                             f"(--repeats 3 gives an interval)")
+                parts.append(f"B={b}: {format_speedup(chosen.speedups[b], bar)}{evidence_text(chosen, b)}")
         message = f"{chosen.draft}: inconclusive, within the measurement's noise at " + "; ".join(parts)
         return GateResult(INCONCLUSIVE, chosen.draft, batch_sizes, bar, verdicts, message,
                           advice="`specbench sweep --resume --output RUN --until-decided` adds repeats where they "
                                  "decide")
-    shown = "; ".join(f"B={b} {format_speedup(chosen.speedups[b], bar)}{_interval_text(chosen, b)}"
+    shown = "; ".join(f"B={b} {format_speedup(chosen.speedups[b], bar)}{evidence_text(chosen, b)}"
                       for b in chosen.speedups)
     return GateResult(PASS, chosen.draft, batch_sizes, bar, verdicts,
                       f"{chosen.draft}: at least {bar:g}× at every batch size in {', '.join(map(str, batch_sizes))} "
                       f"({shown})")
 
 
-def _interval_text(verdict: DraftVerdict, batch_size: int) -> str:
-    if batch_size not in verdict.intervals:
-        return ""
-    low, high = verdict.intervals[batch_size]
-    return f", {CONFIDENCE:.0%} interval {low:.3f}×–{high:.3f}×"
+def _repeats_text(verdict: DraftVerdict, batch_size: int) -> str:
+    n = verdict.repeats.get(batch_size, 1)
+    return f"{n} repeat{'s' if n != 1 else ''}"
+
+
+def evidence_text(verdict: DraftVerdict, batch_size: int) -> str:
+    """What a batch size's decision rests on: its interval or noise band, its repeats, and why."""
+    reason = verdict.reasons.get(batch_size, "")
+    mark = verdict.marks.get(batch_size)
+    if batch_size in verdict.intervals and reason in ("interval", "interval straddles the bar"):
+        low, high = verdict.intervals[batch_size]
+        return f", {CONFIDENCE:.0%} interval {low:.3f}×–{high:.3f}× from {_repeats_text(verdict, batch_size)}"
+    if reason == "a measurement warning marks it" and mark:
+        return f"; {_repeats_text(verdict, batch_size)}, and {mark} (--repeats 3 gives an interval)"
+    return f"; {_repeats_text(verdict, batch_size)}: {reason}" if reason else ""
 
 
 # --- the same question under an SLO ------------------------------------------------------------

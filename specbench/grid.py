@@ -107,6 +107,9 @@ class VllmOptions:
     extra_args: str = ""  # anything else, appended to the server's command line (shell-style quoting)
     python: str | None = None  # the Python that runs the server (another environment); default: this one
     startup_timeout_s: float = 900.0
+    # how a speculative server's repeats pair with the baseline's: auto, side-by-side (both servers
+    # up, repeats alternating) or bracketed (baseline before and after) — specbench.fit.noise
+    pairing: str = "auto"
 
 
 @dataclass

@@ -15,6 +15,7 @@ Definitions (compatible with vLLM's spec-decode metrics and the load tools' late
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -29,6 +30,49 @@ def percentiles(values, prefix: str) -> dict[str, float]:
     out = {f"{prefix}_p{p}_s": float(np.percentile(array, p)) for p in PERCENTILES}
     out[f"{prefix}_mean_s"] = float(array.mean())
     return out
+
+
+class OwnCpu:
+    """The CPU this process and every process it started (a server's engine and workers) use while
+    the block runs, in cores (CPU seconds per wall second), summed over every time it is entered:
+    what specbench itself adds to the machine's load average."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+        self._start: tuple[float, dict[int, float]] | None = None
+
+    @staticmethod
+    def _cpu_by_pid() -> dict[int, float]:
+        import psutil
+
+        me = psutil.Process()
+        found = {}
+        for process in [me] + me.children(recursive=True):
+            try:
+                times = process.cpu_times()
+                found[process.pid] = times.user + times.system
+            except psutil.Error:
+                continue
+        return found
+
+    def __enter__(self) -> "OwnCpu":
+        if self._start is None:
+            self._start = (time.monotonic(), self._cpu_by_pid())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        started, before = self._start
+        self._start = None
+        after = self._cpu_by_pid()
+        self.wall_s += time.monotonic() - started
+        self.cpu_s += sum(max(0.0, used - before.get(pid, 0.0)) for pid, used in after.items())
+
+    @property
+    def cores(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
 
 
 class PeakSampler:

@@ -23,6 +23,7 @@ from specbench.fit import (  # noqa: E402
     parse_slo, predictions, repeat_range, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
     MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
 )
+from specbench.fit.physics import with_bounds  # noqa: E402
 from specbench.results import Run  # noqa: E402
 
 CHARTS = {
@@ -617,8 +618,9 @@ DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance
 
 def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     cells, load = a.cells, a.load  # load: batch_size, or request_rate on an open-loop run
-    columns = ["workload", load, "temperature", "draft", "k", "tokens_per_s", "speedup", "alpha", "tau",
-               "ttft_p50_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s", "lossless"]
+    columns = ["workload", load, "temperature", "draft", "k", "tokens_per_s", "speedup", "speedup_bound",
+               "above_bound", "pairing", "alpha", "tau", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s", "lossless"]
+    cells = with_bounds(cells) if not cells.empty and "speedup" in cells else cells
     cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", load, "draft", "k"]) \
         if not cells.empty else pd.DataFrame()
     tables = {"cells": cell_table}

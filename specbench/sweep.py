@@ -16,6 +16,7 @@ from typing import Callable
 import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed, open_engine
+from specbench.fit.noise import BRACKETED, SIDE_BY_SIDE
 from specbench.grid import (  # noqa: F401
     AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule,
 )
@@ -270,8 +271,11 @@ class SweepTables:
 
 def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
     """The speed-up over the cell's own group baseline: `speedup` from the medians, and
-    `speedup_runs` repeat by repeat (the group's cells take turns, so repeat i of both ran side
-    by side); their spread is the measurement noise the gate reports."""
+    `speedup_runs` repeat by repeat; their spread is the measurement noise the gate reports. Which
+    baseline measurement it pairs with depends on `pairing` (fit.noise): side by side, the
+    baseline repeats measured alternately with this cell's (`baseline_tokens_per_s_runs`);
+    bracketed, every repeat of the baseline cell, before and after (unpaired); otherwise the
+    baseline cell's repeats in turn (native) or in sequence (a served run without pairing)."""
     if cell.is_speculative:
         cells = tables.cells
         match = cells[(cells["cell_id"] == cell.baseline_id)
@@ -282,10 +286,29 @@ def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
         baseline = match.iloc[0]
     else:
         baseline = row  # a baseline is its own
-    row["baseline_tokens_per_s"] = float(baseline["tokens_per_s"])
+    runs = list(row["tokens_per_s_runs"])
+    how = row.get("pairing") if cell.is_speculative else None
+    if how == SIDE_BY_SIDE and _listed(row.get("baseline_tokens_per_s_runs")):
+        baseline_runs = _listed(row["baseline_tokens_per_s_runs"])
+    elif how == BRACKETED:
+        baseline_runs = list(baseline["tokens_per_s_runs"])
+        row["baseline_tokens_per_s_runs"] = baseline_runs
+    else:
+        baseline_runs = list(baseline["tokens_per_s_runs"])
+    row["baseline_tokens_per_s"] = float(pd.Series(baseline_runs).median()) if how in (SIDE_BY_SIDE, BRACKETED) \
+        else float(baseline["tokens_per_s"])
     row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
-    runs, baseline_runs = list(row["tokens_per_s_runs"]), list(baseline["tokens_per_s_runs"])
-    row["speedup_runs"] = [ours / theirs for ours, theirs in zip(runs, baseline_runs)]  # round by round
+    if how == BRACKETED:  # no repeat pairs with another: each against the baseline's median
+        row["speedup_runs"] = [ours / row["baseline_tokens_per_s"] for ours in runs]
+    else:
+        row["speedup_runs"] = [ours / theirs for ours, theirs in zip(runs, baseline_runs)]  # round by round
+
+
+def _listed(value) -> list[float]:
+    """A runs column's value as a list (a list, an array; anything else: empty)."""
+    import numpy as np
+
+    return [float(x) for x in value] if isinstance(value, (list, tuple, np.ndarray)) else []
 
 
 def _failure_row(cell: Cell, status: str, message: str) -> dict:
@@ -330,6 +353,8 @@ def run_sweep(
             sweep.run_stage(stage)
             engine.annotate(meta)
             write_json(run_dir / "run.json", meta)
+        if getattr(engine, "pairing", "") == BRACKETED:
+            close_brackets(sweep, cells)
         if config.until_decided:
             meta["until_decided"] = add_repeats_until_decided(sweep, cells)
         meta["status"] = "complete"
@@ -428,6 +453,9 @@ class _Sweep:
         runs = [float(x) for x in row["tokens_per_s_runs"]] + list(outcome.row["tokens_per_s_runs"])
         row.update(tokens_per_s=float(pd.Series(runs).median()), tokens_per_s_runs=runs, repeats=len(runs),
                    wall_s=float(row.get("wall_s") or 0.0) + float(outcome.row.get("wall_s") or 0.0))
+        if outcome.row.get("pairing") == SIDE_BY_SIDE and row.get("pairing") == SIDE_BY_SIDE:
+            row["baseline_tokens_per_s_runs"] = _listed(row["baseline_tokens_per_s_runs"]) + \
+                _listed(outcome.row["baseline_tokens_per_s_runs"])
         if cell.is_speculative and cell.temperature == 0 and not self.config.synthetic:
             verdict, detail = self.lossless(cell, outcome, repeat=self.first_repeat)
             if verdict == "MISMATCH":
@@ -536,6 +564,38 @@ class _Sweep:
         return True
 
 
+# --- bracketed served runs ----------------------------------------------------------------------
+
+def close_brackets(sweep: "_Sweep", planned: list[Cell], only: list[Cell] | None = None) -> None:
+    """A served run whose baseline server cannot run beside a speculative one: the baselines are
+    measured again after the speculative servers (the closing bracket), and each speculative
+    cell's speed-up is taken against both brackets, unpaired (fit.noise: the drift between them
+    widens its interval). `only`: these speculative cells (default: every one not yet bracketed)."""
+    tables = sweep.tables
+    by_id = {cell.id: cell for cell in planned}
+    ok = set(tables.cells[tables.cells["status"] == "ok"]["cell_id"]) if not tables.cells.empty else set()
+    if only is None:
+        only = [by_id[c] for c in ok if c in by_id and by_id[c].is_speculative
+                and tables.row(c).get("pairing") != BRACKETED]
+    speculative = [cell for cell in only if cell.id in ok and cell.baseline_id in ok and cell.baseline_id in by_id]
+    baselines = [by_id[c] for c in sorted({cell.baseline_id for cell in speculative}, key=sweep.position.get)]
+    if not baselines:
+        return
+    done = max(int(tables.row(cell.id)["repeats"]) for cell in baselines)
+    sweep.on_event(SweepEvent("stage", message=f"closing the bracket: {len(baselines)} baseline cell(s) measured "
+                                               f"again after the speculative servers"))
+    again = _Sweep(sweep.config, sweep.engine, tables, sweep.workloads, sweep.on_event, sweep.position, sweep.total,
+                   first_repeat=done)
+    again._prompts = sweep._prompts
+    for stage in sweep.engine.stages(baselines):
+        again.run_stage(stage)
+    for cell in speculative:
+        row = tables.row(cell.id)
+        row["pairing"] = BRACKETED
+        _pair_with_baseline(tables, cell, row)
+        tables.replace(row, [], [])
+
+
 # --- repeats until the verdict is decided ------------------------------------------------------
 
 def add_repeats_until_decided(sweep: _Sweep, planned: list[Cell]) -> str:
@@ -552,10 +612,12 @@ def add_repeats_until_decided(sweep: _Sweep, planned: list[Cell]) -> str:
     while True:
         ok = closed_loop(tables.cells[tables.cells["status"] == "ok"])
         sizes = sorted(int(b) for b in ok["batch_size"].unique())
-        result = evaluate(tables.cells, sizes, config.min_speedup)
+        requests, steps = read_table(tables.run_dir, "requests"), read_table(tables.run_dir, "steps")
+        result = evaluate(tables.cells, sizes, config.min_speedup, requests=requests, steps=steps)
         if result.exit_code != INCONCLUSIVE:
             return f"decided: {result.verdict}: {result.message}"
-        groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.min_speedup)
+        groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.min_speedup,
+                                                                requests, steps)
                   if c in by_id}
         chosen = [by_id[c] for c in ok["cell_id"] if c in by_id and by_id[c].group in groups
                   and by_id[c].draft in (AR, result.draft)]
@@ -571,6 +633,8 @@ def add_repeats_until_decided(sweep: _Sweep, planned: list[Cell]) -> str:
         more._prompts = sweep._prompts
         for stage in sweep.engine.stages(chosen):
             more.run_stage(stage)
+        if getattr(sweep.engine, "pairing", "") == BRACKETED:  # the baselines again, after the speculative cells
+            close_brackets(sweep, planned, [cell for cell in chosen if cell.is_speculative])
         for cell in chosen:  # speed-ups again, repeat by repeat over every repeat
             row = tables.row(cell.id)
             if cell.is_speculative and row["status"] == "ok":

@@ -87,7 +87,7 @@ def test_prices():
 # --- crafted runs for the gate ----------------------------------------------------------------
 
 def crafted_run(tmp_path, speedups: dict[tuple[str, int, int], float], name="run"):
-    """cells with the given speed-ups per (draft, K, B), one workload at T=0."""
+    """cells with the given speed-ups per (draft, K, B), one workload at T=0, three paired repeats ±2 %."""
     rows = []
     for b in sorted({b for _, _, b in speedups}):
         rows.append({"cell_id": f"chat|B{b}|T0|autoregressive", "status": "ok", "mode": "autoregressive",
@@ -96,7 +96,8 @@ def crafted_run(tmp_path, speedups: dict[tuple[str, int, int], float], name="run
     for (draft, k, b), speedup in speedups.items():
         rows.append({"cell_id": f"chat|B{b}|T0|{draft}|K{k}", "status": "ok", "mode": "speculative",
                      "workload": "chat", "draft": draft, "k": k, "batch_size": b, "temperature": 0.0,
-                     "tokens_per_s": 100.0 * b * speedup, "speedup": speedup})
+                     "tokens_per_s": 100.0 * b * speedup, "speedup": speedup,
+                     "speedup_runs": [speedup * 0.98, speedup, speedup * 1.02]})
     run_dir = tmp_path / name
     run_dir.mkdir()
     write_table(run_dir, "cells", pd.DataFrame(rows))
@@ -113,11 +114,12 @@ def test_check_exit_codes(tmp_path):
     assert runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32"]).exit_code == 0
     failing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "32,64"])
     assert failing.exit_code == 1
-    assert "B=32: 1.100× (K=2)" in failing.output and "B=64: 0.800× (K=2)" in failing.output
+    assert "B=32: 1.100× (K=2, PASS, 95% interval" in failing.output and "B=64: 0.800× (K=2, FAIL" in failing.output
+    assert "from 3 repeats" in failing.output
     measured = runner.invoke(app, ["check", str(run_dir)])  # default: every batch size the run measured
     assert measured.exit_code == 1 and "batch size(s) 1, 32, 64? (every batch size the run measured" in measured.output
-    assert "B=1: 1.900× (K=4)" in measured.output and "best draft = " in measured.output and "B* = " in measured.output
-    assert "below 1× at batch size(s) 64 (0.800×)" in failing.output
+    assert "B=1: 1.900× (K=4, PASS" in measured.output and "best draft = " in measured.output and "B* = " in measured.output
+    assert "below 1× at batch size(s) 64 (0.800×, 95% interval 0.7" in failing.output
     assert "{1: 4, 2-32: 2, 33+: off}" in failing.output and "B* ≈" in failing.output
     missing = runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "128"])
     assert missing.exit_code == 2 and "measured: 1, 32, 64" in missing.output
@@ -134,12 +136,13 @@ def test_check_json_and_min_speedup(tmp_path):
 
 
 def test_gate_picks_the_best_draft_and_counts_the_worst_workload(tmp_path):
-    cells = pd.read_parquet(crafted_run(tmp_path, {**SPEEDUPS, ("ngram", 3, 32): 1.3, ("ngram", 3, 64): 1.05,
+    cells = pd.read_parquet(crafted_run(tmp_path, {**SPEEDUPS, ("ngram", 3, 32): 1.3, ("ngram", 3, 64): 1.15,
                                                    ("ngram", 3, 1): 1.2}) / "cells.parquet")
     result = evaluate(cells, [32, 64])
     assert result.exit_code == 0 and result.draft == "ngram"
     code_row = cells[cells["draft"] == "ngram"].iloc[[0]].assign(workload="code", speedup=0.5,
                                                                  cell_id="code|B32|T0|ngram|K3", batch_size=32)
+    code_row["speedup_runs"] = [[0.49, 0.5, 0.51]]
     worse = evaluate(pd.concat([cells, code_row]), [32, 64], draft="ngram")
     assert worse.exit_code == 1
 
@@ -209,7 +212,7 @@ def test_one_repeat_on_a_drifted_group_is_inconclusive_and_stays_off_the_schedul
                          "workload": "chat", "draft": "ngram", "k": k, "batch_size": 1, "temperature": t,
                          "tokens_per_s": 20.0 * speedup, "speedup": speedup + (0.1 if t else 0.0)})
     result = evaluate(pd.DataFrame(rows), [1])
-    assert result.exit_code == 3 and "one repeat" in result.message and "drifted" in result.message
+    assert result.exit_code == 3 and "1 repeat" in result.message and "drifted" in result.message
     assert result.verdicts[0].schedule == "{1+: off}" and any("drifted" in w for w in result.warnings)
     assert "within noise at B=1" in result.headline
 

@@ -30,15 +30,16 @@ def default_sigterm():
 
 @pytest.fixture
 def crafted(tmp_path):
-    """A finished two-batch-size run (speed-ups 1.5× and 0.8×) with a run.json config."""
+    """A finished two-batch-size run (speed-ups 1.5× and 0.8×, three paired repeats ±2 %) with a
+    run.json config."""
     rows = []
     for b, speedup in ((1, 1.5), (4, 0.8)):
         rows.append({"cell_id": f"chat|B{b}|T0|autoregressive", "status": "ok", "mode": "autoregressive",
                      "workload": "chat", "draft": "autoregressive", "k": 0, "batch_size": b, "temperature": 0.0,
-                     "tokens_per_s": 10.0 * b, "speedup": 1.0})
+                     "tokens_per_s": 10.0 * b, "speedup": 1.0, "tokens_per_s_runs": [10.0 * b] * 3})
         rows.append({"cell_id": f"chat|B{b}|T0|ngram|K2", "status": "ok", "mode": "speculative", "workload": "chat",
                      "draft": "ngram", "k": 2, "batch_size": b, "temperature": 0.0, "tokens_per_s": 10.0 * b * speedup,
-                     "speedup": speedup})
+                     "speedup": speedup, "speedup_runs": [speedup * 0.98, speedup, speedup * 1.02]})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     write_table(run_dir, "cells", pd.DataFrame(rows))

@@ -183,7 +183,7 @@ def test_check_hands_back_a_speculative_config_with_the_k_schedule(fake_vllm, ta
                                  "ngram:4,ngram@schedule:{1: 3, 2+: 1}", "--k", "1,2", "--batch-sizes", "1,3",
                                  "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
                                  "--num-prompts", "3", "--dtype", "fp32", "--output", str(run_dir),
-                                 "--server-timeout", "60"])
+                                 "--server-timeout", "60", "--repeats", "2"])  # an interval: a K shown to pay
     assert result.exit_code == 0, result.output
     cells = load_run(run_dir).cells.set_index("cell_id")
     assert cells.loc["chat|B3|T0|ngram@schedule:{1: 3, 2+: 1}|K1", "k_schedule"] == "{1: 3, 2+: 1}"

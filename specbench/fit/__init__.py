@@ -9,7 +9,10 @@
   batch sizes predicted from the smaller ones), the what-if table of `plan`.
 - `decisions`: best K per batch size, B* (where the best speed-up falls below the bar,
   interpolated in log2 B), the best draft, K schedules and vLLM's config for one.
-- `trust`: drift, a busy machine, repeat ranges, how fast the baseline is.
+- `trust`: drift, a busy machine (less specbench's own processes), repeat ranges, how fast the baseline is.
+- `physics`: what acceptance allows: a speed-up's bound from its counted tokens per target forward.
+- `noise`: each speed-up's interval by how its repeats paired (turns, side by side, bracketed), and
+  the run's noise band for a single comparison.
 - `slo`: goodput and capacity under an SLO.
 - `prices`: $ per 1M output tokens = price per hour x devices / (tokens/s x 3600) x 1e6.
 """

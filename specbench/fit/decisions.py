@@ -122,7 +122,8 @@ def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
 
 
 def speedup_headline(draft: str, speedups: dict[int, float], crossover_text: str, schedule_text: str,
-                     ks_measured: int, undecided: list[int] | None = None) -> str:
+                     ks_measured: int, undecided: list[int] | None = None,
+                     repeats: dict[int, int] | None = None) -> str:
     """The one-sentence answer report and check both print: the draft's best and worst measured
     batch sizes (the gate's worst case over workloads and temperatures), B*, and the K schedule."""
     if not speedups:
@@ -134,7 +135,12 @@ def speedup_headline(draft: str, speedups: dict[int, float], crossover_text: str
     k = "at its best K" if ks_measured > 1 else "at the one K measured (no K comparison)"
     noise = (f"; within noise at B={', '.join(map(str, undecided))} (the schedule leaves it off there)"
              if undecided else "")
-    return (f"With {draft} {k}, speculation runs at {at} (the least favourable workload and temperature); "
+    evidence = ""
+    if repeats:
+        fewest, most = min(repeats.values()), max(repeats.values())
+        evidence = (f" ({fewest} repeat{'s' if fewest != 1 else ''} per cell)" if fewest == most
+                    else f" ({fewest}–{most} repeats per cell)")
+    return (f"With {draft} {k}, speculation runs at {at} (the least favourable workload and temperature){evidence}; "
             f"{crossover_text}; recommended K schedule {schedule_text}{noise}.")
 
 

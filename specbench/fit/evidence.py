@@ -59,16 +59,53 @@ def repeats_to_decide(runs, bar: float, confidence: float = CONFIDENCE) -> int |
     return None
 
 
-def judge(point: float, interval: tuple[float, float] | None, bar: float, marked: bool = False) -> str:
-    """pass / fail / inconclusive for one speed-up: its interval when it has one, else its point,
-    unless a measurement warning marks it (a drifted baseline, a busy machine) and nothing but the
-    point speaks for it."""
+@dataclass
+class Judgement:
+    decision: str  # pass / fail / inconclusive
+    reason: str  # why, in a few words (printed after the point)
+
+
+def judge(point: float, interval: tuple[float, float] | None, bar: float, marked: bool = False,
+          bound: float | None = None, tokens_per_forward: float | None = None, drafted: float = 0.0,
+          band: tuple[float, float] | None = None, band_note: str = "") -> Judgement:
+    """pass / fail / inconclusive for one speed-up, and why (fit.physics for the bounds).
+
+    - Acceptance alone: when the tokens per target forward (counted, not timed) are below the bar,
+      or on it with drafts verified, the point fails whatever was timed.
+    - A point above `bound` (tokens per forward × the step's non-draft share) is not explained by
+      acceptance: one comparison above it never passes, and an interval lying wholly above it
+      decides nothing.
+    - With repeats the interval (as its pairing allows, fit.noise.cell_interval) decides.
+    - One comparison: `band`, the run's noise band around the point, decides; without one, or
+      when a measurement warning marks the cell, it is inconclusive."""
+    from specbench.fit.physics import cannot_reach
+
+    if cannot_reach(tokens_per_forward, bar, drafted):
+        return Judgement(FAIL, f"acceptance allows at most {tokens_per_forward:.3f}× ({tokens_per_forward:.3f} "
+                               f"tokens per target forward)")
+    above = bound is not None and math.isfinite(point) and point > bound
     if interval is not None:
         low, high = interval
-        return PASS if low >= bar else FAIL if high < bar else INCONCLUSIVE
-    if marked or not math.isfinite(point):
-        return INCONCLUSIVE
-    return PASS if point >= bar else FAIL
+        if bound is not None and low > bound:
+            return Judgement(INCONCLUSIVE, f"its interval lies above what acceptance allows ({bound:.3f}×): "
+                                           f"not explained by acceptance: noise")
+        decision = PASS if low >= bar else FAIL if high < bar else INCONCLUSIVE
+        return Judgement(decision, "interval straddles the bar" if decision == INCONCLUSIVE else "interval")
+    if not math.isfinite(point):
+        return Judgement(INCONCLUSIVE, "no speed-up")
+    if marked:
+        return Judgement(INCONCLUSIVE, "a measurement warning marks it")
+    if band is None:
+        return Judgement(INCONCLUSIVE, band_note or "one comparison, and no measure of the run's noise")
+    low, high = band
+    if high < bar:
+        return Judgement(FAIL, f"its noise band {low:.3f}×–{high:.3f}× lies below the bar")
+    if above:
+        return Judgement(INCONCLUSIVE, f"above what acceptance allows ({bound:.3f}×): not explained by acceptance: "
+                                       f"noise")
+    if low >= bar:
+        return Judgement(PASS, f"its noise band {low:.3f}×–{high:.3f}× clears the bar")
+    return Judgement(INCONCLUSIVE, f"within noise ({low:.3f}×–{high:.3f}×)")
 
 
 def combine_any(decisions: list[str]) -> str:

@@ -68,23 +68,35 @@ DRIFT_ADVICE = ("speed-ups inside such a group are skewed by the drift; --repeat
 BUSY_LOAD = 1.5  # load average per core above which a CPU machine was busy with other work
 
 
+def other_load(cells: pd.DataFrame) -> pd.Series:
+    """The load average each cell saw less what specbench's own processes (itself, the servers it
+    started and their workers) used while it measured (`own_cpu_cores`; older runs: the whole load)."""
+    own = cells["own_cpu_cores"].fillna(0.0) if "own_cpu_cores" in cells else 0.0
+    return cells["load_average"] - own
+
+
 def _busy_cells(cells: pd.DataFrame, cores: int) -> pd.DataFrame:
-    """Cells of a CPU run measured while the load average was above BUSY_LOAD per core."""
+    """Cells of a CPU run measured while other work kept the load average above BUSY_LOAD per core."""
     if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
         return cells.iloc[0:0]
-    return cells[cells["load_average"] > BUSY_LOAD * cores]
+    return cells[other_load(cells) > BUSY_LOAD * cores]
 
 
 def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
-    """A warning when CPU cells ran while the machine's load average was well above its cores."""
+    """A warning when CPU cells ran while other work kept the machine's load average well above its
+    cores (specbench's own processes left out; an endpoint's server is not specbench's)."""
     import os
 
     cores = cores or os.cpu_count() or 1
     busy = _busy_cells(cells, cores)
     if not len(busy):
         return None
-    return (f"the machine was busy (load average above {BUSY_LOAD * cores:g} on {cores} cores) during {len(busy)} "
-            f"cell(s); their timings include the other work")
+    mine = " less specbench's own processes" if "own_cpu_cores" in busy and busy["own_cpu_cores"].notna().any() else ""
+    endpoint = ("; an --endpoint server running on this machine counts as other work: specbench sees only its own "
+                "processes (the client), not the endpoint's") \
+        if "engine" in busy and (busy["engine"] == "endpoint").any() else ""
+    return (f"the machine was busy (load average{mine} above {BUSY_LOAD * cores:g} on {cores} cores) during "
+            f"{len(busy)} cell(s); their timings include the other work{endpoint}")
 
 
 # --- how fast the baseline is ------------------------------------------------------------------
@@ -159,7 +171,9 @@ def slow_baseline_warning(table: pd.DataFrame, reference_engine: str = "the refe
 
 def measurement_warnings(cells: pd.DataFrame) -> list[str]:
     """Every warning about how far a run's timings can be trusted, for the console, plan, summary and HTML."""
-    warnings = [message for message in [busy_machine(cells)] if message]
+    from specbench.fit.physics import bound_warning
+
+    warnings = [message for message in [busy_machine(cells), bound_warning(cells)] if message]
     drift = baseline_drift(cells)
     return warnings + drift + ([DRIFT_ADVICE] if drift else [])
 

@@ -15,7 +15,7 @@ import torch
 from specbench.engines import CellOutcome, Engine, Stage
 from specbench.grid import AR, Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import percentiles
+from specbench.measure import OwnCpu, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, family_of, load_model, lookup_alias,
     parse_draft_spec, parse_dtype,
@@ -362,6 +362,7 @@ class CellRun:
         self.peak_bytes = self.peak_torch_bytes = 0
         self.memory_kind = ""
         self.timed_graph_captures = 0
+        self.own_cpu = OwnCpu()  # what this process adds to the load average while it measures
 
     def _graph_captures(self) -> int:
         models = [self.models.target.model] + ([self.drafter.model] if isinstance(self.drafter, ModelDrafter) else [])
@@ -380,7 +381,7 @@ class CellRun:
         tokens = seconds = 0.0
         first = not self.throughput_per_repeat  # its outputs are the ones checked (repeat 0, or a top-up's first)
         captures_before = self._graph_captures()
-        with PeakMemory(self.models.target.model.devices()) as memory:
+        with self.own_cpu, PeakMemory(self.models.target.model.devices()) as memory:
             for batch_index, rows in enumerate(self.batches):
                 generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
                                               seed=config.seed + 1000 * repeat + batch_index)
@@ -444,6 +445,7 @@ class CellRun:
             "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
             # Another busy process on the machine inflates every timing: recorded so it shows.
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+            "own_cpu_cores": self.own_cpu.cores,
             "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
             # CUDA graphs captured inside measured runs (their capture time is in the figures).
             "cuda_graphs": config.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,
@@ -465,6 +467,7 @@ class CellRun:
             row.update({
                 "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
                 "num_drafts": summary.verify_rows, "rejections": summary.rejections,
+                "pairing": "turns",  # fit.noise: a group's cells take turns repeat by repeat
                 "acceptance_by_position": summary.by_position,
                 "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
                 "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,

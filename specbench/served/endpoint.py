@@ -17,10 +17,12 @@ import math
 import os
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from specbench.engines import CellOutcome, Stage
-from specbench.grid import Cell, SweepConfig, split_schedule
+from specbench.fit.noise import SIDE_BY_SIDE
+from specbench.grid import AR, Cell, SweepConfig, split_schedule
 from specbench.models import ModelNotAvailable
 from specbench.served.prometheus import Snapshot
 from specbench.served.vllm_engine import COUNTERS, VllmCellRun, VllmEngine, model_path
@@ -146,7 +148,10 @@ class EndpointEngine(VllmEngine):
             raise ModelNotAvailable(f"--target {config.target}: the endpoint's tokenizer is needed to send every "
                                     f"server the same token ids ({error})") from None
         self._probe_scoring()
-        pair = f"; baseline {self.baseline.url}" if self.baseline else "; no --baseline-endpoint: no speed-ups"
+        if self.baseline:
+            self.pairing, self.pairing_reason = SIDE_BY_SIDE, "both endpoints are up"
+        pair = (f"; baseline {self.baseline.url}, repeats side by side" if self.baseline
+                else "; no --baseline-endpoint: no speed-ups")
         return (f"endpoint {self.endpoint.url} serving {self.served_name!r}{pair}; prompts tokenized with "
                 f"{config.target}; sampled check: {'on' if self.scores_samples else self.scores_samples_note}")
 
@@ -177,7 +182,7 @@ class EndpointEngine(VllmEngine):
 
     def annotate(self, meta: dict) -> None:
         meta["engine"] = {"name": self.name, "endpoint": self.endpoint.url, "served_model": self.served_name,
-                          "baseline_endpoint": self.baseline.url if self.baseline else "",
+                          "baseline_endpoint": self.baseline.url if self.baseline else "", "pairing": self.pairing,
                           "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
         shapes = self.architectures()
         if shapes:
@@ -207,7 +212,13 @@ class EndpointStage(Stage):
         return f"endpoint {self.server.url}" + ("" if self.server.healthy() else ", which no longer answers")
 
     def measurement(self, cell: Cell, prompts, prompt_ids) -> "EndpointCellRun":
-        return EndpointCellRun(self, cell, prompts, prompt_ids)
+        """A speculative cell alternates its repeats with the baseline endpoint's (side by side)."""
+        run = EndpointCellRun(self, cell, prompts, prompt_ids)
+        baseline = self.engine.baseline
+        if cell.is_speculative and baseline is not None:
+            stage = EndpointStage(self.engine, baseline, "baseline endpoint", [])
+            run.companion = EndpointCellRun(stage, replace(cell, draft=AR, k=0, alpha=""), prompts, prompt_ids)
+        return run
 
 
 class EndpointCellRun(VllmCellRun):

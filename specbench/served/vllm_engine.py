@@ -27,16 +27,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from specbench.engines import CellOutcome, Engine, Stage, StageFailed
+from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import PeakSampler, percentiles
+from specbench.measure import OwnCpu, PeakSampler, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
@@ -56,6 +57,8 @@ TIE_TOLERANCE = {"float32": 2e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
 COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_decode_num_accepted_tokens_total")
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+PAIRING_CHOICES = ("auto", SIDE_BY_SIDE, BRACKETED)
+SERVER_OVERHEAD_GIB = 4.0  # a vLLM CPU server's memory besides its KV cache and weights (measured ~6 GB with 2 GiB KV)
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -84,6 +87,8 @@ def validate_vllm(config: SweepConfig) -> None:
         raise ValueError(f"--max-model-len must be >= 1, got {options.max_model_len}")
     if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {options.gpu_memory_utilization}")
+    if options.pairing not in PAIRING_CHOICES:
+        raise ValueError(f"--served-pairing must be one of {', '.join(PAIRING_CHOICES)}, got {options.pairing!r}")
     try:
         shlex.split(options.extra_args)
     except ValueError as error:
@@ -189,6 +194,29 @@ def _parameter_bytes(model_dir: str, dtype: str) -> float:
         return float("nan")
 
 
+def served_pairing(config: SweepConfig, weight_bytes: float = 0.0) -> tuple[str, str]:
+    """(side-by-side or bracketed, why): side by side where the baseline server and a speculative
+    one fit at once — on a CPU when the free memory holds two servers' KV caches, weights and
+    overheads; on a GPU when --gpu-memory-utilization leaves room for a second server (<= 0.5)."""
+    asked = config.vllm.pairing
+    if asked != "auto":
+        return asked, "--served-pairing"
+    if config.device.startswith("cuda"):
+        share = config.vllm.gpu_memory_utilization
+        if share is not None and share <= 0.5:
+            return SIDE_BY_SIDE, f"--gpu-memory-utilization {share:g} leaves room for two servers"
+        return BRACKETED, ("one server's --gpu-memory-utilization (vLLM's default 0.9) leaves no room for a second; "
+                           "pass --gpu-memory-utilization 0.45 to measure side by side")
+    import psutil
+
+    kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    need = 2 * ((kv + SERVER_OVERHEAD_GIB) * 2 ** 30 + (weight_bytes if math.isfinite(weight_bytes) else 0.0))
+    free = psutil.virtual_memory().available
+    if free >= need:
+        return SIDE_BY_SIDE, f"{free / 2 ** 30:.0f} GiB free holds two servers ({need / 2 ** 30:.0f} GiB)"
+    return BRACKETED, f"{free / 2 ** 30:.0f} GiB free does not hold two servers ({need / 2 ** 30:.0f} GiB)"
+
+
 # --- the engine --------------------------------------------------------------------------------
 
 @dataclass
@@ -220,6 +248,8 @@ class VllmEngine(Engine):
         self.current: ServerProcess | None = None
         self.dtype = _dtype_name(config)
         self._vocab_size = 0
+        self.pairing, self.pairing_reason = "", ""  # how speculative repeats pair with the baseline's
+        self.baseline_stage: "VllmStage | None" = None  # kept up beside the speculative servers (side by side)
 
     def open(self) -> str:
         config = self.config
@@ -253,8 +283,12 @@ class VllmEngine(Engine):
             else:
                 self.draft_dirs[text] = model_path(spec.model, config, self.family)
                 self._check_tokenizer(text, self.draft_dirs[text])
+        weights = _parameter_bytes(self.target_dir, self.dtype) + max(
+            [_parameter_bytes(path, self.dtype) for path in self.draft_dirs.values()] or [0.0])
+        self.pairing, self.pairing_reason = served_pairing(config, weights)
         where = "random weights (--load-format dummy)" if config.synthetic else self.target_dir
-        message = f"vLLM {self.version} ({self.python}); target {config.target} from {where}, {self.dtype}"
+        message = (f"vLLM {self.version} ({self.python}); target {config.target} from {where}, {self.dtype}; "
+                   f"repeats {self.pairing} ({self.pairing_reason})")
         if config.synthetic:
             message += "; TIMING-ONLY: synthetic acceptance at α = " + ", ".join(config.alphas)
         return message
@@ -270,6 +304,9 @@ class VllmEngine(Engine):
         if self.current is not None:
             self.current.stop()
             self.current = None
+        if self.baseline_stage is not None:
+            self.baseline_stage.stop()
+            self.baseline_stage = None
 
     def encode(self, record) -> list[int]:
         if self.tokenizer is None:
@@ -290,7 +327,8 @@ class VllmEngine(Engine):
 
     def annotate(self, meta: dict) -> None:
         meta["engine"] = {"name": self.name, "version": self.version, "python": self.python,
-                          "servers": [vars(record) for record in self.servers]}
+                          "servers": [vars(record) for record in self.servers], "pairing": self.pairing,
+                          "pairing_reason": self.pairing_reason}
         meta["versions"]["vllm"] = self.version
         shapes = self.architectures()
         if shapes:
@@ -437,9 +475,36 @@ class VllmStage(Stage):
         self.record: ServerRecord | None = None
         self.kv_cache: dict = {}
 
+    @property
+    def is_baseline(self) -> bool:
+        return self.setup[0] == AR
+
+    @property
+    def side_by_side(self) -> bool:
+        return self.engine.pairing == SIDE_BY_SIDE
+
     def __enter__(self) -> "VllmStage":
+        engine = self.engine
+        if self.is_baseline and self.side_by_side and engine.baseline_stage is not None:
+            self.server, self.record, self.kv_cache = (engine.baseline_stage.server, engine.baseline_stage.record,
+                                                       engine.baseline_stage.kv_cache)
+            engine.current = self.server
+            return self
         self.start()
+        if self.is_baseline and self.side_by_side:
+            engine.baseline_stage = self  # stays up beside the speculative servers; engine.close stops it
         return self
+
+    def baseline(self) -> "VllmStage":
+        """The baseline's server, running beside this one (started now if this sweep has not yet)."""
+        engine = self.engine
+        if engine.baseline_stage is None:
+            stage = VllmStage(engine, (AR, 0, ""), [])
+            stage.start()
+            engine.baseline_stage = stage
+            engine.current = self.server
+        engine.baseline_stage.ensure_running()
+        return engine.baseline_stage
 
     def start(self) -> None:
         engine = self.engine
@@ -478,6 +543,10 @@ class VllmStage(Stage):
                 self.engine.current = None
 
     def __exit__(self, *exc) -> None:
+        if self.is_baseline and self.side_by_side and self.engine.baseline_stage is not None:
+            if self.engine.current is self.server:
+                self.engine.current = None
+            return  # kept up for the speculative servers' side-by-side repeats
         self.stop()
 
     def scrape(self) -> Snapshot:
@@ -505,7 +574,11 @@ class VllmStage(Stage):
 
     def measurement(self, cell: Cell, prompts, prompt_ids) -> "VllmCellRun":
         self.ensure_running()
-        return VllmCellRun(self, cell, prompts, prompt_ids)
+        run = VllmCellRun(self, cell, prompts, prompt_ids)
+        if cell.is_speculative and self.side_by_side:
+            baseline_cell = replace(cell, draft=AR, k=0, alpha="")
+            run.companion = VllmCellRun(self.baseline(), baseline_cell, prompts, prompt_ids)
+        return run
 
 
 # --- one cell ----------------------------------------------------------------------------------
@@ -561,6 +634,9 @@ class VllmCellRun:
         self.server_queue: list[float] = []
         self.peak_bytes = 0
         self.memory_kind = ""
+        # side by side: the baseline cell measured on the baseline server, alternating with this one
+        self.companion: VllmCellRun | None = None
+        self.own_cpu = OwnCpu()
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         cell, config = self.cell, self.config
@@ -606,6 +682,8 @@ class VllmCellRun:
 
     def warm_up(self) -> None:
         """One round of B requests, excluded from every figure (first-use compilation, caches)."""
+        if self.companion is not None:
+            self.companion.warm_up()
         if self.config.warmup:
             count = min(self.cell.batch_size or 4, len(self.prompts))
             self._load(self.prompts[:count], repeat=-1, max_tokens=min(16, self.config.max_new_tokens))
@@ -616,6 +694,16 @@ class VllmCellRun:
         return [list(request.tokens) for request in run.requests]
 
     def measure(self, repeat: int) -> None:
+        """One repeat; side by side, one of the baseline's too, the order swapped every repeat so
+        that a steady drift of the machine favours neither."""
+        with self.own_cpu:
+            if self.companion is None:
+                return self._measure(repeat)
+            first, second = (self.companion, self) if repeat % 2 == 0 else (self, self.companion)
+            for run in (first, second):
+                run._measure(repeat) if run is self else run.measure(repeat)
+
+    def _measure(self, repeat: int) -> None:
         first = not self.throughput_per_repeat  # its outputs are the ones checked
         server = self.stage.server
         before = self.stage.scrape()
@@ -712,7 +800,12 @@ class VllmCellRun:
             "synthetic": config.synthetic, "synthetic_alpha": cell.alpha,
             "cuda_graphs": config.device.startswith("cuda") and not options.enforce_eager,
             "graph_captures_timed": 0, "estimated": False,
+            "own_cpu_cores": self.own_cpu.cores,
         }
+        if cell.is_speculative:
+            row["pairing"] = SIDE_BY_SIDE if self.companion is not None else SEQUENTIAL
+        if self.companion is not None:
+            row["baseline_tokens_per_s_runs"] = [float(x) for x in self.companion.throughput_per_repeat]
         if cell.is_speculative:
             drafts = self.counters.get(COUNTERS[0], 0.0)
             drafted = self.counters.get(COUNTERS[1], 0.0)

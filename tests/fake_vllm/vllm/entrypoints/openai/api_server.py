@@ -7,7 +7,8 @@ chunk as a draft with K proposed and K accepted.
 FAKE_VLLM_MODE picks a misbehaviour: exit_at_start, never_healthy, die_once=N (exit in the middle
 of the N-th completion, once: FAKE_VLLM_MARKER records that a server died), child (start a
 grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th). FAKE_VLLM_API_KEY makes
-/v1 answer 401 without that bearer token.
+/v1 answer 401 without that bearer token. FAKE_VLLM_DRIFT=EPOCH:RATE slows every server alike as
+time passes (a drifting machine): each step takes 4 ms x (1 + RATE x seconds since EPOCH).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ import sys
 from aiohttp import web
 
 MODE = os.environ.get("FAKE_VLLM_MODE", "")
+DRIFT = [float(x) for x in os.environ["FAKE_VLLM_DRIFT"].split(":")] if os.environ.get("FAKE_VLLM_DRIFT") else None
+
+
+def step_s() -> float:
+    """One step's time on the (drifting) machine."""
+    import time
+
+    return 0.004 * (1 + DRIFT[1] * max(0.0, time.time() - DRIFT[0])) if DRIFT else 0.004
 VOCAB = 1000
 COUNTERS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generated": 0, "requests": 0,
             "ttft_sum": 0.0, "ttft_count": 0, "itl_sum": 0.0, "itl_count": 0}
@@ -114,12 +123,12 @@ def main() -> None:
             os._exit(7)
         step = k + 1
         for start in range(0, count, step):
-            await asyncio.sleep(0.004)
+            await asyncio.sleep(step_s())
             chunk = tokens[start:start + step]
             data = {"choices": [{"index": 0, "text": "t" * len(chunk), "token_ids": chunk,
                                  "finish_reason": None if start + step < count else "length"}]}
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
-            if spec and start > 0:
+            if spec:
                 COUNTERS["drafts"] += 1
                 COUNTERS["draft_tokens"] += k
                 COUNTERS["accepted"] += len(chunk) - 1

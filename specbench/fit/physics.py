@@ -1,0 +1,106 @@
+"""What acceptance allows: an upper bound on a speculative cell's speed-up from its own counters.
+
+Every target forward (a prefill counts as one) yields one token, plus the drafts it accepts. Over
+a cell's requests that is `output_tokens / (output_tokens - accepted)` tokens per forward, and a
+speculative forward (K+1 positions a row, plus the draft's work) costs at least what an
+autoregressive one does. So the speed-up in tokens/s is at most
+
+    bound = tokens per forward × (verify + overhead) / (verify + overhead + draft)
+
+where the factor is the share of a step that is not the draft's, from the cell's own measured step
+times (the native engine; a served engine does not time the draft, so the factor is 1 there). With
+several rows in a batch the slowest row sets the steps, which only lowers the real figure further.
+A measured speed-up above the bound is not explained by acceptance: its excess is noise (a
+drifting machine, a faster kernel for the wider verify shape), never speculation's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from specbench.fit.cells import AR, label_cells, ok_closed_loop
+
+COUNTED_ACCEPTANCE = "vllm:spec_decode counters"  # an endpoint's only source of counted tokens
+
+
+def _number(row: dict, key: str) -> float:
+    value = row.get(key)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return value
+
+
+def tokens_per_forward(row: dict) -> float | None:
+    """Output tokens per target forward over the cell's requests (a prefill counts as one); None
+    where acceptance was not counted (an endpoint read from gauges, an older row)."""
+    source = row.get("acceptance_source")
+    if row.get("engine") == "endpoint" and not (isinstance(source, str) and source.startswith(COUNTED_ACCEPTANCE)):
+        return None
+    output, accepted = _number(row, "output_tokens"), _number(row, "accepted")
+    if not (math.isfinite(output) and math.isfinite(accepted)) or output <= 0 or not 0 <= accepted < output:
+        return None
+    return output / (output - accepted)
+
+
+def draft_factor(row: dict) -> float:
+    """The share of a speculative step that is not the draft's (1 where the draft is not timed)."""
+    draft, verify, overhead = (_number(row, key) for key in ("step_draft_s", "step_verify_s", "step_overhead_s"))
+    overhead = overhead if math.isfinite(overhead) else 0.0
+    if not (math.isfinite(draft) and math.isfinite(verify)) or draft <= 0 or verify <= 0:
+        return 1.0
+    return (verify + overhead) / (verify + overhead + draft)
+
+
+def speedup_bound(row: dict) -> float | None:
+    """The most speed-up the cell's acceptance (and draft cost) allows; None where unknown."""
+    tokens = tokens_per_forward(row)
+    return None if tokens is None else tokens * draft_factor(row)
+
+
+def cannot_reach(bound: float | None, bar: float, drafted: float) -> bool:
+    """Acceptance alone rules the bar out: the bound is below it, or on it while the drafts cost
+    something (nothing accepted, yet drafts were verified: strictly slower than the bound)."""
+    if bound is None:
+        return False
+    return bound < bar or (bound <= bar and drafted > 0)
+
+
+def with_bounds(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells with `speedup_bound` and `above_bound` (the measured speed-up exceeds it) columns."""
+    cells = cells.copy()
+    if cells.empty:
+        cells["speedup_bound"], cells["above_bound"] = [], []
+        return cells
+    records = cells.to_dict("records")
+    bounds = [speedup_bound(r) if r.get("mode") != AR else None for r in records]
+    cells["speedup_bound"] = [float("nan") if b is None else b for b in bounds]
+    speedups = cells["speedup"] if "speedup" in cells else pd.Series(float("nan"), index=cells.index)
+    cells["above_bound"] = [b is not None and math.isfinite(float(s)) and float(s) > b
+                            for b, s in zip(bounds, speedups)]
+    return cells
+
+
+def above_bound(cells: pd.DataFrame) -> pd.DataFrame:
+    """Finished closed-loop speculative cells whose speed-up is above what acceptance allows."""
+    sd = ok_closed_loop(label_cells(cells))
+    if sd.empty or "speedup" not in sd:
+        return sd.iloc[0:0]
+    sd = with_bounds(sd[sd["mode"] != AR])
+    return sd[sd["above_bound"]]
+
+
+def bound_warning(cells: pd.DataFrame) -> str | None:
+    """One sentence naming the speed-ups above their bound; None when there are none."""
+    flagged = above_bound(cells)
+    if flagged.empty:
+        return None
+    shown = ", ".join(f"{row.cell_id} {row.speedup:.3f}× > {row.speedup_bound:.3f}×"
+                      for row in flagged.head(4).itertuples())
+    more = f" and {len(flagged) - 4} more" if len(flagged) > 4 else ""
+    return (f"{len(flagged)} speed-up(s) above what acceptance allows, not explained by acceptance: noise "
+            f"({shown}{more}; bound = output tokens per target forward × the step's non-draft share); one comparison "
+            f"above its bound never passes")

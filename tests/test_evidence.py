@@ -1,0 +1,198 @@
+"""No verdict without evidence: a speed-up acceptance cannot explain, a single comparison inside the
+run's noise, served repeats that did not run side by side, and a busy-machine measure that leaves
+out specbench's own processes. Each case is built from a real run: a sweep here, a committed one
+under benchmarks/, or a served sweep against the stand-in server on a drifting machine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.fit.evidence import speedup_interval
+from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE, cell_interval, run_noise, unpaired_interval
+from specbench.fit.physics import speedup_bound, tokens_per_forward
+from specbench.fit.trust import busy_machine
+from specbench.results import load_run, write_table
+from tests.test_served import fake_vllm, target_dir  # noqa: F401 (fixtures)
+
+runner = CliRunner()
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23"
+
+
+def check(*args) -> tuple[int, str]:
+    result = runner.invoke(app, ["check", *map(str, args)])
+    return result.exit_code, result.output
+
+
+def check_json(*args) -> tuple[int, dict]:
+    result = runner.invoke(app, ["check", *map(str, args), "--json"])
+    return result.exit_code, json.loads(result.output)
+
+
+def set_speedup(run_dir: Path, cell_id: str, speedup: float) -> None:
+    """What drift does to one timed cell: its tokens/s (and so its speed-up) moved, its counters kept."""
+    cells = pd.read_parquet(run_dir / "cells.parquet")
+    at = cells.index[cells["cell_id"] == cell_id][0]
+    baseline = float(cells.at[at, "baseline_tokens_per_s"])
+    cells.at[at, "tokens_per_s"] = speedup * baseline
+    cells.at[at, "tokens_per_s_runs"] = [speedup * baseline]
+    cells.at[at, "speedup"] = speedup
+    cells.at[at, "speedup_runs"] = [speedup]
+    write_table(run_dir, "cells", cells)
+
+
+# --- 1. a drafter that accepted nothing ---------------------------------------------------------
+
+def test_a_drafter_that_accepted_nothing_never_passes(tiny_model_dirs, tmp_path):
+    """The issue's case: a draft with α 0 whose cell read 1.056× (drift). A real sweep with a
+    random two-layer draft that accepts none of its drafts; its timed speed-up set to 1.056×."""
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--target", tiny_model_dirs["target"], "--drafts", tiny_model_dirs["draft"],
+                                 "--k", "2", "--batch-sizes", "1", "--temperatures", "0", "--workloads", "chat",
+                                 "--max-new-tokens", "16", "--num-prompts", "2", "--dtype", "fp64", "--output",
+                                 str(run_dir)])
+    assert result.exit_code == 0, result.output
+    cells = load_run(run_dir).cells.set_index("cell_id")
+    cell_id = f"chat|B1|T0|{tiny_model_dirs['draft']}|K2"
+    assert cells.at[cell_id, "accepted"] == 0 and cells.at[cell_id, "drafted"] > 0  # measured, not made up
+    assert tokens_per_forward(cells.loc[cell_id].to_dict()) == 1.0 and (cells["own_cpu_cores"] > 0).all()
+    set_speedup(run_dir, cell_id, 1.056)
+
+    code, out = check(run_dir)
+    assert code == 1 and "acceptance allows at most 1.000×" in out and "PASS" not in out, out
+    assert "not explained by acceptance" in out and "--speculative-config" not in out
+    code, payload = check_json(run_dir)
+    verdict = payload["verdicts"][0]
+    assert code == 1 and verdict["decisions"] == {"1": "fail"} and verdict["schedule"] == "{1+: off}"
+    assert verdict["speculative_config"] is None and verdict["repeats"] == {"1": 1}
+    assert payload["above_bound"][0]["cell_id"] == cell_id and payload["above_bound"][0]["bound"] < 1.0
+    # a lower bar acceptance does not rule out: a comparison above its bound still never passes
+    code, out = check(run_dir, "--min-speedup", "0.9")
+    assert code == 3 and "not explained by acceptance" in out, out
+    report = runner.invoke(app, ["report", str(run_dir), "--output", str(tmp_path / "report")])
+    assert report.exit_code == 0 and "above what acceptance allows" in report.output
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "speedup_bound" in summary and "above what acceptance allows" in summary
+
+
+def test_the_bound_is_counted_tokens_per_forward_times_the_non_draft_share():
+    row = {"mode": "speculative", "engine": "native", "output_tokens": 120, "accepted": 40, "step_draft_s": 0.01,
+           "step_verify_s": 0.03, "step_overhead_s": 0.0}
+    assert tokens_per_forward(row) == pytest.approx(1.5) and speedup_bound(row) == pytest.approx(1.5 * 0.75)
+    gauges = {**row, "engine": "endpoint", "acceptance_source": "sglang gauges (the server's recent window)"}
+    assert tokens_per_forward(gauges) is None  # an endpoint's gauges are not counts of this cell
+    counted = {**gauges, "acceptance_source": "vllm:spec_decode counters"}
+    assert tokens_per_forward(counted) == pytest.approx(1.5)
+
+
+# --- 2. one repeat near the bar ----------------------------------------------------------------
+
+def test_a_one_repeat_point_at_0_99_is_within_noise_and_a_large_effect_is_decided(tmp_path):
+    """The committed default run (one repeat a cell): its B=16 cells at ~0.65× fail beyond its
+    noise, its B=1 cells do not decide; chat T=0.7 ngram K=2 measured 0.994×, left the best K."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(BENCHMARKS / "cpu_default_profiled_3", run_dir)
+    code, out = check(run_dir)
+    assert code == 1 and "1 repeat: its noise band" in out and "lies below the bar" in out, out
+    code, payload = check_json(run_dir)
+    chosen = next(v for v in payload["verdicts"] if v["draft"] == payload["draft"])
+    assert chosen["decisions"]["16"] == "fail" and chosen["decisions"]["1"] == "inconclusive"
+    assert set(chosen["repeats"].values()) == {1} and payload["noise"]["drift"] > 0.01
+
+    set_speedup(run_dir, "chat|B1|T0.7|ngram|K4", 0.98)  # so the real 0.994× K=2 is the best K there
+    narrowed = [run_dir, "--draft", "ngram", "--workloads", "chat", "--temperatures", "0.7", "--batch-sizes", "1"]
+    code, out = check(*narrowed)
+    assert code == 3 and "0.994× (K=2, NOISE; 1 repeat: within noise" in out and "FAIL" not in out, out
+    code, payload = check_json(*narrowed)
+    assert payload["verdicts"][0]["decisions"] == {"1": "inconclusive"} and payload["verdicts"][0]["repeats"] == {"1": 1}
+
+
+def test_a_single_comparison_without_a_measured_drift_decides_nothing():
+    cells = pd.DataFrame([
+        {"cell_id": "chat|B1|T0|autoregressive", "status": "ok", "mode": "autoregressive", "workload": "chat",
+         "draft": "autoregressive", "k": 0, "batch_size": 1, "temperature": 0.0, "tokens_per_s": 10.0,
+         "tokens_per_s_runs": [10.0], "speedup": 1.0, "engine": "native"},
+        {"cell_id": "chat|B1|T0|ngram|K2", "status": "ok", "mode": "speculative", "workload": "chat", "draft": "ngram",
+         "k": 2, "batch_size": 1, "temperature": 0.0, "tokens_per_s": 5.0, "tokens_per_s_runs": [5.0],
+         "speedup": 0.5, "speedup_runs": [0.5], "engine": "native"}])
+    assert run_noise(cells).drift is None
+    from specbench.gate import INCONCLUSIVE, evaluate
+
+    result = evaluate(cells, [1])
+    assert result.exit_code == INCONCLUSIVE and "no measure of the drift" in result.message
+
+
+# --- 3. served repeats: side by side, bracketed, or one comparison -------------------------------
+
+def served_args(target: str, output: Path, pairing: str) -> list[str]:
+    return ["sweep", "--engine", "vllm", "--target", target, "--drafts", "ngram", "--k", "2", "--batch-sizes", "1",
+            "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "24", "--num-prompts", "3",
+            "--repeats", "3", "--dtype", "fp32", "--output", str(output), "--server-timeout", "60",
+            "--served-pairing", pairing]
+
+
+def test_a_served_run_on_a_drifting_machine_pairs_its_repeats(fake_vllm, target_dir, tmp_path):  # noqa: F811
+    """Every server slows as time passes (the stand-in's FAKE_VLLM_DRIFT); the speculative server
+    streams K+1 = 3 tokens a step, so on a steady machine it is 3× the baseline. Repeats run side by
+    side pair with a baseline measured moments apart; a bracket's unpaired interval is widened by
+    the drift; the old sequential pairing (every baseline repeat first) would have been fooled."""
+    fake_vllm.setenv("FAKE_VLLM_DRIFT", f"{time.time():.3f}:0.5")
+    side, bracket = tmp_path / "side", tmp_path / "bracket"
+    for output, pairing in ((side, SIDE_BY_SIDE), (bracket, BRACKETED)):
+        result = runner.invoke(app, served_args(target_dir, output, pairing))
+        assert result.exit_code == 0, result.output
+    paired = load_run(side)
+    assert paired.meta["engine"]["pairing"] == SIDE_BY_SIDE
+    row = paired.cells.set_index("cell_id").loc["chat|B1|T0|ngram|K2"].to_dict()
+    assert row["pairing"] == SIDE_BY_SIDE and len(row["baseline_tokens_per_s_runs"]) == 3
+    low, high = cell_interval(row)
+    side_by_side = np.asarray(row["speedup_runs"], dtype=float)
+    assert low <= 3.0 <= high
+
+    bracketed = load_run(bracket)
+    cells = bracketed.cells.set_index("cell_id")
+    row = cells.loc["chat|B1|T0|ngram|K2"].to_dict()
+    baseline = cells.loc["chat|B1|T0|autoregressive"]
+    assert row["pairing"] == BRACKETED and baseline["repeats"] == 6  # measured before and after
+    assert len(row["baseline_tokens_per_s_runs"]) == 6
+    b_low, b_high = cell_interval(row)
+    assert b_low <= 3.0 <= b_high and b_high / b_low > high / low  # the drift between brackets widens it
+    # The same speculative repeats paired, as before this change, with the first bracket alone
+    # (every baseline repeat ran before them): the machine's drift reads as a lower speed-up.
+    runs = np.asarray(row["tokens_per_s_runs"], dtype=float)
+    before = runs / np.asarray(baseline["tokens_per_s_runs"][:3], dtype=float)
+    assert np.median(before) < 0.9 * 3.0  # fooled: the machine's drift read as a lower speed-up
+    assert abs(np.log(side_by_side).mean() - np.log(3.0)) < abs(np.log(np.median(before)) - np.log(3.0))
+
+    sequential = {**row, "pairing": SEQUENTIAL}
+    assert cell_interval(sequential) is None  # one comparison: judged against the run's noise band
+    code, out = check(bracket)
+    assert "from 3 repeats" in out and code == 0, out
+
+
+def test_an_unpaired_interval_widens_with_the_drift_between_brackets():
+    steady = unpaired_interval([30.0, 30.3, 29.7], [10.0, 10.1, 9.9, 10.0, 10.1, 9.9])
+    drifted = unpaired_interval([30.0, 30.3, 29.7], [10.0, 10.1, 9.9, 8.0, 8.1, 7.9])
+    assert steady[0] < 3.0 < steady[1] and drifted[0] < 3.0 < drifted[1]
+    assert np.log(drifted[1] / drifted[0]) > 5 * np.log(steady[1] / steady[0])
+    assert unpaired_interval([30.0], [10.0]) is None and unpaired_interval([30.0], [10.0, 9.0]) is not None
+
+
+# --- 4. a busy machine is other work -----------------------------------------------------------
+
+def test_the_busy_machine_measure_leaves_out_specbenchs_own_processes():
+    served = pd.DataFrame([{"cell_id": "c", "device": "cpu", "engine": "vllm", "load_average": 3.6,
+                            "own_cpu_cores": 1.9}])
+    assert busy_machine(served, cores=2) is None  # the server under test is not "other work"
+    assert "busy" in busy_machine(served.assign(own_cpu_cores=0.2), cores=2)
+    assert "busy" in busy_machine(served.drop(columns="own_cpu_cores"), cores=2)  # older runs: the whole load
+    endpoint = busy_machine(served.assign(engine="endpoint", own_cpu_cores=0.1), cores=2)
+    assert "sees only its own processes (the client), not the endpoint's" in endpoint

@@ -16,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.fit.evidence import speedup_interval
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE, cell_interval, run_noise, unpaired_interval
 from specbench.fit.physics import speedup_bound, tokens_per_forward
 from specbench.fit.trust import busy_machine

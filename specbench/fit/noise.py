@@ -14,8 +14,9 @@ Pairing (the `pairing` column of a speculative cell):
 A comparison without an interval is decided only outside the run's noise band: z × sqrt(drift² +
 requests²) on the log scale, where drift is the root mean square of the log ratio of two timings of
 the same work at different times (autoregressive baselines of one workload and batch size at other
-temperatures, the native engine's repeats of a baseline, and each native baseline's second half of
-decode steps against its first), and requests is the standard error of the per-request speed-ups
+temperatures, the native engine's repeats of a baseline, each native baseline's second half of
+decode steps against its first, and a served baseline measured again beside a speculative server
+against its own cell), and requests is the standard error of the per-request speed-ups
 (TPOT, paired by request). Without a measured drift a single comparison is never decided.
 """
 
@@ -193,8 +194,21 @@ def run_noise(cells: pd.DataFrame, requests: pd.DataFrame | None = None, steps: 
                 repeated += len(logs) - 1
     if repeated:
         sources.append(f"{repeated} degree(s) of freedom from repeated baselines")
+    companions = 0
+    if not ok.empty and "baseline_tokens_per_s_runs" in ok:  # served, side by side: the baseline measured twice
+        baselines = dict(zip(ok[ok["mode"] == AR]["cell_id"], ok[ok["mode"] == AR]["tokens_per_s"]))
+        for cell_id, base in baseline_of(ok).items():
+            row = ok[ok["cell_id"] == cell_id].iloc[0].to_dict()
+            beside = _logs(row.get("baseline_tokens_per_s_runs"))
+            alone = baselines.get(base)
+            if pairing(row) == SIDE_BY_SIDE and len(beside) and alone and alone > 0:
+                squares.append((float(np.median(beside)) - math.log(alone)) ** 2)
+                companions += 1
+    if companions:
+        sources.append(f"{companions} baseline(s) measured again beside a speculative server")
     drift = math.sqrt(sum(squares) / len(squares)) if squares else None
-    return RunNoise(drift, pairs + repeated + len(halves), sources, request_spread(cells, requests), confidence)
+    return RunNoise(drift, pairs + repeated + len(halves) + companions, sources, request_spread(cells, requests),
+                    confidence)
 
 
 def baseline_of(cells: pd.DataFrame) -> dict[str, str]:

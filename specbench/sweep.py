@@ -16,7 +16,7 @@ from typing import Callable
 import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed, open_engine
-from specbench.fit.noise import BRACKETED, SIDE_BY_SIDE
+from specbench.fit.noise import BRACKETED, SIDE_BY_SIDE, runs_list
 from specbench.grid import (  # noqa: F401
     AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule,
 )
@@ -288,13 +288,10 @@ def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
         baseline = row  # a baseline is its own
     runs = list(row["tokens_per_s_runs"])
     how = row.get("pairing") if cell.is_speculative else None
-    if how == SIDE_BY_SIDE and _listed(row.get("baseline_tokens_per_s_runs")):
-        baseline_runs = _listed(row["baseline_tokens_per_s_runs"])
-    elif how == BRACKETED:
-        baseline_runs = list(baseline["tokens_per_s_runs"])
+    beside = runs_list(row.get("baseline_tokens_per_s_runs")) if how == SIDE_BY_SIDE else []
+    baseline_runs = beside or runs_list(baseline["tokens_per_s_runs"])
+    if how == BRACKETED:
         row["baseline_tokens_per_s_runs"] = baseline_runs
-    else:
-        baseline_runs = list(baseline["tokens_per_s_runs"])
     row["baseline_tokens_per_s"] = float(pd.Series(baseline_runs).median()) if how in (SIDE_BY_SIDE, BRACKETED) \
         else float(baseline["tokens_per_s"])
     row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
@@ -302,13 +299,6 @@ def _pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
         row["speedup_runs"] = [ours / row["baseline_tokens_per_s"] for ours in runs]
     else:
         row["speedup_runs"] = [ours / theirs for ours, theirs in zip(runs, baseline_runs)]  # round by round
-
-
-def _listed(value) -> list[float]:
-    """A runs column's value as a list (a list, an array; anything else: empty)."""
-    import numpy as np
-
-    return [float(x) for x in value] if isinstance(value, (list, tuple, np.ndarray)) else []
 
 
 def _failure_row(cell: Cell, status: str, message: str) -> dict:
@@ -454,8 +444,8 @@ class _Sweep:
         row.update(tokens_per_s=float(pd.Series(runs).median()), tokens_per_s_runs=runs, repeats=len(runs),
                    wall_s=float(row.get("wall_s") or 0.0) + float(outcome.row.get("wall_s") or 0.0))
         if outcome.row.get("pairing") == SIDE_BY_SIDE and row.get("pairing") == SIDE_BY_SIDE:
-            row["baseline_tokens_per_s_runs"] = _listed(row["baseline_tokens_per_s_runs"]) + \
-                _listed(outcome.row["baseline_tokens_per_s_runs"])
+            row["baseline_tokens_per_s_runs"] = runs_list(row["baseline_tokens_per_s_runs"]) + \
+                runs_list(outcome.row["baseline_tokens_per_s_runs"])
         if cell.is_speculative and cell.temperature == 0 and not self.config.synthetic:
             verdict, detail = self.lossless(cell, outcome, repeat=self.first_repeat)
             if verdict == "MISMATCH":

@@ -31,6 +31,7 @@ import pandas as pd
 
 from specbench.fit.cells import AR, label_context, ok_closed_loop
 from specbench.fit.evidence import CONFIDENCE, _logs, _t, speedup_interval
+from specbench.fit.trust import _baseline_steps
 
 TURNS, SIDE_BY_SIDE, BRACKETED, SEQUENTIAL = "turns", "side-by-side", "bracketed", "sequential"
 PAIRINGS = {
@@ -49,7 +50,8 @@ def pairing(row: dict) -> str:
     return SEQUENTIAL if row.get("engine") in ("vllm", "endpoint") else TURNS
 
 
-def _runs(value) -> list[float]:
+def runs_list(value) -> list[float]:
+    """A runs column's value as a list of floats (a list or an array; anything else: empty)."""
     return [float(x) for x in value] if isinstance(value, (list, tuple, np.ndarray)) else []
 
 
@@ -72,8 +74,8 @@ def cell_interval(row: dict, confidence: float = CONFIDENCE) -> tuple[float, flo
     if how == SEQUENTIAL:
         return None
     if how == BRACKETED:
-        return unpaired_interval(_runs(row.get("tokens_per_s_runs")), _runs(row.get("baseline_tokens_per_s_runs")),
-                                 confidence)
+        return unpaired_interval(runs_list(row.get("tokens_per_s_runs")),
+                                 runs_list(row.get("baseline_tokens_per_s_runs")), confidence)
     return speedup_interval(row.get("speedup_runs"), confidence)
 
 
@@ -84,8 +86,9 @@ def repeats_behind(row: dict) -> int:
     if how == SEQUENTIAL:
         return 1
     if how == BRACKETED:
-        return min(len(_runs(row.get("tokens_per_s_runs"))), len(_runs(row.get("baseline_tokens_per_s_runs")))) or 1
-    return max(1, len(_runs(row.get("speedup_runs"))))
+        return min(len(runs_list(row.get("tokens_per_s_runs"))),
+                   len(runs_list(row.get("baseline_tokens_per_s_runs")))) or 1
+    return max(1, len(runs_list(row.get("speedup_runs"))))
 
 
 # --- the noise band of one comparison ----------------------------------------------------------
@@ -134,12 +137,6 @@ class RunNoise:
                 "confidence": self.confidence, "text": self.describe()}
 
 
-def _baseline_step_table(cells: pd.DataFrame) -> pd.DataFrame:
-    from specbench.fit.trust import _baseline_steps
-
-    return _baseline_steps(cells)
-
-
 MIN_STEPS_TO_SPLIT = 8
 
 
@@ -171,7 +168,7 @@ def run_noise(cells: pd.DataFrame, requests: pd.DataFrame | None = None, steps: 
     squares.extend(d * d for d in halves)
     if halves:
         sources.append(f"{len(halves)} baseline(s) split in halves")
-    baselines = _baseline_step_table(cells)
+    baselines = _baseline_steps(cells)
     pairs = 0
     if not baselines.empty:
         for _, group in baselines.dropna(subset=["step_s"]).groupby(["workload", "batch_size"]):
@@ -197,8 +194,9 @@ def run_noise(cells: pd.DataFrame, requests: pd.DataFrame | None = None, steps: 
     companions = 0
     if not ok.empty and "baseline_tokens_per_s_runs" in ok:  # served, side by side: the baseline measured twice
         baselines = dict(zip(ok[ok["mode"] == AR]["cell_id"], ok[ok["mode"] == AR]["tokens_per_s"]))
+        rows = {row["cell_id"]: row for row in ok.to_dict("records")}
         for cell_id, base in baseline_of(ok).items():
-            row = ok[ok["cell_id"] == cell_id].iloc[0].to_dict()
+            row = rows[cell_id]
             beside = _logs(row.get("baseline_tokens_per_s_runs"))
             alone = baselines.get(base)
             if pairing(row) == SIDE_BY_SIDE and len(beside) and alone and alone > 0:

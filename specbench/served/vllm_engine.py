@@ -699,9 +699,8 @@ class VllmCellRun:
         with self.own_cpu:
             if self.companion is None:
                 return self._measure(repeat)
-            first, second = (self.companion, self) if repeat % 2 == 0 else (self, self.companion)
-            for run in (first, second):
-                run._measure(repeat) if run is self else run.measure(repeat)
+            for run in (self.companion, self) if repeat % 2 == 0 else (self, self.companion):
+                run._measure(repeat)
 
     def _measure(self, repeat: int) -> None:
         first = not self.throughput_per_repeat  # its outputs are the ones checked

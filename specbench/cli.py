@@ -223,6 +223,18 @@ def sweep(
     vllm_python: Optional[str] = typer.Option(None, help="vLLM: the Python that runs the servers (another "
                                                          "environment); default: this one."),
     server_timeout: float = typer.Option(900.0, help="vLLM: seconds a server may take to answer /health."),
+    distributed_executor_backend: str = typer.Option("", help="vLLM: its backend for a server spread over "
+                                                                  "several nodes (ray); default vLLM's choice. "
+                                                                  "--executor ray sets ray for a server bigger "
+                                                                  "than a node."),
+    allow_pp_speculation: bool = typer.Option(False, help="vLLM: run speculative decoding with "
+                                                          "--pipeline-parallel-size > 1 although vLLM has open bugs "
+                                                          "there (#49355, #57755)."),
+    executor: str = typer.Option("local", help="Where cells run: local (this process) or ray (a Ray cluster: "
+                                               "pairing groups spread over its nodes, each speed-up measured on "
+                                               "one node; pip install 'specbench[ray]')."),
+    ray_address: Optional[str] = typer.Option(None, help="--executor ray: the cluster to join (default "
+                                                         "RAY_ADDRESS, else a local Ray instance)."),
     served_pairing: str = typer.Option("auto", help="vLLM: side-by-side (the baseline server stays up and repeats "
                                                     "alternate with each speculative server's), bracketed (the "
                                                     "baseline measured again after the speculative servers: an "
@@ -244,7 +256,9 @@ def sweep(
         vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                            enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
-                           startup_timeout_s=server_timeout, pairing=served_pairing)
+                           startup_timeout_s=server_timeout, pairing=served_pairing,
+                           distributed_executor_backend=distributed_executor_backend,
+                           allow_pp_speculation=allow_pp_speculation)
         config = SweepConfig(
             target=target,
             drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
@@ -261,7 +275,8 @@ def sweep(
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
             target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
             context_lengths=split_list(context_lengths, token_count, "--context-lengths") if context_lengths else [],
-            until_decided=until_decided, max_repeats=max_repeats, min_speedup=min_speedup)
+            until_decided=until_decided, max_repeats=max_repeats, min_speedup=min_speedup, executor=executor,
+            ray_address=ray_address or "")
         config.validate()
     except _known_errors() as error:
         fail(str(error))
@@ -277,7 +292,8 @@ def _given_fields(ctx: typer.Context) -> set[str]:
     fields_of["endpoint"] = {"endpoint", "engine"}
     fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
                                                   "gpu_memory_utilization", "enforce_eager", "vllm_args",
-                                                  "vllm_python", "server_timeout", "served_pairing")})
+                                                  "vllm_python", "server_timeout", "served_pairing",
+                                                  "distributed_executor_backend", "allow_pp_speculation")})
     given = set()
     for name in ctx.params:
         source = ctx.get_parameter_source(name)
@@ -399,6 +415,7 @@ def progress_line(row: dict, done: int, total: int, elapsed_s: float) -> str:
 
 def _print_summary(run_dir: Path) -> None:
     from specbench.fit import measurement_warnings
+    from specbench.fit.nodes import node_spread, spread_text
     from specbench.results import load_run
 
     run = load_run(run_dir)
@@ -407,7 +424,10 @@ def _print_summary(run_dir: Path) -> None:
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):
         errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {escape(_text(row.get('message')))}", highlight=False)
-    _print_warnings(measurement_warnings(run.cells))
+    _print_warnings(measurement_warnings(run.cells, run.baseline_copies))
+    spread = spread_text(node_spread(run.cells, run.baseline_copies))
+    if spread:
+        console.print(f"nodes: {spread}", highlight=False, soft_wrap=True)
     if run.meta.get("until_decided"):
         console.print(f"--until-decided: {escape(run.meta['until_decided'])}", highlight=False, soft_wrap=True)
     console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
@@ -485,6 +505,8 @@ def report(
     reference: Optional[Path] = typer.Option(None, help="A run of the same grid on another engine (e.g. --engine vllm): "
                                                        "the baseline's tokens/s is compared with its baseline's, and a "
                                                        "baseline far slower is a warning."),
+    hardware: Optional[str] = typer.Option(None, help="A cluster run on several kinds of GPU: report the cells of "
+                                                      "this one (a part of its name, e.g. H100)."),
 ) -> None:
     """Charts (PNG), one self-contained HTML page and a Markdown summary of a run."""
     from specbench.fit import completeness, parse_slo
@@ -495,14 +517,14 @@ def report(
 
     try:
         _check_price(gpu_price, gpus)
-        run = load_run(run_dir)
+        run = _on_hardware(load_run(run_dir), hardware)
         if slo:
             parse_slo(slo)
         measured = measured_batch_sizes(run.cells)
         state = completeness(run.meta, run.cells)
         verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"]),
-                           state=state, allow_incomplete=True, requests=run.requests, steps=run.steps) \
-            if measured else None
+                           state=state, allow_incomplete=True, requests=run.requests, steps=run.steps,
+                           copies=run.baseline_copies) if measured else None
         gate_text = _gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": gate_text} if gate_text else {}
         slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
@@ -573,6 +595,29 @@ def _print_analysis(analysis) -> None:
                                    ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
         console.print(f"  {b_star_rule()}; `worst case` rows: at each batch size the least favourable workload and "
                       f"temperature (what `check` judges)", highlight=False, soft_wrap=True)
+
+
+def _on_hardware(run, hardware: str | None):
+    """The run's cells on one kind of hardware: a speed-up is never taken across two (fit.nodes).
+    A run on several kinds needs --hardware; one on a single kind is returned as it is."""
+    from dataclasses import replace
+
+    from specbench.fit.nodes import hardware_kinds
+
+    kinds = hardware_kinds(run.cells)
+    if hardware is None:
+        if len(kinds) > 1:
+            raise UsageError(f"the run's cells ran on {len(kinds)} kinds of hardware ({'; '.join(kinds)}): no speed-up "
+                             f"is taken across two; pass --hardware to pick one")
+        return run
+    chosen = [kind for kind in kinds if hardware.lower() in kind.lower()]
+    if len(chosen) != 1:
+        raise UsageError(f"--hardware {hardware}: the run's cells ran on {'; '.join(kinds) or 'unrecorded hardware'}"
+                         + (" (it names several)" if chosen else ""))
+    keep = set(run.cells[run.cells["gpu_model"] == chosen[0]]["cell_id"])
+    pick = lambda frame: frame[frame["cell_id"].isin(keep)] if frame is not None and not frame.empty else frame  # noqa: E731
+    return replace(run, cells=run.cells[run.cells["cell_id"].isin(keep)], requests=pick(run.requests),
+                   steps=pick(run.steps), baseline_copies=pick(run.baseline_copies))
 
 
 def _at_context(run, length: int):
@@ -679,6 +724,8 @@ def check(
                                                  "run's --slo on a request-rate run)."),
     allow_incomplete: bool = typer.Option(False, help="Judge a run that did not finish (stopped, failed cells) on "
                                                       "what it measured, instead of exit 2."),
+    hardware: Optional[str] = typer.Option(None, help="A cluster run on several kinds of GPU: judge the cells of "
+                                                      "this one (a part of its name, e.g. H100)."),
     json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
     """Rollout gate: does speculation meet the bar at every named batch size (with --slo: not lower
@@ -693,7 +740,7 @@ def check(
     try:
         if not (math.isfinite(min_speedup) and min_speedup > 0):
             raise UsageError(f"--min-speedup must be a positive number, got {min_speedup:g}")
-        run = load_run(run_dir)
+        run = _on_hardware(load_run(run_dir), hardware)
         state = completeness(run.meta, run.cells)  # of the whole run, before any filter
         if context_length is not None:
             run = _at_context(run, token_count(context_length))
@@ -715,7 +762,7 @@ def check(
                 raise UsageError(f"--batch-sizes must be >= 1, got {batch_sizes}")
             result = evaluate(run.cells, sizes, min_speedup, draft, chosen_workloads, chosen_temperatures,
                               base_speculative_configs(run.meta, run.cells["draft"]), state, allow_incomplete,
-                              run.requests, run.steps)
+                              run.requests, run.steps, run.baseline_copies)
     except _known_errors() as error:
         if json_output:
             print(json.dumps({"exit_code": UNANSWERABLE, "verdict": "CANNOT ANSWER", "message": str(error)}))

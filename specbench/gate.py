@@ -176,12 +176,14 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
              draft: str | None = None, workloads: list[str] | None = None,
              temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None,
              state: Completeness | None = None, allow_incomplete: bool = False,
-             requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> GateResult:
+             requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
+             copies: pd.DataFrame | None = None) -> GateResult:
     """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is
     added. `state`: whether the run finished (`fit.completeness(run.meta, run.cells)`, of the whole
     run); None: judged as complete. `requests`, `steps`: the run's tables, from which the noise band
-    of a single comparison is measured (fit.noise)."""
-    warnings = measurement_warnings(cells)
+    of a single comparison is measured (fit.noise). `copies`: a cluster run's baselines measured
+    again on other nodes (their disagreement is a warning, fit.nodes)."""
+    warnings = measurement_warnings(cells, copies)
     noise = run_noise(cells, requests, steps)
     incomplete = state.describe() if state is not None else ""  # a sweep that stopped, whatever it judges
 

@@ -110,6 +110,10 @@ class VllmOptions:
     # how a speculative server's repeats pair with the baseline's: auto, side-by-side (both servers
     # up, repeats alternating) or bracketed (baseline before and after) — specbench.fit.noise
     pairing: str = "auto"
+    # vLLM's own backend for a server spread over several nodes ("ray"); default: vLLM's choice
+    distributed_executor_backend: str = ""
+    # speculative decoding with pipeline parallelism, which vLLM has open bugs in, run anyway
+    allow_pp_speculation: bool = False
 
 
 @dataclass
@@ -148,6 +152,8 @@ class SweepConfig:
     until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
     max_repeats: int = 12  # ... up to this many per cell
     min_speedup: float = 1.0  # the bar that verdict is about
+    executor: str = "local"  # where cells run: this process, or "ray" (a cluster; specbench.executors)
+    ray_address: str = ""  # --executor ray: the cluster (default RAY_ADDRESS, else a local instance)
 
     @property
     def torch_dtype(self):
@@ -236,6 +242,9 @@ class SweepConfig:
             parse_alpha(alpha)
         if self.target_layers is not None and (self.target_layers < 1 or not self.synthetic):
             raise ValueError("--target-layers must be >= 1 and needs --weights random")
+        from specbench.executors import validate_executor
+
+        validate_executor(self)
         if self.engine == "native":
             from specbench.native.runner import validate_native
 

@@ -32,10 +32,23 @@ def percentiles(values, prefix: str) -> dict[str, float]:
     return out
 
 
+RAY_TASK_TITLE = "ray::measure_group"  # a Ray worker's process title while it runs a pairing group
+
+
+def _children(process) -> list:
+    import psutil
+
+    try:
+        return process.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 class OwnCpu:
     """The CPU this process and every process it started (a server's engine and workers) use while
     the block runs, in cores (CPU seconds per wall second), summed over every time it is entered:
-    what specbench itself adds to the machine's load average."""
+    what specbench itself adds to the machine's load average. In a Ray task (--executor ray) the
+    other specbench tasks on this machine count too: they run on cores of their own."""
 
     def __init__(self) -> None:
         self.cpu_s = 0.0
@@ -47,8 +60,12 @@ class OwnCpu:
         import psutil
 
         me = psutil.Process()
+        roots = [me]
+        if " ".join(me.cmdline()[:1]).startswith(RAY_TASK_TITLE):  # the groups measured beside this one
+            roots += [p for p in psutil.process_iter(["cmdline"]) if p.pid != me.pid
+                      and " ".join(p.info["cmdline"] or [])[:len(RAY_TASK_TITLE)] == RAY_TASK_TITLE]
         found = {}
-        for process in [me] + me.children(recursive=True):
+        for process in [tree for root in roots for tree in [root] + _children(root)]:
             try:
                 times = process.cpu_times()
                 found[process.pid] = times.user + times.system

@@ -136,7 +136,8 @@ def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysi
     if not costs.empty:
         costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
     return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
-                    note + (f"; {gpus} devices" if gpus != 1 else ""), measurement_warnings(run.cells),
+                    note + (f"; {gpus} devices" if gpus != 1 else ""),
+                    measurement_warnings(run.cells, run.baseline_copies),
                     price=price, gpus=gpus, held_out=validation, held_out_context=by_context,
                     trust=trust_lines(run, predicted, validation, by_context))
 
@@ -734,7 +735,12 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"
                   f" · {how}")
+    from specbench.fit.nodes import node_spread, spread_text
+
+    nodes = spread_text(node_spread(run.cells, run.baseline_copies))
     sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | \
+        ({"nodes (a cluster run)": nodes + "; each speed-up is paired with the baseline measured on its own node"}
+         if nodes else {}) | \
         ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]

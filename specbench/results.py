@@ -21,6 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 TABLES = ("cells", "requests", "steps")
+# a cluster run: each baseline measured again on every other node that measured its speculative
+# cells (their speed-ups pair with that node's copy); the cells table holds the first
+COPIES = "baseline_copies"
 PART_TABLES = ("requests", "steps")  # written per cell while a sweep runs
 DEFAULT_RESULTS_DIR = Path("results")
 
@@ -167,6 +170,7 @@ class Run:
     cells: pd.DataFrame
     requests: pd.DataFrame
     steps: pd.DataFrame
+    baseline_copies: pd.DataFrame | None = None
 
 
 def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR) -> Run:
@@ -179,7 +183,7 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
         raise RunNotFound(f"{path} has no finished cells (its sweep is {meta.get('status', 'unknown')}{error}); "
                           f"retry it with `specbench sweep --output {path}`")
     tables = {name: read_table(path, name) for name in TABLES}
-    return Run(path, meta, tables["cells"], tables["requests"], tables["steps"])
+    return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], read_table(path, COPIES))
 
 
 # --- provenance --------------------------------------------------------------------------------
@@ -196,7 +200,7 @@ def git_revision() -> str:
     return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -229,7 +233,7 @@ def hardware_info() -> dict:
     import torch
 
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_bytes": psutil.virtual_memory().total,

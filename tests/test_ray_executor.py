@@ -1,0 +1,234 @@
+"""--executor ray on a real two-node Ray cluster on this machine (ray.cluster_utils.Cluster): the
+pairing groups spread over both nodes, greedy tokens equal the local executor's, --resume after an
+interruption, a killed worker node's cells retried elsewhere, SIGTERM leaves no task behind, and
+the vLLM engine under Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.results import load_run
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'specbench[ray]')")
+
+runner = CliRunner()
+
+
+def native_grid(dirs, output, *extra) -> list[str]:
+    return ["sweep", "--target", dirs["target"], "--drafts", f"{dirs['draft']},ngram:2", "--k", "2",
+            "--batch-sizes", "1,2", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "12",
+            "--num-prompts", "2", "--dtype", "fp64", "--output", str(output), *extra]
+
+
+def start_cluster(workers: int = 2):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's; cells go to workers
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(workers)]
+    cluster.wait_for_nodes()
+    return cluster, nodes
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster, nodes = start_cluster()
+    yield cluster, nodes
+    cluster.shutdown()
+
+
+@pytest.fixture
+def on_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", cluster[0].address)
+    return cluster
+
+
+def tokens_by_request(run_dir) -> dict:
+    requests = load_run(run_dir).requests
+    return {(r.cell_id, r.repeat, r.request_id): list(r.tokens) for r in requests.itertuples()}
+
+
+def task_processes() -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline", "name"]):
+        try:
+            text = " ".join(process.info["cmdline"] or []) + " " + (process.info["name"] or "")
+        except psutil.Error:
+            continue
+        if "measure_group" in text:
+            found.append(process)
+    return found
+
+
+def test_groups_spread_over_both_nodes_with_the_local_runs_tokens(tiny_model_dirs, tmp_path, on_cluster):
+    _, nodes = on_cluster
+    local = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "local"))
+    assert local.exit_code == 0, local.output
+    spread = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "ray", "--executor", "ray"))
+    assert spread.exit_code == 0, spread.output
+    assert "2 pairing group(s)" in spread.output
+
+    here, there = load_run(tmp_path / "local"), load_run(tmp_path / "ray")
+    assert sorted(here.cells["cell_id"]) == sorted(there.cells["cell_id"])
+    assert (there.cells["status"] == "ok").all() and (there.cells["lossless"].dropna() == "exact").all()
+    assert tokens_by_request(tmp_path / "local") == tokens_by_request(tmp_path / "ray")
+    workers = {node.node_id for node in nodes}
+    assert set(there.cells["node_id"]) == workers  # both nodes measured cells
+    # each node measured the baselines of its speculative cells; every speed-up pairs with its own node's
+    copies = there.baseline_copies
+    assert len(copies) == 2 and set(copies["cell_id"]) == {"chat|B1|T0|autoregressive", "chat|B2|T0|autoregressive"}
+    first = there.cells.set_index("cell_id")["node_id"]
+    assert all(row.node_id != first[row.cell_id] for row in copies.itertuples())
+    for row in there.cells[there.cells["mode"] == "speculative"].itertuples():
+        baseline = f"chat|B{row.batch_size}|T0|autoregressive"
+        measured = pd.concat([there.cells[there.cells["cell_id"] == baseline], copies[copies["cell_id"] == baseline]])
+        paired = measured[measured["node_id"] == row.node_id]
+        assert len(paired) == 1 and row.baseline_tokens_per_s == pytest.approx(paired["tokens_per_s"].iloc[0])
+    meta = json.loads((tmp_path / "ray" / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["executor"]["name"] == "ray"
+    assert {group["node_id"] for group in meta["executor"]["groups"]} == workers
+
+
+def test_resume_after_an_interruption_keeps_what_finished(tiny_model_dirs, tmp_path, on_cluster):
+    from specbench.sweep import SweepConfig, run_sweep
+
+    output = tmp_path / "run"
+    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
+                         batch_sizes=[1, 2], temperatures=[0.0], workloads=["chat"], max_new_tokens=12,
+                         num_prompts=2, dtype="fp64", executor="ray")
+
+    def stop_after_first(event):
+        if event.kind == "done":
+            raise KeyboardInterrupt
+
+    output.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, resume_dir=output, on_event=stop_after_first)
+    first = load_run(output).cells
+    assert json.loads((output / "run.json").read_text())["status"] == "interrupted"
+    assert 1 <= len(first) < 6
+    resumed = runner.invoke(app, ["sweep", "--resume", "--output", str(output)])
+    assert resumed.exit_code == 0, resumed.output
+    cells = load_run(output).cells
+    assert len(cells) == 6 and (cells["status"] == "ok").all()
+    kept = cells.set_index("cell_id").loc[first["cell_id"], "tokens_per_s"]
+    assert list(kept) == list(first["tokens_per_s"])  # measured once, not again
+
+
+def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs, tmp_path, monkeypatch):
+    from specbench.sweep import SweepConfig, run_sweep
+
+    cluster, nodes = start_cluster()
+    try:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        by_id = {node.node_id: node for node in nodes}
+        config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
+                             batch_sizes=[1], temperatures=[0.0], workloads=["chat"], max_new_tokens=160,
+                             num_prompts=4, dtype="fp64", executor="ray")
+        killed, messages = [], []
+
+        def kill_the_first_node_to_finish_a_cell(event):
+            messages.append(event.message)
+            if event.kind == "done" and not killed:
+                killed.append(event.row["node_id"])
+                cluster.remove_node(by_id[event.row["node_id"]], allow_graceful=False)
+
+        output = tmp_path / "run"
+        output.mkdir()
+        run_sweep(config, resume_dir=output, on_event=kill_the_first_node_to_finish_a_cell)
+        run = load_run(output)
+        cells = run.cells.set_index("cell_id")
+        assert any("lost" in m and "retried once" in m for m in messages), messages
+        assert len(cells) == 3 and (cells["status"] == "ok").all(), cells[["status", "message"]]
+        first = run.cells.iloc[0]
+        assert first["node_id"] == killed[0]  # kept from the node that died
+        survivor = next(n for n in by_id if n != killed[0])
+        retried = cells[(cells["mode"] == "speculative") & (cells["node_id"] == survivor)]
+        assert len(retried) == 2  # its own group's cell and the lost group's, paired with a copy of the baseline
+        assert killed[0] not in set(run.baseline_copies["node_id"])
+    finally:
+        cluster.shutdown()
+
+
+def test_sigterm_exits_143_and_leaves_no_task(tiny_model_dirs, tmp_path, cluster):
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "specbench.cli", *native_grid(tiny_model_dirs, output, "--executor", "ray")]
+    command[command.index("12")] = "400"  # --max-new-tokens: long enough to be stopped mid-grid
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "RAY_ADDRESS": cluster[0].address})
+    deadline = time.monotonic() + 300
+    while not (output / "cells.parquet").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, process.stdout.read()
+    process.send_signal(signal.SIGTERM)
+    printed, _ = process.communicate(timeout=200)
+    assert process.returncode == 143, printed
+    assert json.loads((output / "run.json").read_text())["status"] == "interrupted"
+    assert len(load_run(output).cells) >= 1
+    deadline = time.monotonic() + 30
+    while task_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not task_processes()
+
+
+def test_a_bracket_closed_on_a_node_reaches_the_run(tiny_model_dirs, tmp_path, on_cluster, monkeypatch):
+    """Served repeats bracketed on each node (the stand-in vLLM server, tests/fake_vllm): the
+    baselines measured again after the speculative servers change rows that were already sent; the
+    run gets them, the cells table's and the other node's copy alike."""
+    fake = Path(__file__).parent / "fake_vllm"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
+    output = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", tiny_model_dirs["target"], "--drafts",
+                                 "ngram,ngram:3", "--k", "2", "--batch-sizes", "1", "--temperatures", "0",
+                                 "--workloads", "chat", "--max-new-tokens", "12", "--num-prompts", "2", "--repeats",
+                                 "2", "--dtype", "fp32", "--server-timeout", "60", "--served-pairing", "bracketed",
+                                 "--executor", "ray", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    run = load_run(output)
+    cells = run.cells.set_index("cell_id")
+    baseline = cells.loc["chat|B1|T0|autoregressive"]
+    assert baseline["repeats"] == 4  # before and after
+    copy = run.baseline_copies.iloc[0]
+    assert copy["repeats"] == 4 and copy["node_id"] != baseline["node_id"]
+    for row in run.cells[run.cells["mode"] == "speculative"].to_dict("records"):
+        own = baseline if row["node_id"] == baseline["node_id"] else copy
+        assert row["pairing"] == "bracketed" and list(row["baseline_tokens_per_s_runs"]) == \
+            list(own["tokens_per_s_runs"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and os.environ.get("SPECBENCH_REQUIRE_VLLM") != "1",
+                    reason="vLLM is not installed")
+def test_the_vllm_engine_under_ray(tmp_path, on_cluster):
+    import psutil
+
+    output = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", "smollm2-135m", "--k", "2",
+                                 "--batch-sizes", "1", "--temperatures", "0", "--workloads", "chat",
+                                 "--max-new-tokens", "16", "--num-prompts", "2", "--dtype", "fp32", "--enforce-eager",
+                                 "--executor", "ray", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    run = load_run(output)
+    cells = run.cells.set_index("mode")
+    assert (run.cells["status"] == "ok").all()
+    speculative = cells.loc["speculative"]
+    assert speculative["lossless"] == "exact" and speculative["alpha"] >= 0.99  # the target drafting for itself
+    # the draft's weights and KV cache come out of the server's pool: fewer tokens fit
+    assert speculative["kv_cache_tokens"] < cells.loc["autoregressive"]["kv_cache_tokens"]
+    assert run.cells["engine_version"].str.startswith("0.").all()
+    meta = json.loads((output / "run.json").read_text())
+    assert meta["engine"]["servers"] and meta["executor"]["groups"][0]["cores"]
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])]

@@ -233,6 +233,7 @@ class RayExecutor(Executor):
 
     def _run(self, ray, work, joined: str) -> None:
         from ray.util.queue import Queue
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         needs = group_needs(work.config, nodes)
@@ -245,19 +246,15 @@ class RayExecutor(Executor):
                              f"({needs.cpus:g} CPU, {needs.gpus:g} GPU)")
         groups = pairing_groups(work.todo, work.planned, slots)
         config, pairing = self.decide_pairing(work.config, max(needs.slots(n["Resources"]) for n in nodes))
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})  # dies with the driver only
         self.work, self.by_id = work, {c.id: c for c in work.planned}
         self.tasks: dict = {}
-        self.failed_lost = 0
         remote = ray.remote(measure_group)
         run_name = work.tables.run_dir.name
         work.meta["executor"] = {"name": "ray", "cluster": joined, "nodes": len(nodes), "slots": slots,
-                                 "groups": []}
+                                 "pairing": pairing, "groups": []}
         work.save_meta()
-        work.meta["executor"]["pairing"] = pairing
         work.on_event(SweepEvent("loaded", message=f"{joined}: {len(nodes)} node(s), {slots} group(s) at once; "
                                                    f"{len(groups)} pairing group(s), each measured on one node"
                                                    + (f"; served repeats {pairing}" if pairing else ""),
@@ -267,8 +264,6 @@ class RayExecutor(Executor):
             options = {**needs.options(), "max_retries": 0}
             others = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != avoid]
             if avoid and others:
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[0], soft=True)
             ref = remote.options(**options).remote(config, [c.id for c in state.group.cells],
                                                    state.group.index, self.queue, run_name, needs)

@@ -600,8 +600,6 @@ def _print_analysis(analysis) -> None:
 def _on_hardware(run, hardware: str | None):
     """The run's cells on one kind of hardware: a speed-up is never taken across two (fit.nodes).
     A run on several kinds needs --hardware; one on a single kind is returned as it is."""
-    from dataclasses import replace
-
     from specbench.fit.nodes import hardware_kinds
 
     kinds = hardware_kinds(run.cells)
@@ -614,16 +612,21 @@ def _on_hardware(run, hardware: str | None):
     if len(chosen) != 1:
         raise UsageError(f"--hardware {hardware}: the run's cells ran on {'; '.join(kinds) or 'unrecorded hardware'}"
                          + (" (it names several)" if chosen else ""))
-    keep = set(run.cells[run.cells["gpu_model"] == chosen[0]]["cell_id"])
+    return _keep_cells(run, run.cells[run.cells["gpu_model"] == chosen[0]])
+
+
+def _keep_cells(run, chosen):
+    """The run with only the `chosen` cells, and their requests, steps and baseline copies."""
+    from dataclasses import replace
+
+    keep = set(chosen["cell_id"])
     pick = lambda frame: frame[frame["cell_id"].isin(keep)] if frame is not None and not frame.empty else frame  # noqa: E731
-    return replace(run, cells=run.cells[run.cells["cell_id"].isin(keep)], requests=pick(run.requests),
-                   steps=pick(run.steps), baseline_copies=pick(run.baseline_copies))
+    return replace(run, cells=chosen, requests=pick(run.requests), steps=pick(run.steps),
+                   baseline_copies=pick(run.baseline_copies))
 
 
 def _at_context(run, length: int):
     """The run with only its cells (and their requests and steps) at one context length."""
-    from dataclasses import replace
-
     from specbench.fit import with_context
 
     cells = with_context(run.cells)
@@ -632,9 +635,7 @@ def _at_context(run, length: int):
         measured = sorted(int(c) for c in cells["context_length"].unique())
         raise UsageError(f"--context-length {length}: the run measured context lengths "
                          f"{', '.join(str(c) if c else '0 (the prompts as they are)' for c in measured)}")
-    keep = set(chosen["cell_id"])
-    pick = lambda frame: frame[frame["cell_id"].isin(keep)] if not frame.empty else frame  # noqa: E731
-    return replace(run, cells=chosen, requests=pick(run.requests), steps=pick(run.steps))
+    return _keep_cells(run, chosen)
 
 
 def _print_trust(lines: list[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -336,7 +337,7 @@ class SweepWork:
     save_meta: Callable[[], None] = lambda: None
     node_id: str = "local"  # the cluster node measuring them (executors.where: a column of every row)
 
-    @property
+    @cached_property
     def position(self) -> dict[str, int]:
         return {cell.id: index for index, cell in enumerate(self.planned)}
 

@@ -56,6 +56,13 @@ class GroupNeeds:
     def options(self) -> dict:
         return {"num_cpus": self.cpus, "num_gpus": self.gpus}
 
+    def cluster_slots(self, nodes: list[dict], server_gpus: int) -> int:
+        """How many groups the cluster runs at once: per node, or (a server bigger than a node) as
+        many servers as the cluster's GPUs hold."""
+        if self.spans_nodes:
+            return max(1, int(sum(node["Resources"].get("GPU", 0) for node in nodes) // server_gpus))
+        return sum(self.slots(node["Resources"]) for node in nodes)
+
     def slots(self, resources: dict) -> int:
         """How many groups a node with these resources runs at once."""
         counts = [int(resources.get("CPU", 0) // self.cpus)] if self.cpus else []
@@ -237,10 +244,8 @@ class RayExecutor(Executor):
 
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         needs = group_needs(work.config, nodes)
-        slots = sum(needs.slots(node["Resources"]) for node in nodes)
-        if needs.spans_nodes:
-            slots = max(1, int(sum(n["Resources"].get("GPU", 0) for n in nodes)
-                               // (work.config.vllm.tensor_parallel_size * work.config.vllm.pipeline_parallel_size)))
+        slots = needs.cluster_slots(nodes, work.config.vllm.tensor_parallel_size
+                                    * work.config.vllm.pipeline_parallel_size)
         if slots < 1:
             raise ValueError(f"no node of the cluster ({joined}) has what a pairing group asks for "
                              f"({needs.cpus:g} CPU, {needs.gpus:g} GPU)")

@@ -6,9 +6,6 @@ from __future__ import annotations
 import os
 import socket
 
-WHERE_COLUMNS = ("node_id", "host", "gpu_model", "gpu_uuids", "gpu_driver", "torch_version", "engine_version")
-
-
 def visible_gpus() -> tuple[list[tuple[str, str]], str]:
     """([(model, uuid)] of the GPUs this process may use (CUDA_VISIBLE_DEVICES: indices or UUIDs),
     the driver version); ([], "") without NVML."""

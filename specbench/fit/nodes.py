@@ -28,7 +28,7 @@ def baseline_measurements(cells: pd.DataFrame, copies: pd.DataFrame | None) -> p
     their copies, one row each with its node."""
     if copies is None or copies.empty or cells.empty or "node_id" not in copies:
         return pd.DataFrame()
-    ok = copies[copies.get("status", "ok") == "ok"] if "status" in copies else copies
+    ok = copies[copies["status"] == "ok"] if "status" in copies else copies
     first = cells[cells["cell_id"].isin(ok["cell_id"]) & (cells["status"] == "ok")]
     return pd.concat([first, ok], ignore_index=True)
 
@@ -61,10 +61,9 @@ def node_disagreements(cells: pd.DataFrame, copies: pd.DataFrame | None,
         if fast is slow or not slow["tokens_per_s"] > 0:
             continue
         ratio = fast["tokens_per_s"] / slow["tokens_per_s"]
-        interval = unpaired_interval(runs_list(fast.get("tokens_per_s_runs")), runs_list(slow.get("tokens_per_s_runs")),
-                                     confidence)
-        if interval is not None and min(len(runs_list(fast.get("tokens_per_s_runs"))),
-                                        len(runs_list(slow.get("tokens_per_s_runs")))) >= 2:
+        fast_runs, slow_runs = runs_list(fast.get("tokens_per_s_runs")), runs_list(slow.get("tokens_per_s_runs"))
+        interval = unpaired_interval(fast_runs, slow_runs, confidence)
+        if interval is not None and min(len(fast_runs), len(slow_runs)) >= 2:
             beyond, why = interval[0] > 1, f"{confidence:.0%} interval {interval[0]:.2f}–{interval[1]:.2f}×"
         else:
             beyond, why = ratio > SINGLE_RUN_TOLERANCE, f"one repeat a side: over {SINGLE_RUN_TOLERANCE:g}×"

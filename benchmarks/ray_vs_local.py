@@ -18,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-VLLM_GRID = ["--engine", "vllm", "--drafts", "ngram,smollm2-135m", "--k", "2", "--batch-sizes", "1,4",
+# Two drafts at two K: four speculative servers, the smallest grid where placement has a choice.
+# (benchmarks/cpu-2026-11-24/ray/ ran the first version of the executor on `--k 2` alone.)
+VLLM_GRID = ["--engine", "vllm", "--drafts", "ngram,smollm2-135m", "--k", "2,4", "--batch-sizes", "1,4",
              "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "32", "--num-prompts", "4",
              "--repeats", "2", "--dtype", "fp32", "--enforce-eager"]
+NATIVE_GRID = ["--drafts", "ngram,smollm2-135m@bf16", "--k", "1,2,3,4", "--batch-sizes", "1,4", "--temperatures", "0",
+               "--workloads", "chat", "--max-new-tokens", "32", "--num-prompts", "4"]
 
 
 def sweep(args: list[str], output: Path, env: dict | None = None) -> float:
@@ -28,14 +32,30 @@ def sweep(args: list[str], output: Path, env: dict | None = None) -> float:
     wall = output.parent / f"{output.name}.wall"
     if wall.exists() and json.loads((output / "run.json").read_text()).get("status") == "complete":
         return float(wall.read_text())
-    started = time.monotonic()
+    started, before = time.monotonic(), cpu_times()
     done = subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", *args, "--output", str(output)],
                           env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    busy, total = (after - earlier for after, earlier in zip(cpu_times(), before))
     (output.parent / f"{output.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"sweep {output.name} exited {done.returncode}: see {output.name}.log")
     wall.write_text(str(time.monotonic() - started))
+    (output.parent / f"{output.name}.cores").write_text(str(busy / total * os.cpu_count()))
     return float(wall.read_text())
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, all) jiffies of this machine's cores so far, from /proc/stat."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cores_busy(output: Path) -> float | None:
+    """The machine's cores busy on average during the sweep (any process: the sweep's own, servers'
+    and Ray's, and the little else this machine runs)."""
+    path = output.parent / f"{output.name}.cores"
+    return float(path.read_text()) if path.exists() else None
 
 
 def intervals(run_dir: Path) -> dict[str, tuple[float, tuple[float, float] | None]]:
@@ -65,7 +85,9 @@ def vllm(out: Path) -> dict:
     local_s = sweep(VLLM_GRID, out / "vllm_local", env)
     ray_s = sweep([*VLLM_GRID, "--executor", "ray"], out / "vllm_ray", env)
     return {"grid": VLLM_GRID, "env": env, "local_wall_s": local_s, "ray_wall_s": ray_s,
-            "ratio": local_s / ray_s, "speedups": compare(out / "vllm_local", out / "vllm_ray")}
+            "ratio": local_s / ray_s, "cores_busy": {"local": cores_busy(out / "vllm_local"),
+                                                     "ray": cores_busy(out / "vllm_ray")},
+            "groups": groups(out / "vllm_ray"), "speedups": compare(out / "vllm_local", out / "vllm_ray")}
 
 
 def native(out: Path) -> dict:
@@ -73,8 +95,7 @@ def native(out: Path) -> dict:
 
     from specbench.results import load_run
 
-    grid = ["--drafts", "ngram,smollm2-135m@bf16,ngram:2", "--k", "2", "--batch-sizes", "1,4", "--temperatures", "0",
-            "--workloads", "chat", "--max-new-tokens", "32", "--num-prompts", "4"]
+    grid = NATIVE_GRID
     local_s = sweep(grid, out / "native_local")
     walls = {}
     for nodes in (1, 2):
@@ -92,12 +113,33 @@ def native(out: Path) -> dict:
     def tokens(run) -> dict:
         return {(r.cell_id, r.repeat, r.request_id): list(r.tokens) for r in run.requests.itertuples()}
 
-    return {"grid": grid, "local_wall_s": local_s, "ray_wall_s": walls,
+    measuring = {nodes: measuring_s(out / f"native_ray_{nodes}node") for nodes in walls}
+    return {"grid": grid, "local_wall_s": local_s, "ray_wall_s": walls, "ray_measuring_s": measuring,
+            "cores_busy": {"local": cores_busy(out / "native_local"),
+                           **{f"ray_{n}node": cores_busy(out / f"native_ray_{n}node") for n in walls}},
+            "groups": {nodes: groups(out / f"native_ray_{nodes}node") for nodes in walls},
             "same_cells": sorted(here.cells["cell_id"]) == sorted(there.cells["cell_id"]),
             "identical_greedy_tokens": tokens(here) == tokens(there),
             "nodes_used": int(there.cells["node_id"].nunique()),
             "two_nodes_vs_one_over_two": walls[2] / (walls[1] / 2),
-            "goal": "within 1.25x of one node's wall time / 2 (includes each sweep's start: model loads, Ray connect)"}
+            "two_nodes_vs_one_over_two_measuring": measuring[2] / (measuring[1] / 2),
+            "goal": "within 1.25x of one node's time / 2, not counting the start: ray_measuring_s runs from the "
+                    "first cell's start to the last group's end (ray_wall_s also counts Ray's connection, each "
+                    "task's imports, model loads and hardware probes)"}
+
+
+def groups(run_dir: Path) -> list[dict]:
+    """Each pairing group's node, cells and times, from run.json."""
+    executor = json.loads((run_dir / "run.json").read_text())["executor"]
+    return [{"group": g["group"], "node": g["node_id"][:8], "cells": g.get("cells"),
+             "start_s": g["first_cell_at"] - g["started_at"], "measuring_s": g["finished_at"] - g["first_cell_at"]}
+            for g in executor["groups"]]
+
+
+def measuring_s(run_dir: Path) -> float:
+    """From the first cell's start on any node to the last group's end."""
+    executor = json.loads((run_dir / "run.json").read_text())["executor"]
+    return max(g["finished_at"] for g in executor["groups"]) - min(g["first_cell_at"] for g in executor["groups"])
 
 
 def figure(out: Path) -> dict:
@@ -110,20 +152,33 @@ def figure(out: Path) -> dict:
 
     summary = json.loads((out / "vllm_summary.json").read_text())
     rows = summary["speedups"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 1]})
+    low, high = 0.25, 4.0  # a log scale, clipped: two repeats give a wide t-interval; clipped ends are arrows
     for offset, name, colour in ((-0.12, "local", "#1f77b4"), (0.12, "ray", "#d62728")):
         xs = [i + offset for i in range(len(rows))]
         points = [row[name] for row in rows]
-        bands = [row[f"{name}_interval"] or [p, p] for row, p in zip(rows, points)]
+        bands = [[max(b[0], low), min(b[1], high)] for b in (row[f"{name}_interval"] or [p, p]
+                                                             for row, p in zip(rows, points))]
         errors = [[p - b[0] for p, b in zip(points, bands)], [b[1] - p for p, b in zip(points, bands)]]
-        left.errorbar(xs, points, yerr=errors, fmt="o", capsize=4, color=colour,
-                      label=f"--executor {name}")
+        left.errorbar(xs, points, yerr=errors, fmt="o", capsize=4, color=colour, label=f"--executor {name}")
+        for x, row in zip(xs, rows):
+            band = row[f"{name}_interval"]
+            if band and band[1] > high:
+                left.annotate("", (x, high * 1.12), (x, high), arrowprops={"arrowstyle": "->", "color": colour})
+            if band and band[0] < low:
+                left.annotate("", (x, low / 1.12), (x, low), arrowprops={"arrowstyle": "->", "color": colour})
     left.axhline(1.0, color="#888", lw=1, ls="--")
-    left.set_xticks(range(len(rows)), [row["cell"].replace("chat|", "").replace("|T0", "") for row in rows],
-                    fontsize=8)
-    left.set_ylabel("speed-up (95 % interval)")
+    left.set_yscale("log")
+    left.set_ylim(low / 1.2, high * 1.2)
+    left.set_yticks([0.25, 0.5, 1, 2, 4], ["0.25×", "0.5×", "1×", "2×", "4×"])
+    left.minorticks_off()
+    labels = [row["cell"].replace("chat|", "").replace("|T0", "").replace("|", "\n")
+              for row in rows]
+    left.set_xticks(range(len(rows)), labels, fontsize=8)
+    left.set_ylabel("speed-up, 95 % interval (log scale, clipped: arrows)")
     left.set_title("vLLM CPU grid: the same cells, local and on Ray", fontsize=10)
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper right")
+    left.grid(alpha=0.3, axis="y")
     right.bar(["local", "ray"], [summary["local_wall_s"] / 60, summary["ray_wall_s"] / 60], color=["#1f77b4", "#d62728"])
     right.set_ylabel("wall time (min)")
     right.set_title(f"{summary['ratio']:.2f}× faster on Ray", fontsize=10)

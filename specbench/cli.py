@@ -733,7 +733,7 @@ def check(
     the highest load meeting the SLO)? Exit 0 pass, 1 fail, 2 cannot answer (bad input, missing
     cells, an incomplete run), 3 inconclusive (an interval straddles the bar), 4 internal error."""
     from specbench.fit import completeness, open_loop, parse_slo
-    from specbench.gate import UNANSWERABLE, evaluate, evaluate_slo
+    from specbench.gate import INTERNAL_ERROR, UNANSWERABLE, evaluate, evaluate_slo
     from specbench.results import load_run
     from specbench.served.vllm_engine import base_speculative_configs
 
@@ -769,6 +769,12 @@ def check(
             print(json.dumps({"exit_code": UNANSWERABLE, "verdict": "CANNOT ANSWER", "message": str(error)}))
             raise typer.Exit(UNANSWERABLE)
         fail(str(error))
+    except Exception as error:  # a bug: a pipeline's verdict.json still gets its JSON; exit 4 as always
+        if json_output:
+            print(json.dumps({"exit_code": INTERNAL_ERROR, "verdict": "ERROR",
+                              "message": f"internal error (a bug in specbench, not a verdict): "
+                                         f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}))
+        raise
     for answered in (slo_result, None if slo_result is not None else result):
         if answered is not None:  # the commands that finish or decide it, runnable as printed
             answered.advice = answered.advice.replace("--output RUN", f"--output {run.path}")

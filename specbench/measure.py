@@ -53,7 +53,15 @@ class OwnCpu:
     def __init__(self) -> None:
         self.cpu_s = 0.0
         self.wall_s = 0.0
-        self._start: tuple[float, dict[int, float]] | None = None
+        self.machine_cpu_s = 0.0  # every process's on this machine, ours included
+        self._start: tuple[float, dict[int, float], float] | None = None
+
+    @staticmethod
+    def _machine_cpu_s() -> float:
+        import psutil
+
+        times = psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
     @staticmethod
     def _cpu_by_pid() -> dict[int, float]:
@@ -75,21 +83,29 @@ class OwnCpu:
 
     def __enter__(self) -> "OwnCpu":
         if self._start is None:
-            self._start = (time.monotonic(), self._cpu_by_pid())
+            self._start = (time.monotonic(), self._cpu_by_pid(), self._machine_cpu_s())
         return self
 
     def __exit__(self, *exc) -> None:
         if self._start is None:
             return
-        started, before = self._start
+        started, before, machine_before = self._start
         self._start = None
         after = self._cpu_by_pid()
+        self.machine_cpu_s += self._machine_cpu_s() - machine_before
         self.wall_s += time.monotonic() - started
         self.cpu_s += sum(max(0.0, used - before.get(pid, 0.0)) for pid, used in after.items())
 
     @property
     def cores(self) -> float:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def other_cores(self) -> float:
+        """The cores other work kept busy meanwhile: the machine's CPU time less ours. (The load
+        average cannot tell: a vLLM CPU server's spinning OpenMP threads count in it many times
+        over, at a CPU use of about one core.)"""
+        return max(0.0, self.machine_cpu_s - self.cpu_s) / self.wall_s if self.wall_s > 0 else float("nan")
 
 
 class PeakSampler:

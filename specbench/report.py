@@ -67,6 +67,11 @@ class Analysis:
 
 
 TRUST_SECTION = "how far the performance model's predictions can be trusted"
+NOT_DRAWN_SECTION = "charts not drawn"
+
+
+class NothingToDraw(Exception):
+    """A chart's quantity was not measured in this run (why: the message)."""
 
 
 def trust_lines(run: Run, predicted: pd.DataFrame, validation: pd.DataFrame,
@@ -409,7 +414,12 @@ def chart_memory(a: Analysis, path: Path) -> None:
         values = np.array([float(r[column]) / gib if r is not None and pd.notna(r.get(column)) else 0 for r in rows])
         ax.bar(range(len(configs)), values, bottom=bottoms, label=name, color=f"C{n}")
         bottoms += values
-    peaks = [float(r["peak_memory_bytes"]) / gib if r is not None else np.nan for r in rows]
+    peaks = [float(r["peak_memory_bytes"]) / gib if r is not None and pd.notna(r.get("peak_memory_bytes")) else np.nan
+             for r in rows]
+    if np.isnan(peaks).all() and not bottoms.any():
+        plt.close(fig)
+        raise NothingToDraw("no memory was measured (an endpoint's server is on another machine)"
+                            if (a.run.meta.get("engine") or {}).get("name") == "endpoint" else "no memory was measured")
     kind = at["memory_kind"].iloc[0] if len(at) else "rss"
     if served:
         label = "measured peak (the server's processes: " + ("RSS)" if kind == "rss" else "GPU memory)")
@@ -702,11 +712,15 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     if a.cells.empty:
         raise ValueError(f"{run.path} has no finished cells to report")
     a.answer = answer(a, gate_result)
-    images = {}
+    images, not_drawn = {}, []
     for name, draw in drawers(a).items():
         path = out_dir / f"{name}.png"
-        draw(a, path)
-        images[name] = path
+        try:
+            draw(a, path)
+            images[name] = path
+        except NothingToDraw as why:
+            path.unlink(missing_ok=True)
+            not_drawn.append(f"{CHARTS[name]}: {why}")
     tables = summary_tables(a)
     if a.goodput is not None and not a.goodput.empty:
         tables[f"goodput per cell (SLO: {a.slo.describe()})"] = a.goodput.drop(columns=["cell_id", "mode"])
@@ -741,7 +755,8 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     sections = ({"measurement warnings": "\n".join(a.warnings)} if a.warnings else {}) | \
         ({"nodes (a cluster run)": nodes + "; each speed-up is paired with the baseline measured on its own node"}
          if nodes else {}) | \
-        ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | dict(extra_sections or {})
+        ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | \
+        ({NOT_DRAWN_SECTION: "\n".join(not_drawn)} if not_drawn else {}) | dict(extra_sections or {})
 
     parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
     if a.answer:

@@ -32,6 +32,15 @@ class RunNotFound(FileNotFoundError):
     pass
 
 
+class DamagedRun(ValueError):
+    """A run directory whose files are not as a sweep writes them: bad input, named by file."""
+
+
+# What every command reads from the cells table, and the columns that must hold numbers.
+REQUIRED_CELL_COLUMNS = ("cell_id", "mode", "status", "workload", "batch_size", "temperature", "draft", "k")
+NUMERIC_CELL_COLUMNS = ("batch_size", "temperature", "k", "speedup", "tokens_per_s", "alpha", "tau")
+
+
 class OutputError(ValueError):
     """--output (or results/) cannot take a run."""
 
@@ -177,13 +186,49 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     path = Path(run_dir) if run_dir else latest_run(root)
     if not (path / "run.json").exists():
         raise RunNotFound(f"{path} is not a specbench run (no run.json)")
-    meta = json.loads((path / "run.json").read_text())
+    meta = read_meta(path)
     if not has_cells(path):
+        if meta.get("status") == "complete":
+            raise DamagedRun(f"{path / 'cells.parquet'} is missing, although the sweep wrote cells "
+                             f"(run.json: status {meta.get('status', 'unknown')}): the run directory is damaged")
         error = f": {meta['error']}" if meta.get("error") else ""
         raise RunNotFound(f"{path} has no finished cells (its sweep is {meta.get('status', 'unknown')}{error}); "
                           f"retry it with `specbench sweep --output {path}`")
-    tables = {name: read_table(path, name) for name in TABLES}
-    return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], read_table(path, COPIES))
+    try:
+        tables = {name: read_table(path, name) for name in TABLES}
+        copies = read_table(path, COPIES)
+    except (OSError, ValueError) as error:  # pyarrow's errors are both
+        raise DamagedRun(f"{path}: a table cannot be read as Parquet ({(str(error).splitlines() or [''])[0]})") from None
+    check_cells(tables["cells"], path / "cells.parquet")
+    return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], copies)
+
+
+def read_meta(path: Path) -> dict:
+    where = path / "run.json"
+    try:
+        meta = json.loads(where.read_text())
+    except json.JSONDecodeError as error:
+        raise DamagedRun(f"{where} is not valid JSON ({error.msg}, line {error.lineno}): the run directory is "
+                         "damaged") from None
+    if not isinstance(meta, dict) or "status" not in meta or not isinstance(meta.get("config", {}), dict):
+        raise DamagedRun(f"{where} is not a specbench run.json (a JSON object with the sweep's status and config)")
+    return meta
+
+
+def check_cells(cells: pd.DataFrame, where: Path) -> None:
+    """The cells table as a sweep writes it, else bad input naming the file and the column."""
+    if cells.empty:
+        raise DamagedRun(f"{where} has no rows: the run directory is damaged")
+    missing = [column for column in REQUIRED_CELL_COLUMNS if column not in cells]
+    if missing:
+        raise DamagedRun(f"{where} lacks column(s) {', '.join(missing)}: not a cells table specbench wrote "
+                         "(damaged, or edited)")
+    for column in NUMERIC_CELL_COLUMNS:
+        if column in cells and not (pd.api.types.is_numeric_dtype(cells[column])
+                                    or cells[column].isna().all()):
+            shown = next((v for v in cells[column] if not isinstance(v, (int, float)) and v is not None), "?")
+            raise DamagedRun(f"{where}: column {column} holds {type(shown).__name__} values ({shown!r}), not "
+                             "numbers: the run directory is damaged")
 
 
 # --- provenance --------------------------------------------------------------------------------

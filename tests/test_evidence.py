@@ -195,3 +195,32 @@ def test_the_busy_machine_measure_leaves_out_specbenchs_own_processes():
     assert "busy" in busy_machine(served.drop(columns="own_cpu_cores"), cores=2)  # older runs: the whole load
     endpoint = busy_machine(served.assign(engine="endpoint", own_cpu_cores=0.1), cores=2)
     assert "sees only its own processes (the client), not the endpoint's" in endpoint
+    # measured: the CPU other processes used. A vLLM CPU server's spinning threads push the load
+    # average to 5-7 on 2 cores at ~1.9 cores of CPU; that is no other work
+    spinning = served.assign(load_average=6.8, other_cpu_cores=0.05)
+    assert busy_machine(spinning, cores=2) is None
+    other = busy_machine(spinning.assign(other_cpu_cores=0.9), cores=2)
+    assert "other processes kept 0.9 of its 2 cores busy" in other and "during 1 cell(s)" in other
+    assert busy_machine(spinning.assign(other_cpu_cores=float("nan")), cores=2)  # not measured: the load average
+
+
+def test_own_cpu_tells_other_work_from_ours():
+    import subprocess
+    import sys
+
+    from specbench.measure import OwnCpu
+
+    spin = "import time; t = time.monotonic(); all(iter(lambda: time.monotonic() - t < 1.5, False))"
+    ours = OwnCpu()
+    child = subprocess.Popen([sys.executable, "-c", spin])  # a child, as a server is: ours
+    with ours:
+        time.sleep(1.0)
+    child.wait()
+    # not ours: a process whose parent exited at once, so that it is no child of this one
+    subprocess.run(["sh", "-c", f"'{sys.executable}' -c '{spin}' &"], check=True)
+    theirs = OwnCpu()
+    with theirs:
+        time.sleep(1.0)
+    time.sleep(0.6)
+    assert ours.cores > 0.6 and ours.other_cores < 0.5, (ours.cores, ours.other_cores)
+    assert theirs.cores < 0.3 and theirs.other_cores > 0.6, (theirs.cores, theirs.other_cores)

@@ -112,6 +112,51 @@ def test_an_internal_error_is_exit_4_never_0_or_1(crafted, capsys, monkeypatch):
     assert "IndexError" in open(traceback_file).read() and len(err.strip().splitlines()) == 1
 
 
+DAMAGED = [  # (how the run is damaged, words of the one-line message); exit 2 on every command, never 4
+    ("dropped column", "lacks column(s) mode"),
+    ("empty table", "has no rows"),
+    ("text speed-ups", "column speedup holds str values ('fast'), not numbers"),
+    ("deleted cells", "cells.parquet is missing, although the sweep wrote cells"),
+    ("invalid run.json", "run.json is not valid JSON (Expecting value, line 1)"),
+    ("a list for run.json", "is not a specbench run.json"),
+    ("empty run.json object", "is not a specbench run.json (a JSON object with the sweep's status and config)"),
+]
+
+
+@pytest.mark.parametrize("damage, message", DAMAGED, ids=[d for d, _ in DAMAGED])
+@pytest.mark.parametrize("command", ["check", "report", "plan"])
+def test_a_damaged_run_is_bad_input_naming_the_file(damage, message, command, crafted, capsys):
+    cells = pd.read_parquet(crafted / "cells.parquet")
+    if damage == "dropped column":
+        write_table(crafted, "cells", cells.drop(columns=["mode"]))
+    elif damage == "empty table":
+        write_table(crafted, "cells", cells.iloc[0:0])
+    elif damage == "text speed-ups":
+        write_table(crafted, "cells", cells.assign(speedup="fast"))
+    elif damage == "deleted cells":
+        (crafted / "cells.parquet").unlink()
+    elif damage == "invalid run.json":
+        (crafted / "run.json").write_text("")
+    elif damage == "a list for run.json":
+        (crafted / "run.json").write_text("[]")
+    else:
+        (crafted / "run.json").write_text("{}")
+    code, out, err = run_cli([command, str(crafted)], capsys)
+    assert code == 2 and message in out + err and len((out + err).strip().splitlines()) == 1, out + err
+    if command == "check":  # a pipeline's verdict.json is never empty
+        code, out, _ = run_cli([command, str(crafted), "--json"], capsys)
+        assert code == 2 and json.loads(out)["verdict"] == "CANNOT ANSWER"
+
+
+def test_check_json_is_written_even_on_an_internal_error(crafted, capsys, monkeypatch):
+    import specbench.gate
+
+    monkeypatch.setattr(specbench.gate, "evaluate", lambda *a, **k: [][0])
+    code, out, err = run_cli(["check", crafted, "--json"], capsys)
+    payload = json.loads(out)
+    assert code == 4 and payload["exit_code"] == 4 and "IndexError" in payload["message"] and "internal error" in err
+
+
 def test_check_codes_pass_fail_and_json(crafted, capsys):
     assert run_cli(["check", crafted, "--batch-sizes", "1"], capsys)[0] == 0
     code, out, _ = run_cli(["check", crafted], capsys)

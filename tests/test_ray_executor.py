@@ -26,8 +26,8 @@ pytest.importorskip("ray", reason="the ray extra is not installed (pip install '
 runner = CliRunner()
 
 
-def native_grid(dirs, output, *extra) -> list[str]:
-    return ["sweep", "--target", dirs["target"], "--drafts", f"{dirs['draft']},ngram:2", "--k", "2",
+def native_grid(dirs, output, *extra, ks: str = "2") -> list[str]:
+    return ["sweep", "--target", dirs["target"], "--drafts", f"{dirs['draft']},ngram:2", "--k", ks,
             "--batch-sizes", "1,2", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "12",
             "--num-prompts", "2", "--dtype", "fp64", "--output", str(output), *extra]
 
@@ -75,11 +75,13 @@ def task_processes() -> list:
 
 def test_groups_spread_over_both_nodes_with_the_local_runs_tokens(tiny_model_dirs, tmp_path, on_cluster):
     _, nodes = on_cluster
-    local = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "local"))
+    # two drafts at two K: balanced by estimated work, each group holds some of each pairing group
+    # (at one K, whole pairing groups win: no baseline measured twice)
+    local = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "local", ks="2,3"))
     assert local.exit_code == 0, local.output
-    spread = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "ray", "--executor", "ray"))
+    spread = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "ray", "--executor", "ray", ks="2,3"))
     assert spread.exit_code == 0, spread.output
-    assert "2 pairing group(s)" in spread.output
+    assert "2 pairing group(s)" in spread.output and "~50% of the estimated work" in spread.output
 
     here, there = load_run(tmp_path / "local"), load_run(tmp_path / "ray")
     assert sorted(here.cells["cell_id"]) == sorted(there.cells["cell_id"])
@@ -100,6 +102,8 @@ def test_groups_spread_over_both_nodes_with_the_local_runs_tokens(tiny_model_dir
     meta = json.loads((tmp_path / "ray" / "run.json").read_text())
     assert meta["status"] == "complete" and meta["executor"]["name"] == "ray"
     assert {group["node_id"] for group in meta["executor"]["groups"]} == workers
+    for group in meta["executor"]["groups"]:  # each group's start-up apart from its measuring
+        assert group["started_at"] < group["first_cell_at"] < group["finished_at"] and group["cells"] == 6
 
 
 def test_resume_after_an_interruption_keeps_what_finished(tiny_model_dirs, tmp_path, on_cluster):

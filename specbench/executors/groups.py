@@ -1,30 +1,50 @@
 """Pairing groups: the unit a cluster places on one node. A group is some speculative cells and
 the autoregressive baselines they are compared with, so that each speed-up is measured on one
-node. A speculative configuration (one vLLM server: a draft, its K) is never split over nodes
-unless there are fewer configurations than slots; then its cells are split by pairing group
-(workload, load, temperature), which needs no extra baseline."""
+node.
+
+Groups are balanced by estimated work, not by cell count: a draft-model cell costs several
+n-gram cells, and on a served engine each configuration in a group costs a server start. Three
+ways of cutting the grid compete, and the one whose longest group is shortest wins:
+- whole configurations (a draft and its K: one vLLM server), each group adding the baselines it
+  pairs with (a baseline measured on two nodes is one more copy);
+- whole pairing groups (workload, load, temperature: a baseline and every speculative cell
+  beside it), which copy no baseline but start every server in every group;
+- configurations split by pairing group, the finest cut."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Callable
 
-from specbench.grid import SCHEDULE_MARK, Cell
+from specbench.grid import SCHEDULE_MARK, Cell, SweepConfig, requests_per_cell, split_schedule
+
+# Only to place work, never reported: rough costs in target decode steps.
+ASSUMED_ACCEPTANCE = {"ngram": 0.35, "model": 0.7}  # other kinds (self, eagle, mtp): 0.6
+STEP_GROWTH_PER_SEQUENCE = 0.15  # a decode step at batch B costs 1 + 0.15 (B - 1) of batch 1's (CPU: 0.14-0.16)
+VERIFY_GROWTH_PER_TOKEN = 0.1  # verifying K + 1 tokens costs 1 + 0.1 K of one decode step
+SERVER_START_STEPS = 500.0  # a vLLM server's start (CPU: ~60 s of ~0.12 s steps; on a GPU it is relatively more)
+UNKNOWN_DRAFT_RATIO = 0.1  # a draft forward's cost over the target's, where sizes are not known
 
 
 @dataclass
 class PairingGroup:
     index: int
     cells: list[Cell] = field(default_factory=list)
+    share: float = float("nan")  # of the grid's estimated work
 
     @property
     def speculative(self) -> list[Cell]:
         return [cell for cell in self.cells if cell.is_speculative]
 
     def describe(self) -> str:
-        configs = sorted({configuration(cell) for cell in self.speculative})
-        shown = ", ".join(f"{draft}" + (f" K={k}" if k else "") + (f" α={alpha}" if alpha else "")
-                          for draft, k, alpha in configs) or "baselines only"
-        return f"group {self.index + 1}: {shown} ({len(self.cells)} cells)"
+        ks: dict[tuple[str, str], list[int]] = {}
+        for draft, k, alpha in sorted({configuration(cell) for cell in self.speculative}):
+            ks.setdefault((draft, alpha), []).append(k)
+        shown = "; ".join(draft + (f" K={','.join(map(str, k))}" if any(k) else "") + (f" α={alpha}" if alpha else "")
+                          for (draft, alpha), k in ks.items()) or "baselines only"
+        share = f", ~{self.share:.0%} of the estimated work" if math.isfinite(self.share) else ""
+        return f"group {self.index + 1}: {shown} ({len(self.cells)} cells{share})"
 
 
 def configuration(cell: Cell) -> tuple[str, int, str]:
@@ -32,33 +52,136 @@ def configuration(cell: Cell) -> tuple[str, int, str]:
     return cell.draft, 0 if SCHEDULE_MARK in cell.draft else cell.k, cell.alpha
 
 
-def pairing_groups(todo: list[Cell], planned: list[Cell], slots: int) -> list[PairingGroup]:
-    """`todo` split into at most `slots` groups (cells measured at once), each holding the
-    baselines of its speculative cells, in plan order. Baselines whose speculative cells are all
-    finished go to the smallest group."""
+@dataclass(frozen=True)
+class WorkEstimate:
+    """How long cells take, in target decode steps. Rough by design: it only balances groups."""
+
+    prompts: int = 1
+    new_tokens: int = 1
+    repeats: int = 1
+    server_start: float = 0.0  # per server a group starts (a configuration, the baseline's)
+    draft_ratio: Callable[[str], float] = lambda draft: 0.0  # noqa: E731  a draft forward over a target's
+
+    @classmethod
+    def of(cls, config: SweepConfig) -> WorkEstimate:
+        served = config.engine == "vllm"
+        return cls(config.num_prompts, config.max_new_tokens, config.repeats,
+                   SERVER_START_STEPS if served else 0.0, _draft_ratios(config))
+
+    def cell(self, cell: Cell) -> float:
+        batch = cell.batch_size or 4  # open loop: a few requests in flight
+        requests = requests_per_cell(SweepConfig(num_prompts=self.prompts), cell.batch_size)
+        steps = math.ceil(requests / batch) * self.new_tokens * (1 + STEP_GROWTH_PER_SEQUENCE * (batch - 1))
+        steps *= 1 + cell.context_length / 8192
+        if cell.is_speculative:
+            base, _ = split_schedule(cell.draft)
+            alpha = ASSUMED_ACCEPTANCE.get(_draft_kind(base), 0.6)
+            k = max(cell.k, 1)
+            tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+            steps = steps / tau * (1 + VERIFY_GROWTH_PER_TOKEN * k + k * self.draft_ratio(base))
+        return steps * self.repeats
+
+    def group(self, cells: list[Cell]) -> float:
+        servers = len({configuration(c) for c in cells if c.is_speculative}) + any(not c.is_speculative for c in cells)
+        return sum(self.cell(c) for c in cells) + self.server_start * servers
+
+
+def _draft_kind(draft: str) -> str:
+    from specbench.models import parse_draft_spec
+
+    try:
+        return parse_draft_spec(draft, allow_served=True).kind
+    except ValueError:
+        return "model"
+
+
+def _draft_ratios(config: SweepConfig) -> Callable[[str], float]:
+    """A draft forward's cost over the target's: their weights' bytes (a decode step reads every
+    weight once) where the registry knows both models' sizes."""
+    from specbench.models import lookup_alias, parse_draft_spec, parse_dtype
+
+    target = lookup_alias(config.target)
+    layers = _target_layers(config.target)
+    target_dtype = config.torch_dtype
+
+    def ratio(draft: str) -> float:
+        try:
+            spec = parse_draft_spec(draft, allow_served=True)
+        except ValueError:
+            return UNKNOWN_DRAFT_RATIO
+        if spec.kind == "ngram":
+            return 0.0
+        if spec.kind == "self":
+            return min(1.0, spec.layers / layers) if layers else 0.5
+        if spec.kind != "model":
+            return UNKNOWN_DRAFT_RATIO  # a head (EAGLE, MTP) or a config passed through
+        width = parse_dtype(spec.dtype).itemsize / target_dtype.itemsize if spec.dtype else 1.0
+        if spec.model == config.target:
+            return width
+        draft_model = lookup_alias(spec.model, target.family if target else None)
+        if target and draft_model:
+            return width * draft_model.params_b / target.params_b
+        return UNKNOWN_DRAFT_RATIO
+
+    return ratio
+
+
+def _target_layers(target: str) -> int:
+    import json
+    from pathlib import Path
+
+    from specbench.models import lookup_alias
+
+    spec = lookup_alias(target)
+    shipped = Path(__file__).parents[1] / "configs" / f"{spec.alias if spec else target}.json"
+    try:
+        return int(json.loads(shipped.read_text())["num_hidden_layers"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return 0
+
+
+def pairing_groups(todo: list[Cell], planned: list[Cell], slots: int,
+                   estimate: WorkEstimate) -> list[PairingGroup]:
+    """`todo` split into at most `slots` groups (measured at once), each holding the baselines of
+    its speculative cells, in plan order: of the three cuts, the one whose longest group is
+    estimated shortest (then the least work in all). Baselines whose speculative cells are all
+    finished go to the least loaded group."""
     order = {cell.id: index for index, cell in enumerate(planned)}
     by_id = {cell.id: cell for cell in planned}
-    units: dict[tuple, list[Cell]] = {}
-    for cell in todo:
-        if cell.is_speculative:
-            units.setdefault(configuration(cell), []).append(cell)
-    chunks = list(units.values())
-    if 0 < len(chunks) < slots:  # fewer configurations than slots: split them by pairing group
-        finer = [[c for c in chunk if c.group == group] for chunk in chunks
-                 for group in dict.fromkeys(c.group for c in chunk)]
-        chunks = finer if len(finer) > len(chunks) else chunks
-    count = max(1, min(slots, len(chunks)))
-    groups = [PairingGroup(index) for index in range(count)]
-    for chunk in sorted(chunks, key=len, reverse=True):  # largest first, each into the smallest group
-        min(groups, key=lambda g: len(g.cells)).cells.extend(chunk)
-    placed = set()
-    for group in groups:
-        baselines = {cell.baseline_id for cell in group.cells}
-        group.cells += [by_id[cell_id] for cell_id in baselines if cell_id in by_id]
-        placed |= {cell.id for cell in group.cells}
-    for cell in todo:
-        if cell.id not in placed:
-            min(groups, key=lambda g: len(g.cells)).cells.append(cell)
-    for group in groups:
-        group.cells = sorted(dict.fromkeys(group.cells), key=lambda c: order.get(c.id, 0))
-    return [group for group in groups if group.cells]
+    speculative = [cell for cell in todo if cell.is_speculative]
+    cuts = [_chunks(speculative, configuration), _chunks(speculative, lambda c: c.group),
+            _chunks(speculative, lambda c: (configuration(c), c.group))]
+    best: list[list[Cell]] | None = None
+    for chunks in cuts:
+        groups = _balanced(chunks, slots, estimate, by_id)
+        score = (max(map(estimate.group, groups), default=0.0), sum(map(estimate.group, groups)))
+        if best is None or score < best_score:
+            best, best_score = groups, score
+    groups = best or [[]]
+    for cell in todo:  # baselines no unfinished speculative cell pairs with
+        if cell.id not in {c.id for group in groups for c in group}:
+            min(groups, key=estimate.group).append(cell)
+    total = sum(map(estimate.group, groups)) or 1.0
+    return [PairingGroup(i, sorted(dict.fromkeys(cells), key=lambda c: order.get(c.id, 0)), estimate.group(cells) / total)
+            for i, cells in enumerate(group for group in groups if group)]
+
+
+def _chunks(cells: list[Cell], key: Callable[[Cell], object]) -> list[list[Cell]]:
+    chunks: dict[object, list[Cell]] = {}
+    for cell in cells:
+        chunks.setdefault(key(cell), []).append(cell)
+    return list(chunks.values())
+
+
+def _balanced(chunks: list[list[Cell]], slots: int, estimate: WorkEstimate,
+              by_id: dict[str, Cell]) -> list[list[Cell]]:
+    """Largest chunk first, each into the group it lengthens least (its baselines counted once
+    per group): the longest-processing-time rule."""
+    def with_baselines(cells: list[Cell]) -> list[Cell]:
+        return list(dict.fromkeys([*cells, *(by_id[c.baseline_id] for c in cells if c.baseline_id in by_id)]))
+
+    groups: list[list[Cell]] = [[] for _ in range(max(1, min(slots, len(chunks))))]
+    for chunk in sorted(chunks, key=lambda chunk: estimate.group(with_baselines(chunk)), reverse=True):
+        target = min(groups, key=lambda group: (estimate.group(with_baselines(group + chunk)), len(group)))
+        target.extend(chunk)
+    return [with_baselines(group) for group in groups]

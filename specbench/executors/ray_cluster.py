@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specbench.executors import RAY_INSTALL, Executor
-from specbench.executors.groups import PairingGroup, pairing_groups
+from specbench.executors.groups import PairingGroup, WorkEstimate, pairing_groups
 from specbench.grid import SweepConfig
 from specbench.sweep import SweepEvent, SweepTables, SweepWork, _failure_row, measure_here, plan_cells
 
@@ -173,6 +173,7 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
     from specbench.results import hardware_info, versions
     from specbench.workloads import load_workload
 
+    timeline = {"started_at": time.time()}  # the group's start (engine, models) apart from its cells
     node_id, host = ray.get_runtime_context().get_node_id(), socket.gethostname()
     gpus = len(ray.get_gpu_ids())
     config = config_on_node(config, needs, gpus)
@@ -185,7 +186,12 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
         planned = plan_cells(config)
         by_id = {cell.id: cell for cell in planned}
         meta = {"versions": versions(), "hardware": hardware_info(), "engine": {"name": config.engine}}
-        send = lambda event: queue.put((group, event))  # noqa: E731
+
+        def send(event: SweepEvent) -> None:
+            if event.kind == "start":
+                timeline.setdefault("first_cell_at", time.time())
+            queue.put((group, event))
+
         tables = ForwardedTables(scratch, send)
         work = SweepWork(config, planned, [by_id[i] for i in cell_ids], tables,
                          {name: load_workload(name) for name in config.workloads}, send, meta, node_id=node_id)
@@ -196,7 +202,7 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
         logs = {path.name: path.read_bytes() for path in sorted((scratch / "servers").glob("*.log"))}
         shutil.rmtree(scratch, ignore_errors=True)  # kept only when the group failed: its server logs are there
         return {"group": group + 1, "node_id": node_id, "host": host, "cores": cores, "scratch": str(scratch),
-                "meta": meta, "logs": logs}
+                "cells": len(cell_ids), **timeline, "finished_at": time.time(), "meta": meta, "logs": logs}
 
 
 # --- the driver --------------------------------------------------------------------------------
@@ -249,7 +255,7 @@ class RayExecutor(Executor):
         if slots < 1:
             raise ValueError(f"no node of the cluster ({joined}) has what a pairing group asks for "
                              f"({needs.cpus:g} CPU, {needs.gpus:g} GPU)")
-        groups = pairing_groups(work.todo, work.planned, slots)
+        groups = pairing_groups(work.todo, work.planned, slots, WorkEstimate.of(work.config))
         config, pairing = self.decide_pairing(work.config, max(needs.slots(n["Resources"]) for n in nodes))
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})  # dies with the driver only

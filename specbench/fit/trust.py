@@ -65,7 +65,8 @@ DRIFT_ADVICE = ("speed-ups inside such a group are skewed by the drift; --repeat
                 "cells and takes medians")
 
 
-BUSY_LOAD = 1.5  # load average per core above which a CPU machine was busy with other work
+BUSY_LOAD = 1.5  # load average per core above which a CPU machine was busy with other work (older runs)
+BUSY_OTHER_SHARE = 0.25  # ... or the share of its cores other processes kept busy (at least half a core)
 
 
 def other_load(cells: pd.DataFrame) -> pd.Series:
@@ -76,25 +77,34 @@ def other_load(cells: pd.DataFrame) -> pd.Series:
 
 
 def _busy_cells(cells: pd.DataFrame, cores: int) -> pd.DataFrame:
-    """Cells of a CPU run measured while other work kept the load average above BUSY_LOAD per core."""
+    """Cells of a CPU run measured while other work kept the machine busy: other processes' CPU
+    (`other_cpu_cores`) above BUSY_OTHER_SHARE of the cores; runs before that column was
+    recorded, the load average less specbench's own CPU above BUSY_LOAD per core."""
     if cells.empty or "load_average" not in cells or "device" not in cells or not (cells["device"] == "cpu").any():
         return cells.iloc[0:0]
-    return cells[other_load(cells) > BUSY_LOAD * cores]
+    by_load = other_load(cells) > BUSY_LOAD * cores
+    if "other_cpu_cores" not in cells:
+        return cells[by_load]
+    measured = cells["other_cpu_cores"]
+    return cells[measured.gt(max(0.5, BUSY_OTHER_SHARE * cores)) | (measured.isna() & by_load)]
 
 
 def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
-    """A warning when CPU cells ran while other work kept the machine's load average well above its
-    cores (specbench's own processes left out; an endpoint's server is not specbench's)."""
+    """A warning when CPU cells ran while other work kept the machine busy (specbench's own
+    processes left out; an endpoint's server is not specbench's)."""
     import os
 
     cores = cores or os.cpu_count() or 1
     busy = _busy_cells(cells, cores)
     if not len(busy):
         return None
-    mine = " less specbench's own processes" if "own_cpu_cores" in busy and busy["own_cpu_cores"].notna().any() else ""
     endpoint = ("; an --endpoint server running on this machine counts as other work: specbench sees only its own "
                 "processes (the client), not the endpoint's") \
         if "engine" in busy and (busy["engine"] == "endpoint").any() else ""
+    if "other_cpu_cores" in busy and busy["other_cpu_cores"].notna().all():
+        return (f"the machine was busy (other processes kept {busy['other_cpu_cores'].median():.1f} of its {cores} "
+                f"cores busy, median) during {len(busy)} cell(s); their timings include the other work{endpoint}")
+    mine = " less specbench's own processes" if "own_cpu_cores" in busy and busy["own_cpu_cores"].notna().any() else ""
     return (f"the machine was busy (load average{mine} above {BUSY_LOAD * cores:g} on {cores} cores) during "
             f"{len(busy)} cell(s); their timings include the other work{endpoint}")
 

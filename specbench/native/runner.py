@@ -445,7 +445,7 @@ class CellRun:
             "device": str(device), "dtype": str(models.target.model.dtype).replace("torch.", ""),
             # Another busy process on the machine inflates every timing: recorded so it shows.
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
-            "own_cpu_cores": self.own_cpu.cores,
+            "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
             "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
             # CUDA graphs captured inside measured runs (their capture time is in the figures).
             "cuda_graphs": config.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,

@@ -811,7 +811,7 @@ class VllmCellRun:
             "synthetic": config.synthetic, "synthetic_alpha": cell.alpha,
             "cuda_graphs": config.device.startswith("cuda") and not options.enforce_eager,
             "graph_captures_timed": 0, "estimated": False,
-            "own_cpu_cores": self.own_cpu.cores,
+            "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
         }
         if cell.is_speculative:
             row["pairing"] = SIDE_BY_SIDE if self.companion is not None else SEQUENTIAL

@@ -55,15 +55,27 @@ def split_list(text: str, cast, name: str) -> list:
         raise UsageError(f"{name} needs a comma-separated list, got {text!r}")
     try:
         return [cast(item) for item in items]
+    except UsageError:
+        raise
     except ValueError:
         raise UsageError(f"{name}: {text!r} is not a list of {cast.__name__}s") from None
 
 
-def token_count(text: str) -> int:
-    """A number of tokens: 512, 4k (4096), 16K, 1m (1048576)."""
+def token_count(text: str, name: str = "--context-length") -> int:
+    """A number of tokens: 512, 4k (4096), 1.5k (1536), 16K, 1m (1048576)."""
     value = text.strip().lower()
     scale = {"k": 1 << 10, "m": 1 << 20}.get(value[-1:], 1)
-    return int(value[:-1] if scale > 1 else value) * scale
+    try:
+        count = float(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a number of tokens (512, 4k, 1.5k, 1m)") from None
+    if not (math.isfinite(count) and count == int(count) and count > 0):
+        raise UsageError(f"{name}: {text!r} is not a whole, positive number of tokens") from None
+    return int(count)
+
+
+def token_counts(text: str, name: str) -> list[int]:
+    return split_list(text, lambda item: token_count(item, name), name)
 
 
 def split_drafts(text: str) -> list[str]:
@@ -197,7 +209,8 @@ def sweep(
     until_decided: bool = typer.Option(False, help="After the grid, while `check` (every measured batch size, "
                                                    "--min-speedup) would be inconclusive, measure the cells that leave "
                                                    "it open again, doubling their repeats up to --max-repeats."),
-    max_repeats: int = typer.Option(12, help="--until-decided: the most repeats a cell gets."),
+    max_repeats: Optional[int] = typer.Option(None, help="--until-decided: the most repeats a cell gets "
+                                                          "(default 12)."),
     min_speedup: float = typer.Option(1.0, help="--until-decided: the bar the verdict is about (as check's)."),
     dry_run: bool = typer.Option(False, help="Print the plan and exit."),
     download: bool = typer.Option(False, help="Allow downloading models from the hub."),
@@ -253,6 +266,9 @@ def sweep(
             engine = "endpoint"
         elif baseline_endpoint:
             raise UsageError("--baseline-endpoint needs --endpoint (the server with speculation)")
+        if max_repeats is not None and not until_decided:
+            raise UsageError("--max-repeats is --until-decided's budget: add --until-decided (a fixed number of "
+                             "repeats is --repeats)")
         vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                            enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
@@ -274,8 +290,9 @@ def sweep(
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
             target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
-            context_lengths=split_list(context_lengths, token_count, "--context-lengths") if context_lengths else [],
-            until_decided=until_decided, max_repeats=max_repeats, min_speedup=min_speedup, executor=executor,
+            context_lengths=token_counts(context_lengths, "--context-lengths") if context_lengths else [],
+            until_decided=until_decided, max_repeats=12 if max_repeats is None else max_repeats,
+            min_speedup=min_speedup, executor=executor,
             ray_address=ray_address or "")
         config.validate()
     except _known_errors() as error:
@@ -325,6 +342,10 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
                       f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
                       f"target {config.target}, drafts {', '.join(config.drafts)}")
+        if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
+            most = plan["requests"] // config.repeats * config.max_repeats
+            console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
+                          f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
         try:
             preflight(config)
         except _known_errors() as error:
@@ -775,9 +796,16 @@ def check(
                               "message": f"internal error (a bug in specbench, not a verdict): "
                                          f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}))
         raise
+    spent = str(run.meta.get("until_decided") or "").startswith("budget spent")
     for answered in (slo_result, None if slo_result is not None else result):
         if answered is not None:  # the commands that finish or decide it, runnable as printed
             answered.advice = answered.advice.replace("--output RUN", f"--output {run.path}")
+            if spent and "--until-decided" in answered.advice:  # it ran: more of the same needs a bigger budget
+                max_repeats = (run.meta.get("config") or {}).get("max_repeats", "?")
+                answered.advice = (f"--until-decided already spent its budget here ({max_repeats} repeats): "
+                                   f"`specbench sweep --resume --output {run.path} --until-decided --max-repeats "
+                                   f"{2 * max_repeats if isinstance(max_repeats, int) else 'N'}` adds more, or "
+                                   "a --min-speedup margin decides a speed-up that sits on the bar")
     if slo_result is not None:
         if json_output:
             print(json.dumps(slo_result.to_dict(), indent=2))
@@ -831,7 +859,7 @@ def plan(
 
     try:
         ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
-        contexts = split_list(context_lengths, token_count, "--context-lengths") if context_lengths else []
+        contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else []
         if any(x < 1 for x in ks + sizes + contexts):
             raise UsageError("--k, --batch-sizes and --context-lengths must be >= 1")
         _check_price(gpu_price, gpus)
@@ -840,6 +868,13 @@ def plan(
         if device is not None and device.lower() not in fit.DEVICES:
             raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
         timings = load_run(timings or run_dir)
+        if contexts:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
+            from specbench.sweep import SweepConfig, check_context_limit, target_shape
+
+            recorded = timings.meta.get("config") or {}
+            asked = SweepConfig(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,
+                                max_new_tokens=int(recorded.get("max_new_tokens", 1)))
+            check_context_limit(asked, target_shape(asked))
         accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
         models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
         if not models:

@@ -32,6 +32,13 @@ def percentiles(values, prefix: str) -> dict[str, float]:
     return out
 
 
+def chunk_gaps(gaps) -> list[float]:
+    """Inter-token gaps as `vllm bench serve` counts ITL: one per chunk of tokens that arrive
+    together (a speculative step's accepted tokens), where specbench's `itl_*` counts one per
+    token, the chunk's zeros included. Its mean is therefore larger on speculative cells."""
+    return [gap for gap in gaps if gap > 0]
+
+
 RAY_TASK_TITLE = "ray::measure_group"  # a Ray worker's process title while it runs a pairing group
 
 

@@ -210,6 +210,9 @@ def _batch_axis(ax, sizes) -> None:
 
 def chart_speedup(a: Analysis, path: Path) -> None:
     cells, facets, drafts = a.cells, _facets(a.cells), _drafts(a.cells)
+    measured = cells.loc[cells["mode"] != AR, "speedup"] if "speedup" in cells else pd.Series(dtype=float)
+    if not np.isfinite(measured.astype(float)).any():
+        raise NothingToDraw("no speed-up was measured (no speculative cell has a finished baseline)")
     sizes = sorted(cells["batch_size"].unique())
     drifted = drifted_keys(a.run.cells)
     fig, axes = _grid(len(facets), max(1, len(drafts)), sharey=True)  # one scale: panels compare at a glance
@@ -356,13 +359,14 @@ def chart_throughput(a: Analysis, path: Path) -> None:
             axes[i][0].plot(group["batch_size"], group["tokens_per_s"], "o-", label=label, **style)
             axes[i][1].plot(group["batch_size"], group["itl_p50_s"] * 1e3, "o-", label=f"{label} p50", **style)
             axes[i][1].plot(group["batch_size"], group["itl_p99_s"] * 1e3, "s--", label=f"{label} p99", **style)
-        for ax, ylabel in ((axes[i][0], "output tokens/s"), (axes[i][1], "inter-token latency (ms)")):
+        for ax, ylabel in ((axes[i][0], "output tokens/s"), (axes[i][1], "inter-token latency per token (ms)")):
             _batch_axis(ax, sizes)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    _finish(fig, path, CHARTS["throughput_latency"] + "\n(speculative ITL p50 is 0 when tokens arrive in bursts)")
+    _finish(fig, path, CHARTS["throughput_latency"] + "\n(ITL per token, as itl_*: speculative p50 is 0 when tokens "
+                       "arrive in bursts; per chunk, as vllm bench serve counts it: itl_chunk_*)")
 
 
 def chart_cost(a: Analysis, path: Path) -> None:
@@ -457,6 +461,10 @@ def chart_predicted(a: Analysis, path: Path) -> None:
             ax.scatter(group["speedup_measured"], group["speedup_predicted"], facecolors="none", s=60,
                        edgecolors=f"C{drafts.index(draft) % 10}", label=f"{draft} (held-out B)")
         both = pd.concat([p, held]) if not held.empty else p
+        both = both[np.isfinite(both["speedup_measured"].astype(float)) & np.isfinite(both["speedup_predicted"].astype(float))]
+        if both.empty:
+            plt.close(fig)
+            raise NothingToDraw("no cell has both a measured and a predicted speed-up")
         low = min(both["speedup_measured"].min(), both["speedup_predicted"].min()) * 0.9
         high = max(both["speedup_measured"].max(), both["speedup_predicted"].max()) * 1.1
         ax.plot([low, high], [low, high], "k--", linewidth=1, label="predicted = measured")
@@ -630,7 +638,8 @@ DRAWERS = {"speedup_vs_batch": chart_speedup, "tau_vs_k": chart_tau, "acceptance
 def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     cells, load = a.cells, a.load  # load: batch_size, or request_rate on an open-loop run
     columns = ["workload", load, "temperature", "draft", "k", "tokens_per_s", "speedup", "speedup_bound",
-               "above_bound", "pairing", "alpha", "tau", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s", "lossless"]
+               "above_bound", "pairing", "alpha", "tau", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "itl_chunk_p50_s",
+               "itl_chunk_p99_s", "tpot_p50_s", "lossless"]
     cells = with_bounds(cells) if not cells.empty and "speedup" in cells else cells
     cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", load, "draft", "k"]) \
         if not cells.empty else pd.DataFrame()
@@ -648,12 +657,14 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     if "kv_cache_tokens" in cells and cells["kv_cache_tokens"].notna().any():
         served = cells.copy()
         served["peak_memory_gib"] = served["peak_memory_bytes"] / 1024 ** 3
-        for name in ("ttft_mean_s", "server_ttft_mean_s", "itl_mean_s", "server_itl_mean_s"):
-            served[name.replace("_s", "_ms")] = served[name] * 1e3
+        for name in ("ttft_mean_s", "server_ttft_mean_s", "itl_mean_s", "itl_chunk_mean_s", "server_itl_mean_s"):
+            served[name.replace("_s", "_ms")] = served[name] * 1e3 if name in served else float("nan")
         served["client_cpu_per_token_us"] = served["client_cpu_per_token_s"] * 1e6
-        tables["server: KV-cache capacity, memory, and the server's own latencies next to the client's"] = served[
+        tables["server: KV-cache capacity, memory, and the server's own latencies next to the client's (ITL: "
+               "itl per token, itl_chunk per chunk as vllm bench serve counts it, server per engine step)"] = served[
             ["workload", load, "temperature", "draft", "k", "kv_cache_tokens", "kv_cache_max_concurrency",
-             "peak_memory_gib", "ttft_mean_ms", "server_ttft_mean_ms", "itl_mean_ms", "server_itl_mean_ms",
+             "peak_memory_gib", "ttft_mean_ms", "server_ttft_mean_ms", "itl_mean_ms", "itl_chunk_mean_ms",
+             "server_itl_mean_ms",
              "client_cpu_per_token_us"]].sort_values(["workload", "temperature", load, "draft", "k"])
     if not a.alphas.empty:
         tables["alpha fit"] = a.alphas

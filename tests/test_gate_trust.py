@@ -63,6 +63,11 @@ BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every
     (["sweep", "--max-new-tokens", "100000"], "has a 8192-token context"),
     (["sweep", "--workloads", "{big}"], "10,000,000 characters, over the size limit"),
     (["sweep", "--until-decided", "--max-repeats", "1"], "--max-repeats must be at least 2"),
+    (["sweep", "--max-repeats", "6"], "--max-repeats is --until-decided's budget: add --until-decided"),
+    (["sweep", "--context-lengths", "1k,x"], "--context-lengths: 'x' is not a number of tokens (512, 4k, 1.5k, 1m)"),
+    (["check", "{run}", "--context-length", "abc"], "--context-length: 'abc' is not a number of tokens"),
+    (["plan", "{run}", "--context-lengths", "32k"], "--context-lengths 32768 + --max-new-tokens 48 needs"),
+    (["check", "{run}", "--context-length", "0.3"], "--context-length: '0.3' is not a whole, positive number"),
     (["sweep", "--min-speedup", "0"], "--min-speedup must be a positive number"),
     (["check", "{run}", "--min-speedup", "nan"], "--min-speedup must be a positive number, got nan"),
     (["check", "{run}", "--min-speedup", "-1"], "--min-speedup must be a positive number"),
@@ -221,6 +226,8 @@ def test_until_decided_adds_repeats_until_decided_or_its_budget(ratios, said, re
         outcome = finish(run)
         runs = [100.0 * (next(spread) if run.cell.is_speculative else 1.0) for _ in outcome.row["tokens_per_s_runs"]]
         outcome.row.update(tokens_per_s_runs=runs, tokens_per_s=float(pd.Series(runs).median()))
+        if run.cell.is_speculative:  # acceptance that allows the faked speed-ups (up to 2x), whatever was timed
+            outcome.row.update(accepted=outcome.row["output_tokens"] // 2, step_draft_s=0.0)
         return outcome
 
     monkeypatch.setattr(native_runner.CellRun, "finish", fake_clock)
@@ -239,6 +246,10 @@ def test_until_decided_adds_repeats_until_decided_or_its_budget(ratios, said, re
     assert sorted(set(run.requests["repeat"])) == list(range(repeats)) and speculative["lossless"] == "exact"
     code, out, _ = run_cli(["check", output], capsys)
     assert code == (0 if said.startswith("decided") else 3), out
+    if code == 3:  # its budget spent: the advice is a bigger budget, not the same command again
+        assert "--until-decided already spent its budget here (8 repeats)" in out and "--max-repeats 16" in out
+    code, out, _ = run_cli([*args[:-2], "--output", tmp_path / "dry", "--dry-run"], capsys)
+    assert code == 0 and "--until-decided: at most 32 requests, 192 output tokens" in out, out  # the worst case
 
 
 def test_a_planned_cell_without_a_row_blocks_only_the_verdicts_it_touches(crafted, capsys):

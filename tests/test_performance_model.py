@@ -241,7 +241,7 @@ def test_plan_marks_what_it_never_measured(timing_run):
     (["--device", "b200"], "--device must be one of h100"),
     (["--device", "h100"], "--device needs a run on a known GPU"),
     (["--alpha", "1.5"], "--alpha must be in [0, 1)"),
-    (["--context-lengths", "0"], "must be >= 1"),
+    (["--context-lengths", "0"], "'0' is not a whole, positive number of tokens"),
 ])
 def test_bad_plan_input_is_one_line(timing_run, args, message):
     result = runner.invoke(app, ["plan", str(timing_run), *args])

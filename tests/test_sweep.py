@@ -18,7 +18,8 @@ runner = CliRunner()
 CELL_COLUMNS = [
     "cell_id", "status", "message", "mode", "workload", "draft", "k", "batch_size", "temperature", "requests",
     "repeats", "prompt_tokens_mean", "max_new_tokens", "output_tokens", "tokens_per_s", "tokens_per_s_runs", "wall_s",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "tpot_p50_s", "tpot_p90_s",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s",
+    "itl_chunk_mean_s", "tpot_p50_s", "tpot_p90_s",
     "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_share", "draft_share", "verify_share",
     "overhead_share", "step_draft_s", "step_verify_s", "step_overhead_s", "target_forwards", "prefill_s",
     "draft_prefill_s", "peak_memory_bytes",
@@ -67,6 +68,25 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert target["tokens"][0] == 1 and 12 <= target["tokens"][-1] <= 24 and all(s > 0 for s in target["seconds"])
     assert list(meta["profiles"]["drafts"]) == [tiny_model_dirs_draft(meta)]
     assert "results:" in printed and "specbench report" in printed
+
+
+def test_report_on_a_run_without_speed_ups_says_what_it_could_not_draw(finished_run, tmp_path):
+    import shutil
+
+    from specbench.results import write_table
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    cells = pd.read_parquet(run_dir / "cells.parquet")
+    speculative = cells["mode"] == "speculative"
+    cells.loc[speculative, "speedup"] = float("nan")  # every baseline failed, say
+    cells.loc[speculative, "speedup_runs"] = pd.Series([[]] * int(speculative.sum()), index=cells.index[speculative])
+    write_table(run_dir, "cells", cells)
+    result = runner.invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    page = (run_dir / "report" / "report.html").read_text()
+    assert "charts not drawn" in page and "no speed-up was measured" in page
+    assert not (run_dir / "report" / "speedup_vs_batch.png").exists()
 
 
 def tiny_model_dirs_draft(meta: dict) -> str:

@@ -15,7 +15,7 @@ import torch
 from specbench.engines import CellOutcome, Engine, Stage
 from specbench.grid import AR, Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import OwnCpu, percentiles
+from specbench.measure import OwnCpu, chunk_gaps, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, family_of, load_model, lookup_alias,
     parse_draft_spec, parse_dtype,
@@ -433,6 +433,7 @@ class CellRun:
             "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
             "wall_s": float(sum(r.total_s for r in results)),
             **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
+            **percentiles(chunk_gaps(itl), "itl_chunk"),
             **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
             **phases,
             # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded

@@ -37,7 +37,7 @@ from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import OwnCpu, PeakSampler, percentiles
+from specbench.measure import OwnCpu, PeakSampler, chunk_gaps, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
@@ -789,6 +789,7 @@ class VllmCellRun:
             "tokens_per_s_runs": [float(x) for x in self.throughput_per_repeat],
             "wall_s": float(sum(run.wall_s for run in self.runs)),
             **percentiles([r["ttft_s"] for r in requests], "ttft"), **percentiles(itl, "itl"),
+            **percentiles(chunk_gaps(itl), "itl_chunk"),
             **percentiles([r["tpot_s"] for r in requests if not math.isnan(r["tpot_s"])], "tpot"),
             **percentiles([r["e2e_s"] for r in requests], "e2e"),
             # The server's own view, to cross-check the client's (its ITL is per engine step).

@@ -190,7 +190,7 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     if not has_cells(path):
         if meta.get("status") == "complete":
             raise DamagedRun(f"{path / 'cells.parquet'} is missing, although the sweep wrote cells "
-                             f"(run.json: status {meta.get('status', 'unknown')}): the run directory is damaged")
+                             "(run.json: status complete): the run directory is damaged")
         error = f": {meta['error']}" if meta.get("error") else ""
         raise RunNotFound(f"{path} has no finished cells (its sweep is {meta.get('status', 'unknown')}{error}); "
                           f"retry it with `specbench sweep --output {path}`")

@@ -52,70 +52,58 @@ def configuration(cell: Cell) -> tuple[str, int, str]:
     return cell.draft, 0 if SCHEDULE_MARK in cell.draft else cell.k, cell.alpha
 
 
-@dataclass(frozen=True)
+@dataclass
 class WorkEstimate:
     """How long cells take, in target decode steps. Rough by design: it only balances groups."""
 
-    prompts: int = 1
-    new_tokens: int = 1
-    repeats: int = 1
+    config: SweepConfig
     server_start: float = 0.0  # per server a group starts (a configuration, the baseline's)
-    draft_ratio: Callable[[str], float] = lambda draft: 0.0  # noqa: E731  a draft forward over a target's
+    draft_cost: Callable[[str], tuple[float, float]] = lambda draft: (0.6, 0.0)  # noqa: E731  (α, forward ratio)
+    _cells: dict[Cell, float] = field(default_factory=dict, repr=False)  # balancing prices each cell many times
 
     @classmethod
     def of(cls, config: SweepConfig) -> WorkEstimate:
-        served = config.engine == "vllm"
-        return cls(config.num_prompts, config.max_new_tokens, config.repeats,
-                   SERVER_START_STEPS if served else 0.0, _draft_ratios(config))
+        return cls(config, SERVER_START_STEPS if config.engine == "vllm" else 0.0, _draft_costs(config))
 
     def cell(self, cell: Cell) -> float:
-        batch = cell.batch_size or 4  # open loop: a few requests in flight
-        requests = requests_per_cell(SweepConfig(num_prompts=self.prompts), cell.batch_size)
-        steps = math.ceil(requests / batch) * self.new_tokens * (1 + STEP_GROWTH_PER_SEQUENCE * (batch - 1))
-        steps *= 1 + cell.context_length / 8192
-        if cell.is_speculative:
-            base, _ = split_schedule(cell.draft)
-            alpha = ASSUMED_ACCEPTANCE.get(_draft_kind(base), 0.6)
-            k = max(cell.k, 1)
-            tau = (1 - alpha ** (k + 1)) / (1 - alpha)
-            steps = steps / tau * (1 + VERIFY_GROWTH_PER_TOKEN * k + k * self.draft_ratio(base))
-        return steps * self.repeats
+        if cell not in self._cells:
+            batch = cell.batch_size or 4  # open loop: a few requests in flight
+            requests = requests_per_cell(self.config, cell.batch_size)
+            steps = math.ceil(requests / batch) * self.config.max_new_tokens
+            steps *= (1 + STEP_GROWTH_PER_SEQUENCE * (batch - 1)) * (1 + cell.context_length / 8192)
+            if cell.is_speculative:
+                alpha, ratio = self.draft_cost(split_schedule(cell.draft)[0])
+                k = max(cell.k, 1)
+                tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+                steps = steps / tau * (1 + VERIFY_GROWTH_PER_TOKEN * k + k * ratio)
+            self._cells[cell] = steps * self.config.repeats
+        return self._cells[cell]
 
     def group(self, cells: list[Cell]) -> float:
         servers = len({configuration(c) for c in cells if c.is_speculative}) + any(not c.is_speculative for c in cells)
         return sum(self.cell(c) for c in cells) + self.server_start * servers
 
 
-def _draft_kind(draft: str) -> str:
-    from specbench.models import parse_draft_spec
-
-    try:
-        return parse_draft_spec(draft, allow_served=True).kind
-    except ValueError:
-        return "model"
-
-
-def _draft_ratios(config: SweepConfig) -> Callable[[str], float]:
-    """A draft forward's cost over the target's: their weights' bytes (a decode step reads every
-    weight once) where the registry knows both models' sizes."""
+def _draft_costs(config: SweepConfig) -> Callable[[str], tuple[float, float]]:
+    """A draft's assumed α, and its forward's cost over the target's: their weights' bytes (a
+    decode step reads every weight once) where the registry knows both models' sizes."""
     from specbench.models import lookup_alias, parse_draft_spec, parse_dtype
+    from specbench.synthetic import shipped_config
 
     target = lookup_alias(config.target)
-    layers = _target_layers(config.target)
-    target_dtype = config.torch_dtype
+    try:
+        layers = int(shipped_config(config.target)[1]["num_hidden_layers"])
+    except Exception:  # not a registry model: its depth is not known without loading it
+        layers = 0
 
-    def ratio(draft: str) -> float:
-        try:
-            spec = parse_draft_spec(draft, allow_served=True)
-        except ValueError:
-            return UNKNOWN_DRAFT_RATIO
+    def ratio(spec) -> float:
         if spec.kind == "ngram":
             return 0.0
         if spec.kind == "self":
             return min(1.0, spec.layers / layers) if layers else 0.5
         if spec.kind != "model":
             return UNKNOWN_DRAFT_RATIO  # a head (EAGLE, MTP) or a config passed through
-        width = parse_dtype(spec.dtype).itemsize / target_dtype.itemsize if spec.dtype else 1.0
+        width = parse_dtype(spec.dtype).itemsize / config.torch_dtype.itemsize if spec.dtype else 1.0
         if spec.model == config.target:
             return width
         draft_model = lookup_alias(spec.model, target.family if target else None)
@@ -123,21 +111,14 @@ def _draft_ratios(config: SweepConfig) -> Callable[[str], float]:
             return width * draft_model.params_b / target.params_b
         return UNKNOWN_DRAFT_RATIO
 
-    return ratio
+    def cost(draft: str) -> tuple[float, float]:
+        try:
+            spec = parse_draft_spec(draft, allow_served=True)
+        except ValueError:
+            return ASSUMED_ACCEPTANCE["model"], UNKNOWN_DRAFT_RATIO
+        return ASSUMED_ACCEPTANCE.get(spec.kind, 0.6), ratio(spec)
 
-
-def _target_layers(target: str) -> int:
-    import json
-    from pathlib import Path
-
-    from specbench.models import lookup_alias
-
-    spec = lookup_alias(target)
-    shipped = Path(__file__).parents[1] / "configs" / f"{spec.alias if spec else target}.json"
-    try:
-        return int(json.loads(shipped.read_text())["num_hidden_layers"])
-    except (OSError, KeyError, ValueError, TypeError):
-        return 0
+    return cost
 
 
 def pairing_groups(todo: list[Cell], planned: list[Cell], slots: int,
@@ -158,11 +139,13 @@ def pairing_groups(todo: list[Cell], planned: list[Cell], slots: int,
         if best is None or score < best_score:
             best, best_score = groups, score
     groups = best or [[]]
+    placed = {c.id for group in groups for c in group}
     for cell in todo:  # baselines no unfinished speculative cell pairs with
-        if cell.id not in {c.id for group in groups for c in group}:
+        if cell.id not in placed:
             min(groups, key=estimate.group).append(cell)
     total = sum(map(estimate.group, groups)) or 1.0
-    return [PairingGroup(i, sorted(dict.fromkeys(cells), key=lambda c: order.get(c.id, 0)), estimate.group(cells) / total)
+    return [PairingGroup(i, sorted(dict.fromkeys(cells), key=lambda c: order.get(c.id, 0)),
+                         estimate.group(cells) / total)
             for i, cells in enumerate(group for group in groups if group)]
 
 

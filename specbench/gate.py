@@ -41,10 +41,10 @@ DECISION_LABELS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "NOISE"}  # a
 VERDICTS = {PASS: "PASS", FAIL: "FAIL", UNANSWERABLE: "CANNOT ANSWER", INCONCLUSIVE: "INCONCLUSIVE"}
 
 
-def format_speedup(value: float, bar: float) -> str:
-    """A speed-up with enough decimals (3 to 6) that it never prints as the bar it missed or
+def format_speedup(value: float, bar: float, fewest: int = 3) -> str:
+    """A speed-up with enough decimals (`fewest` to 6) that it never prints as the bar it missed or
     cleared: 0.9996 against 1.0 is "0.9996×", not "1.000×"."""
-    for decimals in range(3, 7):
+    for decimals in range(fewest, 7):
         text = f"{value:.{decimals}f}"
         if value == bar or text != f"{bar:.{decimals}f}":
             break

@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -20,9 +21,10 @@ from specbench.fit import (  # noqa: E402
     AR, Slo, alpha_table, closed_loop, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
     baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_cells, label_context, load_column,
     load_label, measurement_warnings, slow_baseline_warning,
-    parse_slo, predictions, repeat_range, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
+    parse_slo, predictions, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
     MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
 )
+from specbench.fit.noise import cell_interval  # noqa: E402
 from specbench.fit.physics import with_bounds  # noqa: E402
 from specbench.results import Run  # noqa: E402
 
@@ -37,6 +39,31 @@ CHARTS = {
     "throughput_vs_latency": "Total throughput vs what each user gets, with and without speculation",
     "goodput": "Goodput (requests/s meeting the SLO) vs load",
 }
+CHART_NOTES = {
+    "speedup_vs_batch": "Each point: a speculative cell's tokens/s over its own baseline's, one line per K. Bars: the "
+                        "95 % interval `check` decides with (repeats ≥ 2, paired as the run's pairing allows); a point "
+                        "without a bar is one comparison, decided only outside the run's noise band. Dotted red: B*, "
+                        "where the best-K speed-up falls below 1×.",
+    "throughput_vs_latency": "x: what one user gets (1 / TPOT p50); y: what the server carries (total output "
+                             "tokens/s). A point is one load (batch size or request rate) at a draft's best K there; "
+                             "a line joins a series' Pareto front. Speculation helps where its points lie up and to "
+                             "the right of the autoregressive ones.",
+    "memory": "Bars: what the models need by their shapes (weights, and KV caches sized for the batch and its "
+              "sequences). The mark: the measured peak of everything the cell ran, which is more: on the native engine "
+              "one process holds every model the sweep loaded (the draft too, in autoregressive cells), and on a "
+              "CPU its RSS also holds Python, torch and its libraries, the tokenizer, the CPU engine's packed "
+              "weight copies (as much again as the weights), activations and the allocator's slack; on a GPU, "
+              "NVML also counts the CUDA context and torch's cache. With a 135M model that fixed part dominates, "
+              "so the peak is several times the bars. A draft's cost is the difference between two marks.",
+    "predicted_vs_measured": "The performance model's speed-up against the measured one: in-sample (fitted on every "
+                             "cell) and held out (the largest batch sizes predicted from the smaller ones, which is "
+                             "how far a prediction at an unmeasured size can be trusted).",
+}
+ALPHA_NOTE = ("alpha_iid: the per-token acceptance probability fitted under the i.i.d. model (accepted / "
+              "(accepted + rejections)), what τ(α, K) and the performance model use; acceptance_rate: accepted / "
+              "drafted, vLLM's acceptance rate and the cells' `alpha` column. The second is lower for K > 1: drafts "
+              "after a rejected one are drafted but never tried.")
+TABLE_NOTES = {"alpha fit": ALPHA_NOTE}
 
 
 @dataclass
@@ -175,10 +202,14 @@ def _integer_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _finish(fig, path: Path, title: str, fontsize: int = 12) -> None:
+def _title_and_layout(fig, title: str, fontsize: int = 12) -> None:
     width = int(fig.get_figwidth() * 72 / (0.6 * fontsize))  # characters that fit across the figure
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=fontsize)
     fig.tight_layout()
+
+
+def _finish(fig, path: Path, title: str, fontsize: int = 12) -> None:
+    _title_and_layout(fig, title, fontsize)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -215,22 +246,27 @@ def chart_speedup(a: Analysis, path: Path) -> None:
         raise NothingToDraw("no speed-up was measured (no speculative cell has a finished baseline)")
     sizes = sorted(cells["batch_size"].unique())
     drifted = drifted_keys(a.run.cells)
-    fig, axes = _grid(len(facets), max(1, len(drafts)), sharey=True)  # one scale: panels compare at a glance
+    fig, axes = _grid(len(facets), max(1, len(drafts)), width=max(4.2, 6.4 / max(1, len(drafts))),
+                      sharey=True)  # one scale: panels compare at a glance
     for i, (workload, temperature) in enumerate(facets):
         for j, draft in enumerate(drafts):
             ax = axes[i][j]
             sub = _select(cells, draft, workload, temperature)
+            ks = sorted(sub["k"].unique())
             for k, group in sub.groupby("k"):
                 group = group.sort_values("batch_size")
-                line = ax.plot(group["batch_size"], group["speedup"], marker="o", label=f"K={k}")[0]
+                # each K a little to the side (log scale), so that its interval bars do not hide another's
+                group = group.assign(x=group["batch_size"] * 2 ** (0.05 * (ks.index(k) - (len(ks) - 1) / 2)))
+                line = ax.plot(group["x"], group["speedup"], marker="o", label=f"K={k}")[0]
                 marked = group[[(workload, int(b)) in drifted for b in group["batch_size"]]]
                 if len(marked):  # the baselines of this group drifted: the speed-up is suspect
-                    ax.scatter(marked["batch_size"], marked["speedup"], s=140, facecolors="none", edgecolors="red",
+                    ax.scatter(marked["x"], marked["speedup"], s=140, facecolors="none", edgecolors="red",
                                linewidths=1.5, zorder=5, label="baseline drifted (see warnings)")
-                low, high = _repeat_spread(group)
-                if low is not None:  # the range of the repeat-by-repeat speed-ups
-                    ax.fill_between(group["batch_size"], low, high, color=line.get_color(), alpha=0.15, linewidth=0,
-                                    label=f"K={k}: range over repeats")
+                shown = _interval_bars(group)
+                if shown is not None:  # the 95 % interval check decides with, where repeats allow one
+                    sizes_with, points, below, above = shown
+                    ax.errorbar(sizes_with, points, yerr=[below, above], fmt="none", ecolor=line.get_color(),
+                                elinewidth=1.2, capsize=3, alpha=0.8, label="95% interval (repeats ≥ 2)")
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
             if sub.empty:
                 ax.text(0.5, 0.5, "no finished cells here\n(see 'cells that did not finish')", ha="center",
@@ -246,17 +282,20 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             ax.tick_params(labelleft=True)
             handles, labels = ax.get_legend_handles_labels()
             unique = dict(zip(labels, handles))
-            ax.legend(unique.values(), unique.keys(), fontsize=7)
-    _finish(fig, path, CHARTS["speedup_vs_batch"])
+            ax.legend(unique.values(), unique.keys(), fontsize=7, framealpha=0.5)
+    _finish(fig, path, CHARTS["speedup_vs_batch"] + "\n(bars: 95 % intervals, where a cell has ≥ 2 repeats)",
+            fontsize=11)
 
 
-def _repeat_spread(group: pd.DataFrame) -> tuple[list[float] | None, list[float] | None]:
-    """Per row, min and max of its repeat-by-repeat speed-ups; (None, None) unless every row has
-    at least two repeats."""
-    ranges = [repeat_range(runs) for runs in group["speedup_runs"]] if "speedup_runs" in group else []
-    if not ranges or None in ranges:
-        return None, None
-    return [low for low, _ in ranges], [high for _, high in ranges]
+def _interval_bars(group: pd.DataFrame):
+    """The rows' 95 % speed-up intervals as `check` computes them (paired or bracketed repeats) for
+    error bars: x positions, speed-ups and the distances down and up; None when no row has one."""
+    rows = [(row["x"], row["speedup"], cell_interval(row)) for row in group.to_dict("records")]
+    rows = [(b, s, i) for b, s, i in rows if i is not None and np.isfinite(s)]
+    if not rows:
+        return None
+    return ([b for b, _, _ in rows], [s for _, s, _ in rows], [max(0.0, s - i[0]) for _, s, i in rows],
+            [max(0.0, i[1] - s) for _, s, i in rows])
 
 
 def chart_tau(a: Analysis, path: Path) -> None:
@@ -428,7 +467,9 @@ def chart_memory(a: Analysis, path: Path) -> None:
     if served:
         label = "measured peak (the server's processes: " + ("RSS)" if kind == "rss" else "GPU memory)")
     else:
-        label = "measured peak (process RSS, all loaded models)" if kind == "rss" else "measured peak (device)"
+        label = ("measured peak (process RSS: every loaded model, packed\nweight copies, Python and torch; "
+                 "see the note)" if kind == "rss" else
+                 "measured peak (device: every loaded model,\nCUDA context, torch's cache)")
     ax.plot(range(len(configs)), peaks, "k_", markersize=30, mew=2, label=label)
     if served and "kv_cache_tokens" in at:
         for i, row in enumerate(rows):  # what the draft costs in concurrency: fewer tokens fit
@@ -512,28 +553,90 @@ def _label_panel(ax, xlabel: str, ylabel: str, workload: str, temperature: float
     ax.legend(fontsize=7)
 
 
+def _panel_grid(count: int, width: float, height: float, columns: int = 2):
+    """A grid of at most `columns` panels across, the unused ones hidden: panels stay readable
+    however many workloads and temperatures a run has."""
+    cols = max(1, min(columns, count))
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def pareto_front(per_user, total) -> list[int]:
+    """Indices of the points no other point beats on both axes (more tokens/s per user and in
+    total), ordered by per-user tokens/s: the trade-off a deployment can choose from."""
+    points = list(zip(per_user, total))
+    front = [i for i, (x, y) in enumerate(points)
+             if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in points)]
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 7) -> int:
+    """Annotate points with texts that overlap neither each other, nor any marker, nor the legend,
+    nor the axes' edge: each label tries offsets around its point in turn, and one that fits nowhere is left out.
+    Labels come in priority order. Returns how many were left out."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    marker = 4 * fig.dpi / 72  # half a marker, in pixels
+    taken = [Bbox.from_extents(x - marker, y - marker, x + marker, y + marker)
+             for x, y in ax.transData.transform([(px, py) for px, py, _ in labels])] if labels else []
+    if ax.get_legend() is not None:
+        taken.append(ax.get_legend().get_window_extent(renderer))
+    frame = ax.get_window_extent(renderer)
+    offsets = [(4, 4), (4, -11), (-6, 4), (-6, -11), (4, 12), (-6, 12), (4, -19), (-6, -19), (10, -4), (-12, -4)]
+    left_out = 0
+    for x, y, text in labels:
+        for dx, dy in offsets:
+            note = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                               ha="left" if dx > 0 else "right", va="bottom",
+                               bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
+            box = note.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+            note.remove()
+        else:
+            left_out += 1
+    return left_out
+
+
 def chart_tradeoff(a: Analysis, path: Path) -> None:
     """Total output tokens/s (what one server carries) against each user's tokens/s (1 / TPOT):
-    one curve per draft at its best K per load and one without speculation; each point names its
-    load and K. Up and to the right is better."""
+    per draft its best K at each load, and no speculation. Every measured load is a point; the line
+    joins a series' Pareto front (no other of its points is better on both axes), so it never
+    zigzags. Labels name load and K and never collide; the ends of a series are labelled first.
+    Up and to the right is better."""
     points = _load_points(a)
     facets = _facets(a.cells)
     drafts = _drafts(a.cells)
-    fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.2)
-    for i, (workload, temperature) in enumerate(facets):
-        ax = axes[0][i]
+    fig, axes = _panel_grid(len(facets), width=6.4, height=4.6)
+    for ax, (workload, temperature) in zip(axes, facets):
         sub = _facet(points, workload, temperature)
         for draft, group in sub.groupby("draft"):
-            group = group.sort_values("load")
-            label = "autoregressive" if draft == AR else f"{draft} (best K per load)"
-            ax.plot(group["per_user"], group["tokens_per_s"], "o-", color=_color(draft, drafts), label=label)
-            for row in group.itertuples():
-                note = _load_name(a, row.load) + ("" if draft == AR else f" K={int(row.k)}")
-                ax.annotate(note, (row.per_user, row.tokens_per_s), fontsize=6, xytext=(3, 3),
-                            textcoords="offset points")
+            color = _color(draft, drafts)
+            name = "autoregressive" if draft == AR else f"{draft} (best K per load)"
+            ax.scatter(group["per_user"], group["tokens_per_s"], color=color, s=22, zorder=3, label=name)
+            front = group.iloc[pareto_front(group["per_user"].tolist(), group["tokens_per_s"].tolist())]
+            ax.plot(front["per_user"], front["tokens_per_s"], "-", color=color, linewidth=1.4, alpha=0.8)
         _label_panel(ax, "tokens/s per user (1 / TPOT p50)", "total output tokens/s", workload, temperature)
-    _finish(fig, path, CHARTS["throughput_vs_latency"] + f"\n(points: {load_label(a.load)}; up and right is better)",
-            fontsize=11)
+        ax.margins(0.12)
+    _title_and_layout(fig, CHARTS["throughput_vs_latency"] + f"\n(points: {load_label(a.load)} and K; lines: each "
+                      "series' Pareto front; up and right is better)", fontsize=11)
+    for ax, (workload, temperature) in zip(axes, facets):
+        sub = _facet(points, workload, temperature)
+        ends, middles = [], []
+        for draft, group in sub.groupby("draft"):
+            group = group.sort_values("load")
+            for position, row in enumerate(group.itertuples()):
+                note = _load_name(a, row.load) + ("" if draft == AR else f" K={int(row.k)}")
+                (ends if position in (0, len(group) - 1) else middles).append((row.per_user, row.tokens_per_s, note))
+        place_labels(ax, ends + middles)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def chart_goodput(a: Analysis, path: Path) -> None:
@@ -542,9 +645,8 @@ def chart_goodput(a: Analysis, path: Path) -> None:
     table = a.goodput if a.goodput is not None else pd.DataFrame()
     facets = _facets(a.cells)
     drafts = _drafts(a.cells)
-    fig, axes = _grid(1, len(facets), width=max(4.8, 9.0 / len(facets)), height=4.0)
-    for i, (workload, temperature) in enumerate(facets):
-        ax = axes[0][i]
+    fig, axes = _panel_grid(len(facets), width=6.0, height=4.2)
+    for ax, (workload, temperature) in zip(axes, facets):
         sub = _facet(table, workload, temperature)
         finite = []
         for draft, group in sub.groupby("draft"):
@@ -741,8 +843,11 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     meta = run.meta
     config = meta.get("config", {})
     hardware = meta.get("hardware", {})
-    gpu = ", ".join(g["name"] for g in hardware.get("gpus", [])) or "no GPU"
-    title = f"specbench: {config.get('target', '?')} on {gpu} / {hardware.get('cpu', '?')}"
+    gpu = ", ".join(g["name"] for g in hardware.get("gpus", []))
+    where = gpu if gpu else f"{hardware.get('cpu', '?')} (CPU only)"
+    if (meta.get("engine") or {}).get("name") == "endpoint":
+        where = f"the endpoint {(meta.get('engine') or {}).get('endpoint', '?')}"
+    title = f"specbench: {config.get('target', '?')} on {where}"
     if meta.get("synthetic"):
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     engine = meta.get("engine") or {"name": "native"}
@@ -769,19 +874,30 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
         ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | \
         ({NOT_DRAWN_SECTION: "\n".join(not_drawn)} if not_drawn else {}) | dict(extra_sections or {})
 
-    parts = [f"<h1>{html.escape(title)}</h1><p class=meta>{html.escape(provenance)}</p>"]
-    if a.answer:
+    body, contents = [], []
+
+    def heading(text: str) -> str:  # an <h2> with an anchor, listed in the table of contents
+        anchor = f"s{len(contents) + 1}"
+        contents.append(f"<li><a href='#{anchor}'>{html.escape(text)}</a></li>")
+        return f"<h2 id={anchor}>{html.escape(text)}</h2>"
+
+    for name, text in sections.items():
+        css = " class=warn" if name == "measurement warnings" else ""
+        body.append(f"{heading(name)}<pre{css}>{html.escape(text)}</pre>")
+    for name, path in images.items():
+        data = base64.b64encode(path.read_bytes()).decode()
+        note = f"<p class=note>{html.escape(CHART_NOTES[name])}</p>" if name in CHART_NOTES else ""
+        body.append(f"{heading(CHARTS[name])}{note}<img alt='{name}' src='data:image/png;base64,{data}'>")
+    for name, frame in tables.items():
+        note = f"<p class=note>{html.escape(TABLE_NOTES[name])}</p>" if name in TABLE_NOTES else ""
+        body.append(f"{heading(name)}{note}<div class=wide>{html_table(frame)}</div>")
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if a.answer:  # the answer first, then what it rests on
         parts.append(f"<p class=answer>{html.escape(a.answer)}</p>")
     if a.baseline_note:
         parts.append(f"<p>{html.escape(a.baseline_note)}</p>")
-    for name, text in sections.items():
-        css = " class=warn" if name == "measurement warnings" else ""
-        parts.append(f"<h2>{html.escape(name)}</h2><pre{css}>{html.escape(text)}</pre>")
-    for name, path in images.items():
-        data = base64.b64encode(path.read_bytes()).decode()
-        parts.append(f"<h2>{html.escape(CHARTS[name])}</h2><img alt='{name}' src='data:image/png;base64,{data}'>")
-    for name, frame in tables.items():
-        parts.append(f"<h2>{html.escape(name)}</h2><div class=wide>{html_table(frame)}</div>")
+    parts.append(f"<p class=meta>{html.escape(provenance)}</p><nav><b>Contents</b><ol>{''.join(contents)}</ol></nav>")
+    parts += body
     # Long verdict lines wrap and wide tables scroll inside their own box: the page never scrolls sideways.
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}img{max-width:100%;border:1px solid #ddd}"
              ".wide{overflow-x:auto;max-width:100%}"
@@ -789,17 +905,18 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
              "text-align:right}th{background:#f3f3f3}.meta{color:#666;font-size:12px;overflow-wrap:anywhere}"
              "pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}"
              ".warn{background:#fff4e5;border-left:4px solid #e69500}"
-             ".answer{font-size:17px;font-weight:600;max-width:1000px}")
+             ".answer{font-size:17px;font-weight:600;max-width:1000px}.note{color:#444;max-width:1000px}"
+             "nav{background:#f7f7f7;padding:.5em 1em;display:inline-block}nav ol{margin:.3em 0;columns:2}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
     (out_dir / "report.html").write_text(page)
 
-    md = [f"# {title}", "", provenance, ""] + ([a.answer, ""] if a.answer else []) + \
-        ([a.baseline_note, ""] if a.baseline_note else [])
+    md = [f"# {title}", ""] + ([a.answer, ""] if a.answer else []) + \
+        ([a.baseline_note, ""] if a.baseline_note else []) + [provenance, ""]
     for name, text in sections.items():
         md += [f"## {name}", "", "```", text, "```", ""]
     for name, path in images.items():
-        md += [f"![{CHARTS[name]}]({path.name})", ""]
+        md += [f"![{CHARTS[name]}]({path.name})", ""] + ([CHART_NOTES[name], ""] if name in CHART_NOTES else [])
     for name, frame in tables.items():
-        md += [f"## {name}", "", markdown_table(frame), ""]
+        md += [f"## {name}", ""] + ([TABLE_NOTES[name], ""] if name in TABLE_NOTES else []) + [markdown_table(frame), ""]
     (out_dir / "summary.md").write_text("\n".join(md))
     return out_dir, a

@@ -231,13 +231,17 @@ def test_an_incomplete_run_cannot_pass(tmp_path):
     assert "killed before it could record" in runner.invoke(app, ["check", str(run_dir)]).output
 
 
-def test_speedup_chart_band_is_the_range_over_repeats():
-    from specbench.report import _repeat_spread
+def test_speedup_chart_bars_are_the_intervals_check_decides_with():
+    from specbench.fit.noise import cell_interval
+    from specbench.report import _interval_bars
 
-    group = pd.DataFrame({"speedup_runs": [[0.9, 1.1, 1.0], np.array([1.2, 1.4])]})
-    assert _repeat_spread(group) == ([0.9, 1.2], [1.1, 1.4])
-    assert _repeat_spread(pd.DataFrame({"speedup_runs": [[1.0], [1.2, 1.3]]})) == (None, None)  # one repeat: no band
-    assert _repeat_spread(pd.DataFrame({"speedup": [1.0]})) == (None, None)
+    paired = {"x": 4.0, "speedup": 1.0, "speedup_runs": [0.9, 1.1, 1.0], "pairing": "turns"}
+    one = {"x": 8.0, "speedup": 1.2, "speedup_runs": [1.2], "pairing": "turns"}
+    sizes, points, below, above = _interval_bars(pd.DataFrame([paired, one]))
+    low, high = cell_interval(paired)
+    assert sizes == [4.0] and points == [1.0]  # one repeat: no bar
+    assert below[0] == pytest.approx(1.0 - low) and above[0] == pytest.approx(high - 1.0) and low < 0.9 < 1.1 < high
+    assert _interval_bars(pd.DataFrame([one])) is None
 
 
 def test_measurement_warnings_gather_busy_machine_and_drift():

@@ -226,15 +226,27 @@ def test_plan_marks_what_it_never_measured(timing_run):
     assert "held out: B=4 predicted from B=1,2" in result.output
     assert "32*" in result.output and "† a K outside the measured ones" in result.output
     assert "at 1024 tokens" in result.output  # a context length it did not measure
-    records = json.loads(runner.invoke(app, ["plan", str(timing_run), "--k", "2,5", "--batch-sizes", "4,32",
+    planned = json.loads(runner.invoke(app, ["plan", str(timing_run), "--k", "2,5", "--batch-sizes", "3,4,32",
                                              "--json"]).output)
+    records = planned["predictions"]
+    assert planned["output_tokens"] == json.loads((timing_run / "run.json").read_text())["config"]["max_new_tokens"]
+    assert any(line.startswith("held out: B=4 predicted from B=1,2") for line in planned["trust"])
     speculative = [r for r in records if r["draft"] != "autoregressive"]
+    assert all(r["interpolated_b"] == (r["batch_size"] == 3) and r["measured_b"] == (r["batch_size"] == 4)
+               for r in speculative)
+    at_measured = [r for r in speculative if r["batch_size"] == 4 and r["k"] == 2]
+    assert at_measured and all(r["speedup_measured"] is not None for r in at_measured)  # shown beside the model
+    assert all(r["speedup_measured"] is None for r in speculative if r["batch_size"] != 4)
     assert {r["draft"] for r in speculative} == {"smollm2-135m@bf16 α=0.8", "ngram α=0.8"}  # its own α profile
     assert all(r["extrapolated_k"] == (r["k"] == 5) for r in speculative)
     assert all(r["extrapolated_b"] == (r["batch_size"] == 32) for r in speculative)
     fixed = json.loads(runner.invoke(app, ["plan", str(timing_run), "--alpha", "0.5", "--k", "2", "--batch-sizes",
-                                           "4", "--json"]).output)
+                                           "4", "--json"]).output)["predictions"]
     assert {r["alpha_iid"] for r in fixed if r["draft"] != "autoregressive"} == {0.5}
+    assert all(r["speedup_measured"] is None for r in fixed if r["draft"] != "autoregressive")  # another α
+    longer = runner.invoke(app, ["plan", str(timing_run), "--k", "2", "--batch-sizes", "4", "--max-new-tokens", "96"])
+    assert longer.exit_code == 0 and "96 output tokens per request (--max-new-tokens)" in longer.output, longer.output
+    assert "–" in longer.output  # no measurement shown beside a prediction for other output lengths
 
 
 @pytest.mark.parametrize("args, message", [
@@ -254,6 +266,8 @@ def test_plan_carries_a_gpu_run_to_another_device():
     here = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--json"]).output)
     there = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--device", "h200",
                                            "--json"]).output)
+    assert there["estimate"] and not here["estimate"]
+    here, there = here["predictions"], there["predictions"]
     speed = lambda records: next(r["tokens_per_s"] for r in records if r["draft"] == "autoregressive")  # noqa: E731
     assert speed(there) > speed(here)  # more bandwidth, the same efficiencies
     text = runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--device", "a100"]).output

@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from specbench.results import load_run
 
 runner = CliRunner()
 
-# The columns README.md documents; a run must write every one of them.
+# Columns docs/results.md documents; a run must write every one of them (and document every one it writes).
 CELL_COLUMNS = [
     "cell_id", "status", "message", "mode", "workload", "draft", "k", "batch_size", "temperature", "requests",
     "repeats", "prompt_tokens_mean", "max_new_tokens", "output_tokens", "tokens_per_s", "tokens_per_s_runs", "wall_s",
@@ -33,6 +34,13 @@ REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tok
                    "e2e_s", "tpot_s", "itl_s", "tokens"]
 STEP_COLUMNS = ["cell_id", "repeat", "batch_index", "step", "request_id", "batch_rows", "drafted", "accepted",
                 "emitted", "verify_tokens", "draft_s", "verify_s", "overhead_s", "end_s"]
+
+
+def documented_column(name: str) -> bool:
+    """Whether docs/results.md names the column, literally (`alpha`) or by a prefix (`ttft_*`)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    names = set(re.findall(r"`([a-z0-9_*]+)`", text))
+    return name in names or any(n.endswith("_*") and name.startswith(n[:-1]) for n in names)
 
 
 def sweep_args(dirs, output, extra=()):
@@ -56,6 +64,8 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert set(CELL_COLUMNS) <= set(run.cells.columns)
     assert set(REQUEST_COLUMNS) <= set(run.requests.columns)
     assert set(STEP_COLUMNS) <= set(run.steps.columns)
+    for frame in (run.cells, run.requests, run.steps):
+        assert not [column for column in frame.columns if not documented_column(column)]
     for name in ("cells", "requests", "steps"):
         assert (output / f"{name}.csv").exists() and (output / f"{name}.parquet").exists()
     assert not (output / "parts").exists()  # merged when the sweep stopped
@@ -330,8 +340,12 @@ def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run)
         assert png.startswith(b"\x89PNG") and len(png) > 5000
         assert base64.b64encode(png).decode() in page
     assert "src='http" not in page and len(re.findall(r"data:image/png;base64", page)) == len(CHARTS)
+    answer, contents = page.index("<p class=answer>"), page.index("<nav><b>Contents</b>")
+    assert answer < contents < page.index("<h2 id=s1>")  # the answer first, then the table of contents
+    assert page.count("<li><a href='#s") == page.count("<h2 id=s")
     summary = (report / "summary.md").read_text()
     assert "## alpha fit" in summary and "## predicted vs measured" in summary
+    assert "accepted / drafted" in summary  # what each α is, said beside the fitted one
     assert "α fit" in result.output and "in-sample (fitted on the same cells)" in result.output
 
 
@@ -343,8 +357,9 @@ def test_check_and_plan_on_a_real_run(finished_run):
     assert result.exit_code == 0, result.output
     assert "PREDICTIONS" in result.output
     result = runner.invoke(app, ["plan", str(output), "--k", "2", "--batch-sizes", "16", "--json"])
-    records = json.loads(result.output)
+    records = json.loads(result.output)["predictions"]
     assert {r["batch_size"] for r in records} == {16} and all(r["predicted"] for r in records)
+    assert all(r["extrapolated_b"] and not r["measured_b"] for r in records)
 
 
 def test_repeats_take_turns_within_a_group(tiny_model_dirs, tmp_path, monkeypatch):

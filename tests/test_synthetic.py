@@ -147,7 +147,7 @@ def test_plan_combines_timings_of_one_run_with_acceptance_of_another(tmp_path):
     result = runner.invoke(app, ["plan", "--timings", str(tmp_path / "timings"), "--acceptance", str(tmp_path / "real"),
                                  "--k", "2,3", "--batch-sizes", "1,2,8", "--json"])
     assert result.exit_code == 0, result.output
-    records = json.loads(result.output)
+    records = json.loads(result.output)["predictions"]
     speculative = [r for r in records if r["draft"] == "smollm2-135m@bf16"]
     assert {r["batch_size"] for r in speculative} == {1, 2, 8} and all(r["predicted"] for r in records)
     assert all(r["alpha_iid"] > 0.8 for r in speculative)  # the real run's α, not the simulated 0.7

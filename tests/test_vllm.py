@@ -27,8 +27,8 @@ from specbench.results import load_run
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SPECBENCH_REQUIRE_VLLM") == "1":
-        raise RuntimeError("SPECBENCH_REQUIRE_VLLM=1 but vLLM is not installed (README: the vLLM engine)")
-    pytest.skip("vLLM is not installed (README: the vLLM engine)", allow_module_level=True)
+        raise RuntimeError("SPECBENCH_REQUIRE_VLLM=1 but vLLM is not installed (docs/engines.md: the vLLM engine)")
+    pytest.skip("vLLM is not installed (docs/engines.md: the vLLM engine)", allow_module_level=True)
 
 runner = CliRunner()
 SERVER_MARK = "vllm.entrypoints.openai.api_server"

@@ -133,6 +133,7 @@ def pairing_groups(todo: list[Cell], planned: list[Cell], slots: int,
     cuts = [_chunks(speculative, configuration), _chunks(speculative, lambda c: c.group),
             _chunks(speculative, lambda c: (configuration(c), c.group))]
     best: list[list[Cell]] | None = None
+    best_score = (math.inf, math.inf)
     for chunks in cuts:
         groups = _balanced(chunks, slots, estimate, by_id)
         score = (max(map(estimate.group, groups), default=0.0), sum(map(estimate.group, groups)))

@@ -241,10 +241,14 @@ def step_time_notes(times: StepTimes | None) -> list[str]:
     if times is None:
         return []
     models = {"target": times.target} | {d: m for d, m in times.drafts.items() if isinstance(m, ForwardTimeModel)}
-    profiled = [f"{name} {int(m.profile.tokens[0])}–{int(m.profile.tokens[-1])} rows (×{m.profile_scale:.2f})"
+    profiled = [f"{name} {int(m.profile.tokens[0])}–{int(m.profile.tokens[-1])} rows, weighted ×{m.profile_scale:.2f}"
                 for name, m in models.items() if m.profile is not None]
-    lines = [f"step times: from each model's forward profiled at the sweep's start ({', '.join(profiled)}), "
-             f"plus fitted per-step, per-row and KV terms" if profiled else
+    unused = [name for name, m in models.items() if m.profile is not None and m.profile_scale < 0.05]
+    lines = [f"step times: from each model's forward profiled at the sweep's start ({'; '.join(profiled)}), "
+             f"plus fitted per-step, per-row and KV terms (the weight: how much of the profiled time the fit keeps, "
+             f"1 = all of it" + (f"; near 0 for {', '.join(unused)}: its steps' own per-step and per-row terms "
+                                 f"explain its forwards, and the profile adds nothing" if unused else "") + ")"
+             if profiled else
              "step times: the roofline alone (the run has no forward profile: CUDA graphs, a layer-scaled model, "
              "a served engine or an older sweep)"]
     left_out = [label for m in models.values() for label in m.left_out]
@@ -670,6 +674,32 @@ def held_out_summary(table: pd.DataFrame, context: pd.DataFrame | None = None) -
 
 # --- what-if -------------------------------------------------------------------------------------
 
+def with_output_tokens(models: dict, tokens: int) -> dict:
+    """The models predicting requests of `tokens` output tokens each instead of the run's own."""
+    from dataclasses import replace
+
+    return {key: replace(model, new_tokens=tokens) for key, model in models.items()}
+
+
+def attach_measured(table: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """`speedup_measured` beside each prediction the run measured (same traffic, draft, K and batch
+    size at the prompts as they were): a prediction is never shown alone where a measurement exists."""
+    if table.empty:
+        return table
+    ok = with_context(cells[(cells["status"] == "ok") & (cells["mode"] != AR)]) if "mode" in cells else cells.iloc[0:0]
+    ok = label_synthetic(closed_loop(ok)) if not ok.empty else ok  # `draft α=0.8`: as the α table names drafts
+    measured = {(w, float(t), int(c), d, int(k), int(b)): float(sp) for w, t, c, d, k, b, sp in zip(
+        ok.get("workload", []), ok.get("temperature", []), ok.get("context_length", []), ok.get("draft", []),
+        ok.get("k", []), ok.get("batch_size", []), ok.get("speedup", []))}
+    table = table.copy()
+    table["speedup_measured"] = [
+        1.0 if row.draft == AR and row.measured_b and not row.extrapolated_context else
+        measured.get((row.workload, float(row.temperature), int(row.context_length), row.draft, int(row.k),
+                      int(row.batch_size)), float("nan")) if not row.extrapolated_context else float("nan")
+        for row in table.itertuples()]
+    return table
+
+
 def plan_table(models: dict, alphas: pd.DataFrame, drafts: list[str], ks: list[int], batch_sizes: list[int],
                price_per_hour: float | None = None, devices: int = 1,
                context_lengths: list[int] | None = None) -> pd.DataFrame:
@@ -686,8 +716,9 @@ def plan_table(models: dict, alphas: pd.DataFrame, drafts: list[str], ks: list[i
                 ar_tokens_per_s = model.tokens_per_s(b, prompt_tokens)
                 outside_b = not (measured and measured[0] <= b <= measured[-1])
                 common = {"workload": workload, "temperature": temperature, "context_length": context_label,
-                          "batch_size": b, "extrapolated_b": outside_b,
-                          "extrapolated_context": prompt_tokens is not None}
+                          "batch_size": b, "measured_b": b in measured, "extrapolated_b": outside_b,
+                          "interpolated_b": not outside_b and b not in measured,
+                          "extrapolated_context": prompt_tokens is not None, "output_tokens": model.new_tokens}
                 rows.append({**common, "draft": AR, "k": 0, "alpha_iid": float("nan"), "tau": 1.0, "speedup": 1.0,
                              "tokens_per_s": ar_tokens_per_s, "extrapolated_k": False})
                 for draft in drafts:

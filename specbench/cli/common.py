@@ -1,0 +1,161 @@
+"""What every command shares: the consoles, bad input as one line (exit 2), list and token-count
+parsing, the exit codes, and picking a run's cells (one kind of hardware, one context length)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+# Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
+# wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
+_LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000
+console = Console(width=_LOG_WIDTH)
+errors = Console(stderr=True, width=_LOG_WIDTH)
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def quiet_libraries(allow_download: bool = False) -> None:
+    if not allow_download:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def split_list(text: str, cast, name: str) -> list:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise UsageError(f"{name} needs a comma-separated list, got {text!r}")
+    try:
+        return [cast(item) for item in items]
+    except UsageError:
+        raise
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a list of {cast.__name__}s") from None
+
+
+def token_count(text: str, name: str = "--context-length") -> int:
+    """A number of tokens: 512, 4k (4096), 1.5k (1536), 16K, 1m (1048576)."""
+    value = text.strip().lower()
+    scale = {"k": 1 << 10, "m": 1 << 20}.get(value[-1:], 1)
+    try:
+        count = float(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a number of tokens (512, 4k, 1.5k, 1m)") from None
+    if not (math.isfinite(count) and count == int(count) and count > 0):
+        raise UsageError(f"{name}: {text!r} is not a whole, positive number of tokens") from None
+    return int(count)
+
+
+def token_counts(text: str, name: str) -> list[int]:
+    return split_list(text, lambda item: token_count(item, name), name)
+
+
+def split_drafts(text: str) -> list[str]:
+    """--drafts: a comma list whose items may be json:{...} with commas inside the braces."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    items = [item.strip() for item in items]
+    if not text.strip() or any(not item for item in items):
+        raise UsageError(f"--drafts needs a comma-separated list, got {text!r}")
+    return items
+
+
+def known_errors():
+    from specbench.engines import StageFailed
+    from specbench.models import IncompatibleModels, ModelNotAvailable
+    from specbench.results import RunNotFound
+    from specbench.served.server import ServerError
+    from specbench.workloads import WorkloadError
+
+    return (UsageError, ModelNotAvailable, IncompatibleModels, WorkloadError, RunNotFound, ValueError, ServerError,
+            StageFailed)
+
+def check_price(gpu_price: float | None, gpus: int) -> None:
+    if gpu_price is not None and not (math.isfinite(gpu_price) and gpu_price >= 0):
+        raise UsageError(f"--gpu-price must be a number of dollars >= 0, got {gpu_price:g}")
+    if gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {gpus}")
+
+
+def on_hardware(run, hardware: str | None):
+    """The run's cells on one kind of hardware: a speed-up is never taken across two (fit.nodes).
+    A run on several kinds needs --hardware; one on a single kind is returned as it is."""
+    from specbench.fit.nodes import hardware_kinds
+
+    kinds = hardware_kinds(run.cells)
+    if hardware is None:
+        if len(kinds) > 1:
+            raise UsageError(f"the run's cells ran on {len(kinds)} kinds of hardware ({'; '.join(kinds)}): no speed-up "
+                             f"is taken across two; pass --hardware to pick one")
+        return run
+    chosen = [kind for kind in kinds if hardware.lower() in kind.lower()]
+    if len(chosen) != 1:
+        raise UsageError(f"--hardware {hardware}: the run's cells ran on {'; '.join(kinds) or 'unrecorded hardware'}"
+                         + (" (it names several)" if chosen else ""))
+    return keep_cells(run, run.cells[run.cells["gpu_model"] == chosen[0]])
+
+
+def keep_cells(run, chosen):
+    """The run with only the `chosen` cells, and their requests, steps and baseline copies."""
+    from dataclasses import replace
+
+    keep = set(chosen["cell_id"])
+    pick = lambda frame: frame[frame["cell_id"].isin(keep)] if frame is not None and not frame.empty else frame  # noqa: E731
+    return replace(run, cells=chosen, requests=pick(run.requests), steps=pick(run.steps),
+                   baseline_copies=pick(run.baseline_copies))
+
+
+def at_context(run, length: int):
+    """The run with only its cells (and their requests and steps) at one context length."""
+    from specbench.fit import with_context
+
+    cells = with_context(run.cells)
+    chosen = cells[cells["context_length"] == length]
+    if chosen.empty:
+        measured = sorted(int(c) for c in cells["context_length"].unique())
+        raise UsageError(f"--context-length {length}: the run measured context lengths "
+                         f"{', '.join(str(c) if c else '0 (the prompts as they are)' for c in measured)}")
+    return keep_cells(run, chosen)
+
+
+def measured_batch_sizes(cells) -> list[int]:
+    """Batch sizes with at least one finished cell, ascending."""
+    if cells.empty or "batch_size" not in cells:
+        return []
+    from specbench.fit import closed_loop
+
+    ok = closed_loop(cells[cells["status"] == "ok"] if "status" in cells else cells)
+    return sorted(int(b) for b in ok["batch_size"].dropna().unique())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the program is, so that it stops as on Ctrl-C: finished cells kept,
+    servers stopped, run.json `interrupted`."""
+
+
+INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them
+

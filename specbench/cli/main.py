@@ -1,0 +1,90 @@
+"""The `specbench` application: its subcommands, one module each, and the exit code of every way a
+command can end."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.markup import escape
+
+from specbench.cli.check import check
+from specbench.cli.common import INTERRUPTED, PIPE_CLOSED, TERMINATED, Terminated, errors
+from specbench.cli.models import models
+from specbench.cli.plan import plan
+from specbench.cli.report import report
+from specbench.cli.sweep import sweep
+from specbench.cli.workloads import workloads
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+                  help="Measure whether speculative decoding pays off on your models, traffic and hardware. "
+                       "Exit codes: 0 pass, 1 fail, 2 cannot answer or bad input, 3 inconclusive, 4 internal "
+                       "error, 130/143 stopped by SIGINT/SIGTERM, 141 output pipe closed.")
+for command in (sweep, report, check, plan, models, workloads):
+    app.command()(command)
+
+_signals_received: list[int] = []
+
+
+def _raise_terminated(signum, frame) -> None:
+    _signals_received.append(signum)
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `specbench` command. Exit codes (docs/gate.md): 0 pass, 1 fail, 2 cannot
+    answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM, 141
+    its output pipe closed.
+    Whatever goes wrong, a traceback never exits 0 or 1."""
+    import errno
+    import signal
+
+    usage_errors: tuple = ()
+    for module in ("typer._click.exceptions", "click.exceptions"):  # newer typer vendors its click
+        try:
+            usage_errors += (__import__(module, fromlist=["ClickException"]).ClickException,)
+        except ImportError:
+            pass
+
+    from specbench.gate import INTERNAL_ERROR, UNANSWERABLE
+
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = app(args=argv, prog_name="specbench", standalone_mode=False)
+    except usage_errors as error:  # bad usage: typer's own message
+        error.show()
+        code = UNANSWERABLE
+    except SystemExit as stop:  # typer exits 1 when a reader closed the output pipe: never read as FAIL
+        cause = stop.__context__
+        if not (isinstance(cause, OSError) and cause.errno == errno.EPIPE):
+            raise
+        code = PIPE_CLOSED
+    except (typer.Abort, KeyboardInterrupt):
+        code = INTERRUPTED  # TERMINATED below when it was SIGTERM
+        errors.print("[yellow]stopped[/]", highlight=False)
+    except OSError as error:  # a file or directory that cannot be read or written
+        where = f"{error.filename}: " if getattr(error, "filename", None) else ""
+        errors.print(f"[bold red]error:[/] {escape(where + (error.strerror or str(error)))}", highlight=False,
+                     soft_wrap=True)
+        code = UNANSWERABLE
+    except Exception as error:
+        code = INTERNAL_ERROR
+        errors.print(f"[bold red]internal error[/] (a bug in specbench, not a verdict): "
+                     f"{escape(type(error).__name__)}: {escape((str(error).splitlines() or [''])[0])}; "
+                     f"traceback in {_save_traceback()}", highlight=False, soft_wrap=True)
+    finally:  # past the command, SIGTERM ends the process as it would have (no exception in atexit code)
+        signal.signal(signal.SIGTERM, previous)
+    if code == INTERRUPTED and _signals_received:  # typer reports any KeyboardInterrupt (Terminated too) as 130
+        code = TERMINATED
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="specbench-traceback-", suffix=".txt", delete=False) as file:
+        traceback.print_exc(file=file)
+    return file.name
+
+

@@ -1,0 +1,143 @@
+"""`specbench plan`: predictions for K, batch sizes and context lengths a run did not measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specbench.cli.common import (UsageError, check_price, console, fail, known_errors, split_list,
+                                  token_counts)
+from specbench.cli.render import print_plan, print_trust, print_warnings
+
+def plan(
+    run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
+    timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
+    acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR; a "
+                                                          "--weights random run: the α it simulated)."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="Predict at this i.i.d. α for every draft instead."),
+    k: str = typer.Option("1,2,3,4,6,8", "--k", help="K values to predict."),
+    batch_sizes: str = typer.Option("1,2,4,8,16,32,64", help="Batch sizes to predict."),
+    context_lengths: Optional[str] = typer.Option(None, help="Prompt lengths in tokens to predict too (4k = 4096), "
+                                                             "with each traffic's measured α."),
+    device: Optional[str] = typer.Option(None, help="Carry the fitted efficiencies to another GPU's datasheet "
+                                                    "bandwidth and FLOP/s: h100, h200, a100 or l40s (an ESTIMATE)."),
+    gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
+    gpus: int = typer.Option(1, help="Devices the deployment uses."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Output tokens per request the predictions assume "
+                                                            "(default: the run's --max-new-tokens)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the predictions, the held-out errors and what "
+                                                           "they rest on as one JSON object."),
+) -> None:
+    """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
+    not measured, from the roofline performance model fitted on the run (docs/performance-model.md)."""
+    import pandas as pd
+
+    from specbench import fit
+    from specbench.results import load_run
+
+    try:
+        ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
+        contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else []
+        if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
+            raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+        check_price(gpu_price, gpus)
+        if alpha is not None and not 0 <= alpha < 1:
+            raise UsageError(f"--alpha must be in [0, 1), got {alpha}")
+        if device is not None and device.lower() not in fit.DEVICES:
+            raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
+        timings = load_run(timings or run_dir)
+        run_tokens = int((timings.meta.get("config") or {}).get("max_new_tokens", 1))
+        output_tokens = max_new_tokens or run_tokens
+        if contexts or max_new_tokens:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
+            from specbench.sweep import SweepConfig, check_context_limit, target_shape
+
+            recorded = timings.meta.get("config") or {}
+            asked = SweepConfig(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,
+                                max_new_tokens=output_tokens)
+            check_context_limit(asked, target_shape(asked))
+        accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
+        models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
+        if not models:
+            raise UsageError(f"{timings.path}: no finished autoregressive cells with step times to fit (or the "
+                             f"target's shapes are unknown)")
+        models = fit.with_output_tokens(models, output_tokens) if max_new_tokens else models
+        alphas = fit.model_alphas(accept_run.cells, accept_run.steps)
+        drafts = _plan_drafts(models, alphas, alpha)
+        if not drafts:
+            raise UsageError("no draft has both step times and an α (give --acceptance RUN or --alpha)")
+        if alpha is not None:
+            alphas = pd.DataFrame([{"draft": d, "workload": w, "temperature": t, "context_length": c,
+                                    "alpha_iid": alpha} for d in drafts for (w, t, c) in models])
+        note = ""
+        if device is not None:
+            models, note = _on_device(models, timings.meta, device.lower())
+        price, price_note = (gpu_price, "given") if gpu_price is not None else \
+            fit.default_gpu_price({"gpus": [{"name": fit.DEVICES[device.lower()]["name"]}]} if device else
+                                  timings.meta.get("hardware", {}))
+        table = fit.plan_table(models, alphas, drafts, ks, sizes, price, gpus, contexts)
+        comparable = alpha is None and accept_run.path == timings.path and device is None \
+            and output_tokens == run_tokens  # the run measured what the model predicts at its cells
+        table = fit.attach_measured(table, timings.cells) if comparable else table.assign(speedup_measured=float("nan"))
+    except known_errors() as error:
+        fail(str(error))
+    from specbench.report import trust_lines
+
+    unit = "$/1M tok" if price is not None else "device-h/1M tok"
+    trust = trust_lines(timings, pd.DataFrame(), fit.held_out(timings.cells, timings.steps, timings.requests,
+                                                              timings.meta))
+    stopped = fit.completeness(timings.meta, timings.cells).describe()
+    warnings = ([stopped] if stopped else []) + fit.measurement_warnings(timings.cells)
+    alpha_source = f"--alpha {alpha:g}" if alpha is not None else str(accept_run.path)
+    if json_output:
+        print(json.dumps({"step_times_from": str(timings.path), "alpha_from": alpha_source,
+                          "output_tokens": output_tokens, "estimate": note or None, "price": price_note,
+                          "trust": trust, "warnings": warnings,
+                          "predictions": json.loads(table.to_json(orient="records"))}, indent=2))
+        return
+    label = "[bold red]ESTIMATE[/] for " + note if note else "[bold yellow]PREDICTIONS[/]"
+    console.print(f"{label} from step times of {timings.path} and α of {alpha_source} (not measurements; "
+                  f"{price_note}); {output_tokens} output tokens per request"
+                  + (" (--max-new-tokens)" if max_new_tokens else " (the run's; --max-new-tokens to change)"),
+                  highlight=False, soft_wrap=True)
+    print_warnings(warnings)
+    print_trust(trust)
+    print_plan(table, sizes, unit)
+    console.print(f"{fit.b_star_rule()}; {fit.best_draft_rule()}", highlight=False, soft_wrap=True)
+
+
+def _plan_drafts(models: dict, alphas, alpha: float | None) -> list[str]:
+    """Drafts with step times in the timing run and an α (from the acceptance run, or --alpha)."""
+    from specbench.fit import base_draft
+
+    timed = {base_draft(d) for m in models.values() for d in list(m.times.drafts) + list(m.measured_ks)}
+    if alpha is not None:
+        return sorted({d for m in models.values() for d in m.measured_ks})
+    known = set(alphas["draft"]) if not alphas.empty else set()
+    return sorted(d for d in known if base_draft(d) in timed)
+
+
+def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
+    """Every model's step times carried to `device`'s datasheet peaks (the efficiencies kept)."""
+    import copy
+
+    from specbench import fit
+
+    gpus = (meta.get("hardware") or {}).get("gpus") or []
+    measured = fit.device_key(gpus[0]["name"]) if gpus else None
+    if measured is None:
+        raise UsageError(f"--device needs a run on a known GPU ({', '.join(fit.DEVICES)}); this one ran on "
+                         f"{gpus[0]['name'] if gpus else 'a CPU'}, whose efficiencies do not carry to a GPU")
+    dtype = "float32" if next(iter(models.values())).times.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
+    peaks = lambda key: (fit.DEVICES[key]["bandwidth"], fit.peak_flops(key, dtype))  # noqa: E731
+    moved = {}
+    for key, model in models.items():
+        clone = copy.copy(model)
+        clone.times = model.times.on_device(peaks(measured), peaks(device))
+        moved[key] = clone
+    return moved, (f"{fit.DEVICES[device]['name']}: efficiencies fitted on {gpus[0]['name']} carried to its "
+                   f"datasheet bandwidth and FLOP/s; overheads kept")
+
+

@@ -1,0 +1,240 @@
+"""Printing: tables and the text of verdicts, plans and analyses. No command logic lives here."""
+
+from __future__ import annotations
+
+import json
+
+from rich.markup import escape
+from rich.table import Table
+
+from specbench.cli.common import console, errors
+
+def fmt(value, spec: str = ".2f", empty: str = "–") -> str:
+    try:
+        if value is None or value != value:
+            return empty
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def as_text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def load_text(row: dict) -> str:
+    """A cell's load: its batch size (B=4) or, open-loop, its request rate (4/s)."""
+    from specbench.grid import format_rate
+
+    rate = row.get("request_rate")
+    if rate is not None and rate == rate and rate > 0:
+        return format_rate(rate) + "/s"
+    return as_text(row.get("batch_size"))
+
+
+def cells_table(cells, title: str = "cells", limit: int | None = None) -> Table:
+    """The key columns of a cells table: one row per cell."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column, justify in (("workload", "left"), ("load", "right"), ("T", "right"), ("draft", "left"), ("K", "right"),
+                            ("tok/s", "right"), ("speed-up", "right"), ("α", "right"), ("τ", "right"),
+                            ("TPOT p50 ms", "right"), ("lossless", "left"), ("status", "left")):
+        table.add_column(column, overflow="fold", justify=justify)
+    import pandas as pd
+
+    from specbench.fit import label_cells
+
+    frame = cells if isinstance(cells, pd.DataFrame) else pd.DataFrame(list(cells))
+    rows = label_cells(frame).to_dict("records")  # synthetic acceptance and context length in the labels
+    for row in rows[-limit:] if limit else rows:
+        baseline = row.get("draft") == "autoregressive"
+        speedup = row.get("speedup")
+        speed_text = "–"
+        if baseline:
+            speed_text = "1×"
+        elif speedup is not None and speedup == speedup:
+            speed_text = f"[green]{speedup:.2f}×[/]" if speedup >= 1 else f"[red]{speedup:.2f}×[/]"
+        lossless = as_text(row.get("lossless")).replace("n/a (sampled)", "n/a")
+        if lossless == "MISMATCH":
+            lossless = f"[bold red]{lossless}[/]"
+        status = as_text(row.get("status"))
+        tpot = row.get("tpot_p50_s")
+        table.add_row(
+            as_text(row.get("workload")), load_text(row), fmt(row.get("temperature"), "g"),
+            "AR" if baseline else as_text(row.get("draft")), "" if baseline else as_text(row.get("k")),
+            fmt(row.get("tokens_per_s"), ".1f"), speed_text, fmt(row.get("alpha")), fmt(row.get("tau")),
+            fmt(tpot * 1e3 if tpot is not None else None, ".1f"), lossless,
+            status if status == "ok" else f"[red]{status}[/]",
+        )
+    return table
+
+
+def progress_line(row: dict, done: int, total: int, elapsed_s: float) -> str:
+    """One finished cell as a plain line, for logs: id, tokens/s, speed-up, acceptance, checks, status."""
+    parts = [f"[{done}/{total}]", as_text(row.get("cell_id")), f"{fmt(row.get('tokens_per_s'), '.1f')} tok/s"]
+    if row.get("draft") not in (None, "autoregressive"):
+        parts.append(f"{fmt(row.get('speedup'), '.2f')}×")
+        parts.append(f"α {fmt(row.get('alpha'))}")
+    if as_text(row.get("lossless")):
+        parts.append(as_text(row.get("lossless")))
+    status = as_text(row.get("status"))
+    parts.append(status if status == "ok" else f"{status}: {as_text(row.get('message'))}")
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    parts.append(f"({minutes}m{seconds:02d}s)")
+    return "  ".join(parts)
+
+
+def frame_table(frame, title: str, columns: list[str], formats: dict[str, str] | None = None) -> Table:
+    from pandas.api.types import is_numeric_dtype
+
+    formats = formats or {}
+    table = Table(title=title, title_justify="left", header_style="bold")
+    present = [c for c in columns if c in frame]
+    for column in present:
+        table.add_column(column, overflow="fold", justify="right" if is_numeric_dtype(frame[column]) else "left")
+    for row in frame[present].itertuples(index=False):
+        table.add_row(*[fmt(v, formats.get(c, ".3g")) if isinstance(v, float) else as_text(v) for c, v in zip(present, row)])
+    return table
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """measurement_warnings' messages, as warnings."""
+    for message in warnings:
+        errors.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def print_analysis(analysis) -> None:
+    from specbench.fit import b_star_rule
+
+    if not analysis.alphas.empty:
+        console.print(frame_table(analysis.alphas, "α fit (i.i.d. MLE, 95% interval)",
+                                   ["draft", "workload", "temperature", "alpha_iid", "alpha_low", "alpha_high",
+                                    "acceptance_rate"], {"alpha_iid": ".3f", "alpha_low": ".3f", "alpha_high": ".3f",
+                                                         "acceptance_rate": ".3f", "temperature": "g"}))
+        from specbench.report import ALPHA_NOTE
+
+        console.print(f"  {ALPHA_NOTE}", highlight=False, soft_wrap=True)
+    if not analysis.predicted.empty:
+        p = analysis.predicted
+        console.print(frame_table(p, "performance model: predicted vs measured (in-sample)",
+                                   ["draft", "workload", "temperature", "context_length", "batch_size", "k",
+                                    "tau_measured", "tau_predicted", "speedup_measured", "speedup_predicted",
+                                    "speedup_error"], {"speedup_error": "+.1%", "temperature": "g"}))
+    print_trust(analysis.trust)
+    if not analysis.crossovers.empty:
+        console.print(frame_table(analysis.crossovers, "crossover batch size B*",
+                                   ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
+        console.print(f"  {b_star_rule()}; `worst case` rows: at each batch size the least favourable workload and "
+                      f"temperature (what `check` judges)", highlight=False, soft_wrap=True)
+
+
+
+def print_trust(lines: list[str]) -> None:
+    """The performance model's held-out and in-sample errors, before any prediction is read."""
+    if lines:
+        console.print("[bold]how far the performance model's predictions can be trusted[/]")
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+def gate_text(result) -> str:
+    from specbench.fit import b_star_rule, best_draft_rule
+    from specbench.gate import DECISION_LABELS, evidence_text, format_speedup
+
+    lines = [result.headline] if result.headline else []
+    for v in result.verdicts:
+        speedups = ", ".join(
+            f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}, "
+            f"{DECISION_LABELS.get(v.decisions.get(b), 'N/A').strip()}{evidence_text(v, b)})"
+            for b, s in v.speedups.items()) or "none measured"
+        missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
+        single = " (one K measured: no K comparison)" if v.ks_measured == 1 else ""
+        lines.append(f"{DECISION_LABELS.get(v.decision, 'N/A ')} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
+                     f"{v.crossover}")
+    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+    if result.advice:
+        lines.append(f"  next: {result.advice}")
+    if result.noise.get("text") and any(n == 1 for v in result.verdicts for n in v.repeats.values()):
+        lines.append(f"  {result.noise['text']}")
+    lines.append(f"  {best_draft_rule(result.min_speedup)}")
+    lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
+    lines.append("  K schedule = at each measured batch size the fastest K shown to pay there (its interval, or one "
+                 "repeat's noise band, above the bar; one repeat above what acceptance allows never), off elsewhere")
+    for v in result.verdicts:
+        if v.speculative_config:
+            lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")
+    return "\n".join(lines)
+
+
+def slo_gate_text(result) -> str:
+    from specbench.fit import capacity_text
+    from specbench.gate import DECISION_LABELS, bounds_text
+
+    lines = []
+    for v in result.verdicts:
+        state = DECISION_LABELS.get(v.decision, "N/A ")
+        with_k = f" (K={v.k})" if v.k is not None else ""
+        if v.bounds[0] != v.bounds[1] or v.baseline_bounds[0] != v.baseline_bounds[1]:
+            with_k += f" [within noise: {bounds_text(v.bounds, result.load)} with, " \
+                      f"{bounds_text(v.baseline_bounds, result.load)} without]"
+        lines.append(f"{state} {v.workload}, T={v.temperature:g}: with {result.draft} "
+                     f"{capacity_text(v.capacity, v.max_measured, result.load)}{with_k}, {fmt(v.tokens_per_s, '.1f')} tok/s; "
+                     f"without {capacity_text(v.baseline_capacity, v.max_measured, result.load)}, "
+                     f"{fmt(v.baseline_tokens_per_s, '.1f')} tok/s")
+    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+    if result.advice:
+        lines.append(f"  next: {result.advice}")
+    lines.append("  capacity = the highest measured load up to which every measured load meets the SLO (at each load "
+                 "the best K); a load meets it when the SLO's percentile of every bounded metric over its requests is "
+                 "within the bound")
+    return "\n".join(lines)
+
+
+def print_gate_warnings(warnings: list[str]) -> None:
+    """A verdict's warnings, on stdout with the verdict (a pipeline's log keeps them together)."""
+    for message in warnings:
+        console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def print_plan(table, sizes: list[int], unit: str) -> None:
+    from specbench.fit import AR, crossover, pick_best_draft
+    from specbench.gate import format_speedup
+
+    keys = ["workload", "temperature", "context_length"]
+    for (workload, temperature, context), group in table.groupby(keys):
+        best = group[group["draft"] != AR].sort_values("speedup", ascending=False) \
+            .drop_duplicates(["draft", "batch_size"]).sort_values(["draft", "batch_size"])
+        if best.empty:
+            continue
+        where = f"{workload}" + (f" at {int(context)} tokens" if context else "") + f", T={temperature:g}"
+        shown = Table(title=f"predicted best K per batch size: {where}", title_justify="left", header_style="bold")
+        for column in ("draft", "B", "best K", "α (i.i.d. fit)", "τ", "speed-up", "measured", "tok/s", unit):
+            shown.add_column(column, overflow="fold")
+        for row in best.itertuples():
+            mark = "*" if row.extrapolated_b else "~" if row.interpolated_b else ""
+            measured = getattr(row, "speedup_measured", float("nan"))
+            shown.add_row(row.draft, f"{row.batch_size}{mark}", f"{row.k}{'†' if row.extrapolated_k else ''}",
+                          f"{row.alpha_iid:.2f}", f"{row.tau:.2f}", format_speedup(row.speedup, 1.0, fewest=2),
+                          format_speedup(measured, 1.0, fewest=2) if measured == measured else "–",
+                          f"{row.tokens_per_s:.1f}", f"{row.cost_per_1m:.3g}")
+        console.print(shown)
+        for draft, rows in best.groupby("draft"):
+            found = crossover(rows["batch_size"].tolist(), rows["speedup"].tolist(), sizes="predicted")
+            console.print(f"  {draft}: predicted {found.text}", highlight=False)
+        leader = pick_best_draft(best, sizes)
+        if leader:
+            console.print(f"  predicted best draft: {leader}", highlight=False)
+        if "speedup_measured" in best and best["speedup_measured"].notna().any():
+            console.print("  measured = the run's own speed-up at that draft, K and B, beside the model's (which was "
+                          "fitted on it)", highlight=False, soft_wrap=True)
+        marks = []
+        if group["interpolated_b"].any():
+            marks.append("~ a batch size between measured ones (interpolated)")
+        if group["extrapolated_b"].any():
+            marks.append("* a batch size outside the measured ones")
+        if best["extrapolated_k"].any():
+            marks.append("† a K outside the measured ones (its draft and verify costs from the model alone)")
+        if group["extrapolated_context"].any():
+            marks.append("a context length not measured: prompts of that length, α as measured at the run's own")
+        if marks:
+            console.print("  " + "; ".join(marks) + ": sweep them before relying on them", highlight=False,
+                          soft_wrap=True)

@@ -1,0 +1,303 @@
+"""`specbench sweep`: run the measured grid, speculative against autoregressive."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbench.cli.common import (INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail,
+                                  known_errors, quiet_libraries, split_drafts, split_list, token_counts)
+from specbench.cli.render import as_text, cells_table, load_text, print_warnings, progress_line
+
+def sweep(
+    ctx: typer.Context,
+    target: str = typer.Option("smollm2-135m", help="Target model: alias, local dir, .gguf file or hub id."),
+    drafts: Optional[str] = typer.Option(
+        None, help="Comma list: model alias/path (bare sizes like 1b resolve in the target's family), ALIAS@DTYPE, "
+                   "ngram[:N] (prompt lookup), self:N (first N layers); on vLLM also DRAFT@schedule:{1-8: 4, 9+: 2} "
+                   "(a K per batch size). Default ngram,smollm2-135m@bf16; with --endpoint a label (endpoint)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Draft tokens per step, comma list (default 2,4; with "
+                                                      "--endpoint the K its server runs, 0 = unknown)."),
+    batch_sizes: Optional[str] = typer.Option(None, help="Comma list (default 1,4,16; for a served engine: "
+                                                         "requests in flight, a closed loop)."),
+    request_rates: Optional[str] = typer.Option(None, help="Served engines: requests per second, comma list, inf "
+                                                           "= all at once (an open loop, instead of --batch-sizes)."),
+    burstiness: float = typer.Option(1.0, help="Open loop: gamma shape of the gaps between arrivals (1 = Poisson, "
+                                               "< 1 burstier), as vllm bench serve."),
+    slo: Optional[str] = typer.Option(None, help="Service-level objective in seconds, e.g. ttft=1.0,tpot=0.05[,p90] "
+                                                 "(default p99): report and check judge goodput against it."),
+    endpoint: Optional[str] = typer.Option(None, help="Measure a running OpenAI-compatible server (its URL) "
+                                                      "instead of starting one."),
+    baseline_endpoint: Optional[str] = typer.Option(None, help="With --endpoint: the same model served without "
+                                                               "speculation (the baseline)."),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", help="Endpoints: the environment variable holding an API "
+                                                           "key (sent as a bearer token, never written)."),
+    temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
+    workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
+    context_lengths: Optional[str] = typer.Option(
+        None, help="Comma list of prompt lengths in tokens (512,4k,16k; k = 1024): each workload's prompts are built "
+                   "to these lengths, a long document excerpt before the question (workloads/long/). Default: the "
+                   "prompts as they are."),
+    max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
+    num_prompts: int = typer.Option(4, help="Prompts per cell (rounded up to whole batches)."),
+    repeats: int = typer.Option(1, help="Measured repeats per cell; tokens/s is their median."),
+    seed: int = typer.Option(0),
+    dtype: Optional[str] = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)."),
+    device: str = typer.Option("cpu", help="cpu, cuda[:N], or cuda:0,cuda:1,… to spread the target over several GPUs (a bare cuda spreads it when it does not fit on one)."),
+    top_p: float = typer.Option(1.0, help="Top-p for sampled cells."),
+    top_k: int = typer.Option(0, help="Top-k for sampled cells (0 = off)."),
+    chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
+    output: Optional[Path] = typer.Option(None, help="Run directory (default: results/<time>_<target>)."),
+    resume: bool = typer.Option(False, help="Skip cells already finished in --output (default: the latest run)."),
+    until_decided: bool = typer.Option(False, help="After the grid, while `check` (every measured batch size, "
+                                                   "--min-speedup) would be inconclusive, measure the cells that leave "
+                                                   "it open again, doubling their repeats up to --max-repeats."),
+    max_repeats: Optional[int] = typer.Option(None, help="--until-decided: the most repeats a cell gets "
+                                                          "(default 12)."),
+    min_speedup: float = typer.Option(1.0, help="--until-decided: the bar the verdict is about (as check's)."),
+    dry_run: bool = typer.Option(False, help="Print the plan and exit."),
+    download: bool = typer.Option(False, help="Allow downloading models from the hub."),
+    trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
+    weights: str = typer.Option("real", help="real, or random: timing-only runs of the real architectures "
+                                             "with random weights (no download), needs --alpha."),
+    alpha: Optional[str] = typer.Option(None, "--alpha", help="With --weights random: acceptance to simulate, comma "
+                                                               "list; 0.8 (i.i.d.) or 0.9/0.8/0.7 (per position)."),
+    target_layers: Optional[int] = typer.Option(None, help="With --weights random: build only this many target "
+                                                           "layers and scale step times to full depth "
+                                                           "(automatic when the target does not fit)."),
+    cuda_graphs: bool = typer.Option(False, help="Replay decode, draft and verify steps from CUDA graphs "
+                                                 "(fixed shapes over one reused cache; one CUDA device)."),
+    engine: str = typer.Option("native", help="native (specbench's own exact engine, step-level detail) or vllm "
+                                              "(a vLLM server per speculative configuration; batch size = "
+                                              "requests in flight)."),
+    tensor_parallel_size: int = typer.Option(1, help="vLLM: GPUs the target is split over (tensor parallel)."),
+    pipeline_parallel_size: int = typer.Option(1, help="vLLM: pipeline-parallel stages."),
+    max_model_len: Optional[int] = typer.Option(None, help="vLLM: --max-model-len of every server."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: --gpu-memory-utilization."),
+    enforce_eager: bool = typer.Option(False, help="vLLM: no CUDA graphs or compilation (starts in ~1 min on a CPU)."),
+    vllm_args: str = typer.Option("", help="vLLM: more server arguments, e.g. '--max-num-seqs 64'."),
+    vllm_python: Optional[str] = typer.Option(None, help="vLLM: the Python that runs the servers (another "
+                                                         "environment); default: this one."),
+    server_timeout: float = typer.Option(900.0, help="vLLM: seconds a server may take to answer /health."),
+    distributed_executor_backend: str = typer.Option("", help="vLLM: its backend for a server spread over "
+                                                                  "several nodes (ray); default vLLM's choice. "
+                                                                  "--executor ray sets ray for a server bigger "
+                                                                  "than a node."),
+    allow_pp_speculation: bool = typer.Option(False, help="vLLM: run speculative decoding with "
+                                                          "--pipeline-parallel-size > 1 although vLLM has open bugs "
+                                                          "there (#49355, #57755)."),
+    executor: str = typer.Option("local", help="Where cells run: local (this process) or ray (a Ray cluster: "
+                                               "pairing groups spread over its nodes, each speed-up measured on "
+                                               "one node; pip install 'specbench[ray]')."),
+    ray_address: Optional[str] = typer.Option(None, help="--executor ray: the cluster to join (default "
+                                                         "RAY_ADDRESS, else a local Ray instance)."),
+    served_pairing: str = typer.Option("auto", help="vLLM: side-by-side (the baseline server stays up and repeats "
+                                                    "alternate with each speculative server's), bracketed (the "
+                                                    "baseline measured again after the speculative servers: an "
+                                                    "unpaired interval), or auto (side-by-side where two servers "
+                                                    "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
+) -> None:
+    """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
+    from specbench.sweep import SweepConfig, VllmOptions
+
+    try:
+        if batch_sizes is not None and request_rates is not None:
+            raise UsageError("--batch-sizes (closed loop) and --request-rates (open loop): a run uses one or the other")
+        if endpoint:
+            if engine != "native":
+                raise UsageError("--endpoint measures a running server: leave out --engine")
+            engine = "endpoint"
+        elif baseline_endpoint:
+            raise UsageError("--baseline-endpoint needs --endpoint (the server with speculation)")
+        if max_repeats is not None and not until_decided:
+            raise UsageError("--max-repeats is --until-decided's budget: add --until-decided (a fixed number of "
+                             "repeats is --repeats)")
+        vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                           max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                           enforce_eager=enforce_eager, extra_args=vllm_args, python=vllm_python,
+                           startup_timeout_s=server_timeout, pairing=served_pairing,
+                           distributed_executor_backend=distributed_executor_backend,
+                           allow_pp_speculation=allow_pp_speculation)
+        config = SweepConfig(
+            target=target,
+            drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
+            ks=split_list(k, int, "--k") if k is not None else ([0] if endpoint else [2, 4]),
+            batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
+            else ([] if request_rates is not None else [1, 4, 16]),
+            request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],
+            burstiness=burstiness, slo=slo or "", endpoint=endpoint or "", baseline_endpoint=baseline_endpoint or "",
+            api_key_env=api_key_env,
+            temperatures=split_list(temperatures, float, "--temperatures"),
+            workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
+            num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
+            top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
+            weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
+            target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
+            context_lengths=token_counts(context_lengths, "--context-lengths") if context_lengths else [],
+            until_decided=until_decided, max_repeats=12 if max_repeats is None else max_repeats,
+            min_speedup=min_speedup, executor=executor,
+            ray_address=ray_address or "")
+        config.validate()
+    except known_errors() as error:
+        fail(str(error))
+    _run_sweep(config, output, resume, dry_run, _given_fields(ctx))
+
+
+def _given_fields(ctx: typer.Context) -> set[str]:
+    """SweepConfig fields set by an option on the command line (not left at its default)."""
+    from specbench.sweep import OPTION_NAMES
+
+    # sweep options -> the SweepConfig fields they set (the rest have the same name)
+    fields_of = {option: {field} for field, option in OPTION_NAMES.items()}
+    fields_of["endpoint"] = {"endpoint", "engine"}
+    fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                                                  "gpu_memory_utilization", "enforce_eager", "vllm_args",
+                                                  "vllm_python", "server_timeout", "served_pairing",
+                                                  "distributed_executor_backend", "allow_pp_speculation")})
+    given = set()
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            given |= fields_of.get(name, {name})
+    return given
+
+
+def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None) -> None:
+    from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
+    from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, resumed_config, run_sweep
+
+    quiet_libraries(config.allow_download)
+    if dry_run:
+        plan = describe_plan(config)
+        table = Table(title="plan", title_justify="left")
+        for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
+            table.add_column(column, overflow="fold")
+        groups: dict = {}
+        for cell in plan_cells(config):
+            groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
+        for (workload, batch, rate, temperature), cells in groups.items():
+            requests = requests_per_cell(config, batch) * config.repeats
+            baselines = sum(not c.is_speculative for c in cells)
+            table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
+                          f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
+                          str(requests), str(requests * config.max_new_tokens))
+        console.print(table)
+        console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
+                      f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
+                      f"target {config.target}, drafts {', '.join(config.drafts)}")
+        if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
+            most = plan["requests"] // config.repeats * config.max_repeats
+            console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
+                          f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
+        try:
+            preflight(config)
+        except known_errors() as error:
+            fail(str(error))
+        return
+
+    resume_dir = None
+    try:
+        if resume:
+            resume_dir = output or latest_run(finished_only=False)
+            if not (resume_dir / "run.json").exists():
+                raise UsageError(f"--resume: {resume_dir} is not a specbench run")
+            check_writable(resume_dir, " (--resume writes into the run)")
+            previous = json.loads((resume_dir / "run.json").read_text()).get("config") or {}
+            config, notes = resumed_config(previous, config, given)
+            for note in notes:
+                console.print(f"--resume: {escape(note)}", highlight=False, soft_wrap=True)
+        elif output is not None:
+            if prepare_output(output):
+                console.print(f"{output} holds a sweep that stopped before its first cell: running it again there",
+                              highlight=False, soft_wrap=True)
+            resume_dir = output
+        else:
+            check_writable(DEFAULT_RESULTS_DIR, " (use --output DIR)")
+    except known_errors() as error:
+        fail(str(error))
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
+    total = len(plan_cells(config))
+    task = progress.add_task("loading models", total=total)
+    finished: list[dict] = []
+    completed = [0]  # cells finished, earlier runs' included (a served engine runs them out of plan order)
+    interactive = console.is_terminal
+    live = Live(Group(progress), console=console, refresh_per_second=4, transient=True) if interactive else nullcontext()
+    started = time.monotonic()
+
+    def on_event(event) -> None:
+        if event.kind == "loaded":
+            console.print(escape(event.message), highlight=False, soft_wrap=True)
+            completed[0] = event.index
+            progress.update(task, completed=completed[0])
+        elif event.kind == "stage":
+            if event.message != "native engine":
+                console.print(escape(event.message), highlight=False, soft_wrap=True)
+        elif event.kind == "stage_failed":
+            errors.print(f"[bold red]error:[/] {escape(event.message)}", highlight=False, soft_wrap=True)
+        elif event.kind == "start":
+            progress.update(task, description=f"{event.cell.id}")
+        elif event.kind == "done":
+            finished.append(event.row)
+            completed[0] += 1
+            progress.update(task, completed=completed[0])
+            if interactive:
+                live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
+            else:
+                console.print(escape(progress_line(event.row, completed[0], total, time.monotonic() - started)),
+                              highlight=False, soft_wrap=True)
+            if event.row.get("lossless") == "MISMATCH":
+                errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {escape(as_text(event.row.get('lossless_detail')))}")
+
+    run_dir = None
+    try:
+        with live:
+            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event)
+    except KeyboardInterrupt as stop:
+        errors.print("[yellow]interrupted:[/] finished cells are saved; continue with --resume")
+        raise typer.Exit(TERMINATED if isinstance(stop, Terminated) else INTERRUPTED)
+    except known_errors() as error:
+        fail(str(error))
+    print_summary(run_dir)
+
+
+
+def print_summary(run_dir: Path) -> None:
+    from specbench.fit import measurement_warnings
+    from specbench.fit.nodes import node_spread, spread_text
+    from specbench.results import load_run
+
+    run = load_run(run_dir)
+    console.print(cells_table(run.cells, f"sweep results ({len(run.cells)} cells)"))
+    failed = run.cells[run.cells["status"] != "ok"]
+    mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
+    for row in failed.to_dict("records"):
+        errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {escape(as_text(row.get('message')))}", highlight=False)
+    print_warnings(measurement_warnings(run.cells, run.baseline_copies))
+    spread = spread_text(node_spread(run.cells, run.baseline_copies))
+    if spread:
+        console.print(f"nodes: {spread}", highlight=False, soft_wrap=True)
+    if run.meta.get("until_decided"):
+        console.print(f"--until-decided: {escape(run.meta['until_decided'])}", highlight=False, soft_wrap=True)
+    console.print(f"results: [bold]{run_dir}[/]  (cells, requests, steps as .parquet and .csv; run.json)")
+    console.print(f"next:    specbench report {run_dir}")
+    if len(mismatches):
+        errors.print(f"[bold red]{len(mismatches)} speculative cell(s) failed the lossless check[/]")
+        raise typer.Exit(1)
+    ok = run.cells[run.cells["status"] == "ok"]
+    for mode in ("autoregressive", "speculative"):
+        if (run.cells["mode"] == mode).any() and not (ok["mode"] == mode).any():
+            fail(f"no {mode} cell was measured (statuses: {', '.join(sorted(set(run.cells['status'])))}): "
+                 f"nothing to compare; the cells' messages above say why")
+

@@ -152,6 +152,10 @@ class SweepConfig:
     until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
     max_repeats: int = 12  # ... up to this many per cell
     min_speedup: float = 1.0  # the bar that verdict is about
+    trace: str = ""  # served engines: replay this request trace (a shipped name or a file; specbench.traces)
+    trace_window: str = ""  # START:DURATION in the trace's seconds ("" = all of it)
+    trace_speedup: float = 1.0  # the trace's time scale: 0.5 replays it at half speed
+    trace_max_requests: int = 0  # at most this many of the window's requests (0 = all)
     executor: str = "local"  # where cells run: this process, or "ray" (a cluster; specbench.executors)
     ray_address: str = ""  # --executor ray: the cluster (default RAY_ADDRESS, else a local instance)
 
@@ -174,8 +178,12 @@ class SweepConfig:
 
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.trace:
+            from specbench.traces import check_trace_config
+
+            check_trace_config(self)
         load = ("--request-rates", self.request_rates) if self.request_rates else ("--batch-sizes", self.batch_sizes)
-        for name, values in (("--drafts", self.drafts), ("--k", self.ks), load,
+        for name, values in (("--drafts", self.drafts), ("--k", self.ks), *([] if self.trace else [load]),
                              ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
             if not values:
                 raise ValueError(f"{name} is empty")
@@ -306,6 +314,10 @@ def plan_cells(config: SweepConfig) -> list[Cell]:
     endpoint run without --baseline-endpoint has no baseline cells."""
     loads = [(0, rate) for rate in sorted(config.request_rates)] if config.request_rates \
         else [(b, 0.0) for b in sorted(config.batch_sizes)]
+    if config.trace:  # one load: the trace replayed, labelled with its mean rate
+        from specbench.traces import replay_for
+
+        loads = [(0, round(replay_for(config).rate, 4))]
     with_baseline = config.engine != "endpoint" or bool(config.baseline_endpoint)
     cells = []
     for workload in config.workloads:
@@ -329,6 +341,10 @@ def plan_cells(config: SweepConfig) -> list[Cell]:
 
 def requests_per_cell(config: SweepConfig, batch_size: int) -> int:
     """At least --num-prompts, rounded up to whole batches (exactly --num-prompts open-loop)."""
+    if config.trace:
+        from specbench.traces import replay_for
+
+        return len(replay_for(config).requests)
     if batch_size == 0:
         return config.num_prompts
     return math.ceil(max(config.num_prompts, batch_size) / batch_size) * batch_size
@@ -337,6 +353,12 @@ def requests_per_cell(config: SweepConfig, batch_size: int) -> int:
 def describe_plan(config: SweepConfig) -> dict:
     cells = plan_cells(config)
     requests = sum(requests_per_cell(config, c.batch_size) for c in cells) * config.repeats
+    per_request = config.max_new_tokens
+    if config.trace:
+        from specbench.traces import replay_for
+
+        replay = replay_for(config)
+        per_request = sum(r.output_tokens for r in replay.requests) / max(1, len(replay.requests))
     return {"cells": len(cells), "baseline_cells": sum(not c.is_speculative for c in cells),
             "speculative_cells": sum(c.is_speculative for c in cells), "requests": requests,
-            "output_tokens": requests * config.max_new_tokens}
+            "output_tokens": round(requests * per_request)}

@@ -115,23 +115,23 @@ class OwnCpu:
         return max(0.0, self.machine_cpu_s - self.cpu_s) / self.wall_s if self.wall_s > 0 else float("nan")
 
 
-class PeakSampler:
-    """The largest value `read()` returns while the block runs, sampled every `interval_s` in a
-    background thread (and at both ends)."""
+class PeriodicSampler:
+    """Calls `sample()` every `interval_s` in a background thread while the block runs."""
 
-    def __init__(self, read: Callable[[], int], interval_s: float) -> None:
-        self.read, self.interval_s = read, interval_s
-        self.peak = 0
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, self.read())
+    def sample(self) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> "PeakSampler":
-        self.peak = self.read()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
 
@@ -139,4 +139,24 @@ class PeakSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+class PeakSampler(PeriodicSampler):
+    """The largest value `read()` returns while the block runs, sampled every `interval_s` in a
+    background thread (and at both ends)."""
+
+    def __init__(self, read: Callable[[], int], interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.read = read
+        self.peak = 0
+
+    def sample(self) -> None:
         self.peak = max(self.peak, self.read())
+
+    def __enter__(self) -> "PeakSampler":
+        self.peak = self.read()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self.sample()

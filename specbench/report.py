@@ -38,6 +38,8 @@ CHARTS = {
     "predicted_vs_measured": "Performance model: predicted vs measured speed-up (in-sample and held-out batch sizes)",
     "throughput_vs_latency": "Total throughput vs what each user gets, with and without speculation",
     "goodput": "Goodput (requests/s meeting the SLO) vs load",
+    "trace_latency": "Latency over the trace's time, with and without speculation",
+    "trace_batch": "The batch the server ran at over the trace's time (vLLM's running requests)",
 }
 CHART_NOTES = {
     "speedup_vs_batch": "Each point: a speculative cell's tokens/s over its own baseline's, one line per K. Bars: the "
@@ -55,6 +57,12 @@ CHART_NOTES = {
               "weight copies (as much again as the weights), activations and the allocator's slack; on a GPU, "
               "NVML also counts the CUDA context and torch's cache. With a 135M model that fixed part dominates, "
               "so the peak is several times the bars. A draft's cost is the difference between two marks.",
+    "trace_latency": "Each request of the replay at its time in the trace: its TPOT (top) and end-to-end latency "
+                     "(bottom), the baseline in black and each speculative configuration in colour, with a rolling "
+                     "median over 9 requests. Every configuration replayed the same requests at the same times.",
+    "trace_batch": "vLLM's `vllm:num_requests_running` gauge, sampled every 0.25 s from /metrics during the first "
+                   "repeat: the batch size the server really ran at. The dashed line is B = 32, where speculation "
+                   "is most likely to stop paying.",
     "predicted_vs_measured": "The performance model's speed-up against the measured one: in-sample (fitted on every "
                              "cell) and held out (the largest batch sizes predicted from the smaller ones, which is "
                              "how far a prediction at an unmeasured size can be trusted).",
@@ -665,8 +673,81 @@ def chart_goodput(a: Analysis, path: Path) -> None:
             fontsize=10)
 
 
+def _trace_time(a: Analysis, arrival_s) -> np.ndarray:
+    """Replay seconds back on the trace's own clock (the window's start plus the scaled time)."""
+    trace = a.run.meta.get("trace") or {}
+    return (trace.get("window") or [0.0])[0] + np.asarray(arrival_s, dtype=float) * trace.get("speedup", 1.0)
+
+
+def chart_trace_latency(a: Analysis, path: Path) -> None:
+    requests = a.run.requests
+    cells = a.cells[a.cells["status"] == "ok"] if "status" in a.cells else a.cells
+    if requests is None or requests.empty or "arrival_s" not in requests:
+        raise NothingToDraw("the run recorded no request times")
+    facets, drafts = _facets(cells), _drafts(cells)
+    fig, axes = plt.subplots(2, len(facets), figsize=(7.0 * len(facets), 7.0), squeeze=False)
+    for j, (workload, temperature) in enumerate(facets):
+        for row in _facet(cells, workload, temperature).sort_values("mode").to_dict("records"):
+            mine = requests[(requests["cell_id"] == row["cell_id"]) & (requests["repeat"] == requests["repeat"].min())]
+            mine = mine.sort_values("arrival_s")
+            color = _color(row["draft"], drafts)
+            name = "autoregressive" if row["draft"] == AR else f"{row['draft']} K={int(row['k'])}"
+            when = _trace_time(a, mine["arrival_s"])
+            for i, (column, scale) in enumerate((("tpot_s", 1e3), ("e2e_s", 1.0))):
+                values = mine[column].to_numpy(dtype=float) * scale
+                axes[i][j].scatter(when, values, s=8, color=color, alpha=0.45)
+                rolling = pd.Series(values).rolling(9, center=True, min_periods=1).median()
+                axes[i][j].plot(when, rolling, color=color, linewidth=1.5, label=name)
+        axes[0][j].set_ylabel("TPOT (ms)")
+        axes[1][j].set_ylabel("end-to-end latency (s)")
+        for ax in axes[:, j]:
+            ax.set_xlabel("trace time (s)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        axes[0][j].set_title(f"{workload} · T={temperature:g}", fontsize=10)
+    describe = (a.run.meta.get("trace") or {}).get("describe", "")
+    _finish(fig, path, CHARTS["trace_latency"] + (f"\n({describe})" if describe else ""), fontsize=11)
+
+
+def chart_trace_batch(a: Analysis, path: Path) -> None:
+    cells = a.cells[a.cells["status"] == "ok"] if "status" in a.cells else a.cells
+    if "running_timeline" not in cells or not any(isinstance(t, (list, np.ndarray)) and len(t)
+                                                  for t in cells["running_timeline"]):
+        raise NothingToDraw("the server's running requests were not sampled (a server without vLLM's "
+                            "vllm:num_requests_running gauge)")
+    facets, drafts = _facets(cells), _drafts(cells)
+    fig, axes = plt.subplots(1, len(facets), figsize=(7.0 * len(facets), 3.8), squeeze=False)
+    for j, (workload, temperature) in enumerate(facets):
+        ax = axes[0][j]
+        top = 0.0
+        for row in _facet(cells, workload, temperature).sort_values("mode").to_dict("records"):
+            times, running = row.get("running_timeline_s"), row.get("running_timeline")
+            if not isinstance(running, (list, np.ndarray)) or not len(running):
+                continue
+            name = "autoregressive" if row["draft"] == AR else f"{row['draft']} K={int(row['k'])}"
+            trace = a.run.meta.get("trace") or {}
+            when = (trace.get("window") or [0.0])[0] + np.asarray(times, dtype=float) * trace.get("speedup", 1.0)
+            ax.step(when, running, where="post", color=_color(row["draft"], drafts), linewidth=1.2, label=name)
+            top = max(top, float(np.max(running)))
+        ax.axhline(32, color="grey", linestyle="--", linewidth=1, label="B = 32")
+        ax.set_ylim(0, max(top, 32) * 1.1)
+        ax.set_xlabel("trace time (s)")
+        ax.set_ylabel("requests running")
+        ax.set_title(f"{workload} · T={temperature:g}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _finish(fig, path, CHARTS["trace_batch"], fontsize=11)
+
+
 def answer(a: Analysis, gate_result=None) -> str:
     """The report's first paragraph: its answer in one sentence, with numbers."""
+    run = getattr(a, "run", None)
+    if run is not None and run.meta.get("trace"):
+        from specbench.fit.replay import replay_answer, replay_table
+
+        sentence = replay_answer(replay_table(a.run.cells, a.run.requests), a.run.meta["trace"].get("describe", ""))
+        if sentence:
+            return sentence
     if a.capacity is not None and not a.capacity.empty and a.slo is not None:
         cap = a.capacity
         base, spec = cap[cap["mode"] == AR], cap[cap["mode"] != AR]
@@ -727,6 +808,8 @@ def drawers(a: Analysis) -> dict:
         chosen = dict(DRAWERS) | {"throughput_vs_latency": chart_tradeoff}
     if a.goodput is not None and not a.goodput.empty:
         chosen["goodput"] = chart_goodput
+    if a.run.meta.get("trace"):
+        chosen |= {"trace_latency": chart_trace_latency, "trace_batch": chart_trace_batch}
     return chosen
 
 
@@ -784,6 +867,17 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             a.crossovers
     if not a.costs.empty:
         tables[a.cost_unit] = a.costs.drop(columns=["cell_id", "mode"])
+    if a.run.meta.get("trace"):
+        from specbench.fit.replay import replay_table
+
+        trace = a.run.meta["trace"]
+        replayed = replay_table(a.run.cells, a.run.requests)
+        if not replayed.empty:
+            notes = "; ".join(f"{n} row(s) skipped: {why}" for why, n in (trace.get("skipped") or {}).items()) or \
+                "no row skipped"
+            sorted_rows = f"; {trace['out_of_order']} row(s) out of time order, sorted" if trace.get("out_of_order") else ""
+            tables[f"trace replay: {trace.get('describe', '')}, {trace.get('requests')} requests ({notes}{sorted_rows}); "
+                   f"speed-ups per request, baseline / speculative (> 1: faster), 95 % intervals"] = replayed
     failed = a.run.cells[a.run.cells["status"] != "ok"] if not a.run.cells.empty else pd.DataFrame()
     if len(failed):
         tables["cells that did not finish"] = failed[["cell_id", "status", "message"]]

@@ -28,7 +28,7 @@ from specbench.results import (
     COPIES, append_part, hardware_info, merge_parts, new_run_dir, now_iso, read_table, versions, write_json, write_table,
 )
 from specbench.synthetic import shipped_config
-from specbench.workloads import Workload, load_workload, long_context_records
+from specbench.workloads import Workload, load_workload, long_context_records, trace_records
 
 
 def preflight(config: SweepConfig) -> dict[str, Workload]:
@@ -126,8 +126,8 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
     room = limit - _positions_needed(config, 0) if limit else None
     tokenizer = None
     for name, workload in workloads.items():
-        if config.context_lengths or not workload.records:
-            continue  # prompts built to the context lengths, checked against the context already
+        if config.context_lengths or config.trace or not workload.records:
+            continue  # prompts built to the context lengths or a trace's, checked against the context already
         longest = max(workload.records, key=lambda record: len(record.text))
         chars = len(longest.text)
         if chars > MAX_PROMPT_CHARS or (room is not None and chars > 32 * room):
@@ -156,7 +156,7 @@ GRID_FIELDS = ("drafts", "ks", "batch_sizes", "request_rates", "temperatures", "
                "alphas")
 MEASURED_FIELDS = ("target", "max_new_tokens", "num_prompts", "repeats", "seed", "dtype", "device", "top_p", "top_k",
                    "chat_template", "weights", "target_layers", "cuda_graphs", "engine", "vllm", "burstiness",
-                   "endpoint", "baseline_endpoint")
+                   "endpoint", "baseline_endpoint", "trace", "trace_window", "trace_speedup", "trace_max_requests")
 OPTION_NAMES = {"ks": "k", "alphas": "alpha", "allow_download": "download"}  # field -> its CLI option
 
 
@@ -361,6 +361,10 @@ def run_sweep(
     meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
             "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
             "synthetic": config.synthetic, "engine": {"name": config.engine}}
+    if config.trace:
+        from specbench.traces import replay_for
+
+        meta["trace"] = replay_for(config).to_dict()
     previous = run_dir / "run.json"
     if resume_dir and previous.exists():
         import json
@@ -444,6 +448,11 @@ class _Sweep:
             if cell.context_length:
                 records = long_context_records(records, cell.workload, cell.context_length, self.engine.encode,
                                                self.config.seed)
+            if self.config.trace:  # one prompt per trace request, at its input length
+                from specbench.traces import replay_for
+
+                records = trace_records(replay_for(self.config).requests, self.workloads[cell.workload].records,
+                                        cell.workload, self.engine.encode, self.config.seed)
             self._prompts[cell.group] = ([self.engine.encode(r) for r in records], [r.id for r in records])
         return self._prompts[cell.group]
 

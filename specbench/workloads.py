@@ -240,3 +240,58 @@ def _excerpt(document: str, start: int, size: int) -> str:
 def _with_excerpt(record: PromptRecord, excerpt: str, question: str) -> PromptRecord:
     content = (f"Here is a document for reference:\n\n{excerpt}\n\n{question}" if excerpt else question)
     return PromptRecord(record.id, record.category, record.messages[:-1] + [{"role": "user", "content": content}])
+
+
+# --- trace replays ---------------------------------------------------------------------------------
+
+def trace_records(requests, records: list[PromptRecord], workload: str, encode, seed: int) -> list[PromptRecord]:
+    """One prompt per trace request, `encode` (chat template included) giving its input length
+    within LENGTH_TOLERANCE: the request's own text, or a question of the workload, after an excerpt
+    of the long document of its kind (code for code workloads, prose otherwise); where no question
+    fits the length, the excerpt alone. Questions are dealt in a seeded order, so every
+    configuration gets the same prompts."""
+    document = long_document(workload)
+    rng = random.Random(f"{seed}|{workload}|trace")
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    bases: dict[int, int] = {}
+    built = []
+    for index, request in enumerate(requests):
+        length = request.input_tokens
+        if request.text:
+            record = PromptRecord(f"trace-{index}", "trace", [{"role": "user", "content": request.text}])
+        else:
+            record = None
+            for offset in range(len(order)):  # the next question in the seeded order that fits
+                candidate = records[order[(index + offset) % len(order)]]
+                if candidate.id not in bases:
+                    bases[candidate.id] = len(encode(_with_excerpt(candidate, "", candidate.messages[-1]["content"])))
+                if bases[candidate.id] < length:
+                    record = candidate
+                    break
+            if record is None:  # no question is this short: the excerpt is the prompt
+                record = PromptRecord(f"trace-{index}", "trace", [{"role": "user", "content": ""}])
+        built.append(_sized(record, document, length, encode, rng, f"trace-{index}"))
+    return built
+
+
+def _sized(record: PromptRecord, document: str, length: int, encode, rng: random.Random, name: str) -> PromptRecord:
+    """`record`'s question after a document excerpt sized so that the prompt is `length` tokens
+    (within LENGTH_TOLERANCE, or 8 tokens); an empty question makes the excerpt the prompt."""
+    question = record.messages[-1]["content"]
+    base = len(encode(_with_excerpt(record, "", question))) if question else 0
+    start = rng.randrange(0, max(1, len(document) // 2))
+    start = document.find("\n", start) + 1
+    chars_per_token = 4.0
+    size = max(1, int((length - base) * chars_per_token))
+    candidate, got = record, base
+    for _ in range(8):
+        excerpt = _excerpt(document, start, size)
+        candidate = _with_excerpt(record, excerpt, question) if question else PromptRecord(
+            record.id, record.category, record.messages[:-1] + [{"role": "user", "content": excerpt}])
+        got = len(encode(candidate))
+        if abs(got - length) <= max(8, LENGTH_TOLERANCE * length):
+            break
+        chars_per_token = max(0.5, len(excerpt) / max(1, got - base))
+        size = max(1, int((length - base) * chars_per_token))
+    return PromptRecord(name, f"{record.category}", candidate.messages)

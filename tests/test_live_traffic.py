@@ -273,3 +273,45 @@ def test_the_reports_answer_names_the_draft_check_judges():
     analysis = SimpleNamespace(capacity=capacity, slo=slo, load="request_rate", price=None)
     sentence = answer(analysis)
     assert "(b, K=2; chat, T=0)" in sentence and "(a," not in sentence, sentence
+
+
+def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vllm, target_dir, tmp_path):
+    """--trace on the stand-in: the trace's arrivals (scaled), its output lengths exactly, prompts
+    within 2 % of its input lengths, the server's running batch sampled, and what was skipped
+    said; then check --slo judges it and report answers it."""
+    from pathlib import Path
+
+    trace = Path(__file__).parent / "fixtures" / "traces" / "azure.csv"
+    fake_vllm.setenv("FAKE_VLLM_STEP_S", "0.1")  # requests long enough to overlap and to be sampled running
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--drafts", "ngram", "--k", "2",
+                                 "--trace", str(trace), "--trace-speedup", "2", "--temperatures", "0",
+                                 "--workloads", "chat", "--dtype", "fp32", "--output", str(run_dir),
+                                 "--server-timeout", "60", "--slo", "ttft=2,tpot=0.5,p50"])
+    assert result.exit_code == 0, result.output
+    run = load_run(run_dir)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["trace"]["requests"] == 4 and meta["trace"]["skipped"] == {
+        "input + output beyond the target's context (1012 tokens)": 1}  # 9000 + 14 tokens on a 1024 context
+    cells = run.cells.set_index("cell_id")
+    assert len(cells) == 2 and (cells["lossless"].dropna() == "exact").all()
+    requests = run.requests
+    assert (requests["output_tokens"] == requests["trace_output_tokens"]).all()
+    error = (requests["prompt_tokens"] - requests["trace_input_tokens"]).abs()
+    assert (error <= np.maximum(8, 0.02 * requests["trace_input_tokens"])).all()
+    for _, rows in requests.groupby("cell_id"):  # the trace's times at twice its speed, for every cell
+        assert sorted(rows["arrival_s"]) == pytest.approx([0.0, 0.026, 0.55, 1.07], abs=1e-3)
+    assert (cells["trace_output_mismatches"] == 0).all() and (cells["send_lag_p99_s"] < 0.25).all()
+    assert (cells["running_max"] >= 1).all() and all(len(t) > 2 for t in cells["running_timeline"])
+    judged = runner.invoke(app, ["check", str(run_dir)])
+    assert judged.exit_code in (0, 1, 3) and "verdict:" in judged.output, judged.output
+    reported = runner.invoke(app, ["report", str(run_dir)])
+    assert reported.exit_code == 0, reported.output
+    assert "azure 0–" in reported.output and "B ≥ 32" in reported.output
+    assert {p.name for p in (run_dir / "report").glob("*.png")} >= {"trace_latency.png", "trace_batch.png"}
+    narrow = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--trace", str(trace),
+                                 "--trace-window", "100:5", "--output", str(tmp_path / "empty")])
+    assert narrow.exit_code == 2 and "no request of azure arrives in 100–105 s" in narrow.output
+    native = runner.invoke(app, ["sweep", "--target", target_dir, "--trace", str(trace), "--output",
+                                 str(tmp_path / "native")])
+    assert native.exit_code == 2 and "served engine" in native.output

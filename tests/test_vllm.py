@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -284,3 +285,25 @@ def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_p
         assert table.loc[cell_id, "goodput_rps"] == pytest.approx(good / row["wall_s"])
     # without a baseline endpoint there is nothing to compare capacity with
     assert runner.invoke(app, ["check", str(run_dir)]).exit_code == 2
+
+
+def test_a_trace_replay_on_real_vllm_keeps_greedy_outputs_exact_and_the_traces_lengths(tmp_path):
+    """--trace on real servers: every request at its output length (min_tokens = max_tokens),
+    prompts within 2 % of the trace's input lengths, greedy speculation token for token the
+    baseline's, the server's running requests sampled, and no server left."""
+    from pathlib import Path
+
+    trace = Path(__file__).parent / "fixtures" / "traces" / "azure.csv"
+    output = tmp_path / "trace"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", "ngram", "--k", "2", "--trace", str(trace),
+                                 "--trace-speedup", "0.5", "--temperatures", "0", "--workloads", "chat",
+                                 "--dtype", "fp32", "--enforce-eager", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    run = load_run(output)
+    assert (run.cells["status"] == "ok").all() and (run.cells["lossless"].dropna() == "exact").all()
+    requests = run.requests
+    assert len(requests) == 2 * 4 and (requests["output_tokens"] == requests["trace_output_tokens"]).all()
+    error = (requests["prompt_tokens"] - requests["trace_input_tokens"]).abs()
+    assert (error <= np.maximum(8, 0.02 * requests["trace_input_tokens"])).all()
+    assert (run.cells["running_max"] >= 1).all()
+    assert not server_processes()

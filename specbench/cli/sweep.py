@@ -43,7 +43,9 @@ def sweep(
     api_key_env: str = typer.Option("OPENAI_API_KEY", help="Endpoints: the environment variable holding an API "
                                                            "key (sent as a bearer token, never written)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
-    workloads: str = typer.Option("chat,code", help="Comma list: chat, code, humaneval, mtbench, a file, or hf:ORG/NAME."),
+    workloads: Optional[str] = typer.Option(None, help="Comma list: chat, code, humaneval, mtbench, a file, or "
+                                                       "hf:ORG/NAME (default chat,code; with --trace, the trace's "
+                                                       "kind: code for azure-code, chat otherwise)."),
     context_lengths: Optional[str] = typer.Option(
         None, help="Comma list of prompt lengths in tokens (512,4k,16k; k = 1024): each workload's prompts are built "
                    "to these lengths, a long document excerpt before the question (workloads/long/). Default: the "
@@ -96,6 +98,14 @@ def sweep(
     allow_pp_speculation: bool = typer.Option(False, help="vLLM: run speculative decoding with "
                                                           "--pipeline-parallel-size > 1 although vLLM has open bugs "
                                                           "there (#49355, #57755)."),
+    trace: Optional[str] = typer.Option(None, help="Served engines: replay a request trace, its arrivals and lengths "
+                                                   "with real content (azure-code, azure-conv, or a Mooncake .jsonl, "
+                                                   "Azure or BurstGPT .csv); replaces --batch-sizes and "
+                                                   "--request-rates."),
+    trace_window: str = typer.Option("", help="--trace: which seconds of the trace, START:DURATION (e.g. 600:300)."),
+    trace_speedup: float = typer.Option(1.0, help="--trace: time scale; 0.5 replays at half speed (a slow server "
+                                                  "can replay a slice)."),
+    trace_max_requests: int = typer.Option(0, help="--trace: at most this many requests of the window (0: all)."),
     executor: str = typer.Option("local", help="Where cells run: local (this process) or ray (a Ray cluster: "
                                                "pairing groups spread over its nodes, each speed-up measured on "
                                                "one node; pip install 'specbench[ray]')."),
@@ -119,6 +129,10 @@ def sweep(
             engine = "endpoint"
         elif baseline_endpoint:
             raise UsageError("--baseline-endpoint needs --endpoint (the server with speculation)")
+        if trace and (batch_sizes is not None or request_rates is not None):
+            raise UsageError("--trace replays the trace's own arrivals: leave out --batch-sizes and --request-rates")
+        if not trace and (trace_window or trace_speedup != 1.0 or trace_max_requests):
+            raise UsageError("--trace-window, --trace-speedup and --trace-max-requests need --trace")
         if max_repeats is not None and not until_decided:
             raise UsageError("--max-repeats is --until-decided's budget: add --until-decided (a fixed number of "
                              "repeats is --repeats)")
@@ -133,24 +147,33 @@ def sweep(
             drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
             ks=split_list(k, int, "--k") if k is not None else ([0] if endpoint else [2, 4]),
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
-            else ([] if request_rates is not None else [1, 4, 16]),
+            else ([] if request_rates is not None or trace else [1, 4, 16]),
             request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],
             burstiness=burstiness, slo=slo or "", endpoint=endpoint or "", baseline_endpoint=baseline_endpoint or "",
             api_key_env=api_key_env,
             temperatures=split_list(temperatures, float, "--temperatures"),
-            workloads=split_list(workloads, str, "--workloads"), max_new_tokens=max_new_tokens,
+            workloads=split_list(workloads, str, "--workloads") if workloads is not None
+            else ([trace_workload(trace)] if trace else ["chat", "code"]), max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
             top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
             weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
             target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
             context_lengths=token_counts(context_lengths, "--context-lengths") if context_lengths else [],
             until_decided=until_decided, max_repeats=12 if max_repeats is None else max_repeats,
-            min_speedup=min_speedup, executor=executor,
+            min_speedup=min_speedup, executor=executor, trace=trace or "", trace_window=trace_window,
+            trace_speedup=trace_speedup, trace_max_requests=trace_max_requests,
             ray_address=ray_address or "")
         config.validate()
     except known_errors() as error:
         fail(str(error))
     _run_sweep(config, output, resume, dry_run, _given_fields(ctx))
+
+
+def trace_workload(trace: str) -> str:
+    """The workload whose questions a trace's prompts take: the shipped trace's kind, else chat."""
+    from specbench.traces import SHIPPED
+
+    return SHIPPED[trace][1] if trace in SHIPPED else "chat"
 
 
 def _given_fields(ctx: typer.Context) -> set[str]:
@@ -190,8 +213,14 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             baselines = sum(not c.is_speculative for c in cells)
             table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
                           f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
-                          str(requests), str(requests * config.max_new_tokens))
+                          str(requests), str(round(plan["output_tokens"] / max(1, plan["cells"]))))
         console.print(table)
+        if config.trace:
+            from specbench.traces import replay_for
+
+            replay = replay_for(config)
+            console.print(f"trace: {replay.describe()}, {len(replay.requests)} requests over {replay.duration_s:.0f} s "
+                          f"as replayed" + "".join(f"; {note}" for note in replay.notes()), highlight=False)
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
                       f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
                       f"target {config.target}, drafts {', '.join(config.drafts)}")

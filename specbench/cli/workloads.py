@@ -38,4 +38,23 @@ def workloads(
                       str(stats["max"]), workload.source)
     console.print(table)
     console.print("Also: any .jsonl/.csv/.parquet file (FILE::COLUMN to pick the column) or hf:ORG/NAME[:SPLIT[:COLUMN]].")
+    from specbench.traces import SHIPPED, TraceError, load_trace
+
+    traces = Table(title="request traces (sweep --trace NAME; lengths in tokens)", title_justify="left",
+                   header_style="bold")
+    for column in ("name", "questions from", "requests", "duration s", "req/s", "input p50/p90/p99",
+                   "output p50/p90/p99"):
+        traces.add_column(column, overflow="fold")
+    for name in SHIPPED:
+        try:
+            trace = load_trace(name)
+        except TraceError as error:
+            traces.add_row(name, "–", "–", "–", "–", "–", f"[dim]{error}[/]")
+            continue
+        stats = trace.stats()
+        traces.add_row(name, trace.workload, str(stats["requests"]), f"{stats['duration_s']:.0f}", f"{stats['rate']:.2f}",
+                       "/".join(f"{stats[f'input_p{p}']:.0f}" for p in (50, 90, 99)),
+                       "/".join(f"{stats[f'output_p{p}']:.0f}" for p in (50, 90, 99)))
+    console.print(traces)
+    console.print("Also: a Mooncake .jsonl, an Azure LLM trace .csv or a BurstGPT .csv (workloads/traces/README.md).")
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -37,7 +38,7 @@ from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import OwnCpu, PeakSampler, chunk_gaps, percentiles
+from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, chunk_gaps, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
@@ -649,11 +650,14 @@ class VllmCellRun:
         # side by side: the baseline cell measured on the baseline server, alternating with this one
         self.companion: VllmCellRun | None = None
         self.own_cpu = OwnCpu()
+        self.running: list[list[tuple[float, float, float]]] = []  # a trace replay: per repeat, the server's batch
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         cell, config = self.cell, self.config
         payload = {"model": self.stage.engine.served_name, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                    "ignore_eos": True, "return_token_ids": True, "temperature": cell.temperature}
+        if config.trace:  # the trace's output length exactly, whatever the model would stop at
+            payload["min_tokens"] = max_tokens
         if cell.temperature > 0:
             payload["seed"] = config.seed + 1000 * repeat + index
             if config.top_p < 1:
@@ -670,17 +674,29 @@ class VllmCellRun:
     def headers(self) -> dict | None:
         return self.stage.engine.headers
 
+    @property
+    def replay(self):
+        """The trace this cell replays (--trace), else None."""
+        from specbench.traces import replay_for
+
+        return replay_for(self.config) if self.config.trace else None
+
     def arrivals(self, count: int, repeat: int) -> list[float]:
-        """An open-loop cell's arrival times: one seeded draw per (sweep seed, repeat), so every
-        cell of a group (baseline and speculative) gets the same traffic, run after run."""
+        """An open-loop cell's arrival times: a trace's, scaled; else one seeded draw per (sweep
+        seed, repeat), so every cell of a group (baseline and speculative) gets the same traffic,
+        run after run."""
+        if self.replay is not None:
+            return [request.arrival_s for request in self.replay.requests][:count]
         seed = [self.config.seed, repeat, 7]
         return arrival_times(count, self.cell.request_rate, self.config.burstiness, seed=seed)
 
-    def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int,
+    def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int | list[int],
               arrivals_s: list[float] | None = None) -> LoadRun:
         """The prompts streamed open-loop at `arrivals_s` when given, else closed-loop at the
-        cell's concurrency (all at once in an open-loop cell: its warm-up and sampled-check probes)."""
-        payloads = [self.payload(p, i, repeat, max_tokens) for i, p in enumerate(prompts)]
+        cell's concurrency (all at once in an open-loop cell: its warm-up and sampled-check probes).
+        `max_tokens` per prompt (a trace's output lengths), or one for all."""
+        lengths_out = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        payloads = [self.payload(p, i, repeat, lengths_out[i]) for i, p in enumerate(prompts)]
         lengths = [len(p) for p in prompts]
         if arrivals_s is not None:
             run = run_open_loop(self.url, payloads, arrivals_s, lengths, headers=self.headers)
@@ -702,6 +718,9 @@ class VllmCellRun:
 
     def sample(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Untimed outputs at the cell's settings and concurrency (seeds apart from the measured)."""
+        if self.replay is not None:  # a trace's requests are as long as the trace says
+            max_tokens = [r.output_tokens for r in self.replay.requests][:len(prompts)] + \
+                [max_tokens] * max(0, len(prompts) - len(self.replay.requests))
         run = self._load(prompts, repeat=500, max_tokens=max_tokens)
         return [list(request.tokens) for request in run.requests]
 
@@ -719,9 +738,14 @@ class VllmCellRun:
         server = self.stage.server
         before = self.stage.scrape()
         cuda = self.config.device.startswith("cuda")
-        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory:
+        replay = self.replay
+        outputs = [r.output_tokens for r in replay.requests] if replay is not None else self.config.max_new_tokens
+        running = RunningSampler(self.stage.scrape) if replay is not None else nullcontext()
+        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory, running as batch:
             arrivals = self.arrivals(len(self.prompts), repeat) if self.cell.request_rate else None
-            run = self._load(self.prompts, repeat, self.config.max_new_tokens, arrivals)
+            run = self._load(self.prompts, repeat, outputs, arrivals)
+        if batch is not None:
+            self.running.append(batch.samples)
         after = self._settled_snapshot(before, run)
         self.runs.append(run)
         for name in COUNTERS:
@@ -746,6 +770,8 @@ class VllmCellRun:
                 # open loop: when it was due (its arrival) and how late the client sent it
                 "arrival_s": request.scheduled_s if self.cell.request_rate else request.sent_s,
                 "send_lag_s": request.sent_s - request.scheduled_s if self.cell.request_rate else 0.0,
+                **({"trace_input_tokens": replay.requests[request.index].input_tokens,
+                    "trace_output_tokens": replay.requests[request.index].output_tokens} if replay is not None else {}),
             })
             if first:
                 self.outputs[request.index] = list(request.tokens)
@@ -814,6 +840,8 @@ class VllmCellRun:
             "graph_captures_timed": 0, "estimated": False,
             "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
         }
+        if self.replay is not None:
+            row.update(trace_columns(self.replay, requests, self.running))
         if cell.is_speculative:
             row["pairing"] = SIDE_BY_SIDE if self.companion is not None else SEQUENTIAL
         if self.companion is not None:
@@ -838,6 +866,58 @@ class VllmCellRun:
                 row["synthetic_expected_alpha"], row["synthetic_expected_tau"] = expected_acceptance(
                     parse_alpha(cell.alpha), cell.k)
         return CellOutcome(row, requests, [], self.outputs)
+
+
+class RunningSampler(PeriodicSampler):
+    """The server's running and waiting requests (vLLM's `vllm:num_requests_running` and
+    `_waiting` gauges), sampled from /metrics every `interval_s` while a trace replays: the batch
+    sizes the server really ran at. Samples are (seconds from the start, running, waiting)."""
+
+    def __init__(self, scrape: Callable[[], Snapshot], interval_s: float = 0.25) -> None:
+        super().__init__(interval_s)
+        self.scrape = scrape
+        self.samples: list[tuple[float, float, float]] = []
+        self.origin = time.monotonic()
+
+    def sample(self) -> None:
+        try:
+            snapshot = self.scrape()
+        except OSError:
+            return  # a scrape that failed is a sample missing, not a measurement lost
+        if snapshot.has("vllm:num_requests_running"):
+            self.samples.append((time.monotonic() - self.origin, snapshot.total("vllm:num_requests_running"),
+                                 snapshot.total("vllm:num_requests_waiting")))
+
+    def __enter__(self) -> "RunningSampler":
+        self.origin = time.monotonic()
+        self.sample()
+        return super().__enter__()
+
+
+LARGE_BATCH = 32  # the mission's question: how much of the time does the server run at B >= 32
+
+
+def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, float, float]]]) -> dict:
+    """A trace cell's own columns: what was replayed, how late requests were sent, how closely
+    prompts and outputs kept the trace's lengths, and the batch sizes the server ran at."""
+    lags = [r["send_lag_s"] for r in requests]
+    prompt_error = [abs(r["prompt_tokens"] - r["trace_input_tokens"]) / r["trace_input_tokens"] for r in requests]
+    samples = [s for repeat in running for s in repeat]
+    counts = np.array([s[1] for s in samples], dtype=float)
+    first = running[0] if running else []
+    return {
+        "trace": replay.describe(),
+        "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
+        "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
+        "trace_prompt_error_max": max(prompt_error, default=float("nan")),
+        "trace_output_mismatches": sum(r["output_tokens"] != r["trace_output_tokens"] for r in requests),
+        "running_mean": float(counts.mean()) if len(counts) else float("nan"),
+        "running_max": float(counts.max()) if len(counts) else float("nan"),
+        "running_share_large": float((counts >= LARGE_BATCH).mean()) if len(counts) else float("nan"),
+        "running_timeline_s": [round(s[0], 3) for s in first],
+        "running_timeline": [s[1] for s in first],
+        "waiting_timeline": [s[2] for s in first],
+    }
 
 
 def _schedule_text(draft: str) -> str:

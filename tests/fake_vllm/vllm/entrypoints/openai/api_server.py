@@ -30,7 +30,8 @@ def step_s() -> float:
     """One step's time on the (drifting) machine."""
     import time
 
-    return 0.004 * (1 + DRIFT[1] * max(0.0, time.time() - DRIFT[0])) if DRIFT else 0.004
+    base = float(os.environ.get("FAKE_VLLM_STEP_S", "0.004"))
+    return base * (1 + DRIFT[1] * max(0.0, time.time() - DRIFT[0])) if DRIFT else base
 VOCAB = 1000
 COUNTERS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generated": 0, "requests": 0,
             "ttft_sum": 0.0, "ttft_count": 0, "itl_sum": 0.0, "itl_count": 0}
@@ -85,6 +86,8 @@ def main() -> None:
             f'vllm:cache_config_info{{{labels},kv_cache_size_tokens="{4096 if not spec else 2048}",'
             f'kv_cache_max_concurrency="2.0",kv_cache_memory_bytes="1048576",num_gpu_blocks="32",block_size="128"}} 1.0',
             f"vllm:generation_tokens_total{{{labels}}} {COUNTERS['generated']}",
+            f"vllm:num_requests_running{{{labels}}} {COUNTERS.get('running', 0)}",
+            f"vllm:num_requests_waiting{{{labels}}} 0",
             f"vllm:request_success_total{{{labels}}} {COUNTERS['requests']}",
             f"vllm:time_to_first_token_seconds_sum{{{labels}}} {COUNTERS['ttft_sum']}",
             f"vllm:time_to_first_token_seconds_count{{{labels}}} {COUNTERS['ttft_count']}",
@@ -116,6 +119,7 @@ def main() -> None:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         COUNTERS["received"] = COUNTERS.get("received", 0) + 1
+        COUNTERS["running"] = COUNTERS.get("running", 0) + 1
         if die_at is not None and COUNTERS["received"] == die_at and not os.path.exists(marker):
             open(marker, "w").close()
             await response.write(b'data: {"choices": [{"index": 0, "text": "t", "token_ids": [1]}]}\n\n')
@@ -136,6 +140,7 @@ def main() -> None:
             COUNTERS["itl_count" if start else "ttft_count"] += 1
         COUNTERS["generated"] += count
         COUNTERS["requests"] += 1
+        COUNTERS["running"] -= 1
         await response.write(b"data: [DONE]\n\n")
         return response
 

@@ -1,0 +1,98 @@
+"""A trace replay judged as a rollout answer: per speculative configuration, its latency
+percentiles against the baseline's on the same requests, its TPOT and E2E speed-ups with 95 %
+intervals over the requests (each request is a pair: the baseline and speculation replayed it at
+the same trace time), and the batch sizes the server ran at."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from specbench.fit.cells import AR
+from specbench.fit.evidence import CONFIDENCE, _t
+
+LARGE_BATCH = 32
+
+
+def _paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tuple[float, float, float]:
+    """Geometric mean of baseline / speculative `column` over requests replayed by both (same
+    request and repeat), with its 95 % t-interval on the log scale."""
+    joined = base[["request_id", "repeat", column]].merge(spec[["request_id", "repeat", column]],
+                                                          on=["request_id", "repeat"], suffixes=("_base", "_spec"))
+    ratios = (joined[f"{column}_base"] / joined[f"{column}_spec"]).to_numpy(dtype=float)
+    logs = np.log(ratios[np.isfinite(ratios) & (ratios > 0)])
+    if len(logs) == 0:
+        return math.nan, math.nan, math.nan
+    centre = float(logs.mean())
+    if len(logs) < 2:
+        return math.exp(centre), math.nan, math.nan
+    half = _t(CONFIDENCE, len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
+def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per speculative cell of a trace run: its and its baseline's TPOT and E2E p50/p99,
+    the paired TPOT and E2E speed-ups (> 1: speculation faster) with intervals, and the share of
+    time the server ran at B >= 32 with and without speculation."""
+    if cells.empty or "trace" not in cells or requests.empty:
+        return pd.DataFrame()
+    ok = cells[(cells["status"] == "ok") & cells["trace"].notna()]
+    rows = []
+    for row in ok[ok["mode"] != AR].to_dict("records"):
+        baseline = ok[(ok["mode"] == AR) & (ok["workload"] == row["workload"]) &
+                      (ok["temperature"] == row["temperature"])]
+        if baseline.empty:
+            continue
+        base = baseline.iloc[0]
+        mine = requests[requests["cell_id"] == row["cell_id"]]
+        theirs = requests[requests["cell_id"] == base["cell_id"]]
+        tpot = _paired_speedup(theirs, mine, "tpot_s")
+        e2e = _paired_speedup(theirs, mine, "e2e_s")
+        rows.append({
+            "workload": row["workload"], "temperature": row["temperature"], "draft": row["draft"], "k": row["k"],
+            "trace": row["trace"], "requests": int(row["requests"]),
+            "tpot_p50_ms": row["tpot_p50_s"] * 1e3, "tpot_p50_ms_baseline": base["tpot_p50_s"] * 1e3,
+            "tpot_p99_ms": row["tpot_p99_s"] * 1e3, "tpot_p99_ms_baseline": base["tpot_p99_s"] * 1e3,
+            "e2e_p50_s": row["e2e_p50_s"], "e2e_p50_s_baseline": base["e2e_p50_s"],
+            "e2e_p99_s": row["e2e_p99_s"], "e2e_p99_s_baseline": base["e2e_p99_s"],
+            "tpot_speedup": tpot[0], "tpot_speedup_low": tpot[1], "tpot_speedup_high": tpot[2],
+            "e2e_speedup": e2e[0], "e2e_speedup_low": e2e[1], "e2e_speedup_high": e2e[2],
+            "alpha": row.get("alpha"),
+            "share_b32": row.get("running_share_large"), "share_b32_baseline": base.get("running_share_large"),
+            "running_max": row.get("running_max"), "running_max_baseline": base.get("running_max"),
+            "send_lag_p99_ms": max(row.get("send_lag_p99_s", math.nan), base.get("send_lag_p99_s", math.nan)) * 1e3,
+            "output_mismatches": int(row.get("trace_output_mismatches", 0) or 0)
+            + int(base.get("trace_output_mismatches", 0) or 0),
+            "prompt_error_max": max(row.get("trace_prompt_error_max", 0.0), base.get("trace_prompt_error_max", 0.0)),
+        })
+    return pd.DataFrame(rows)
+
+
+def _change(new: float, old: float) -> str:
+    """"lowers … by 12 %" / "raises … by 5 %"."""
+    if not (np.isfinite(new) and np.isfinite(old)) or old <= 0:
+        return "leaves unmeasured"
+    change = new / old - 1
+    return f"{'lowers' if change < 0 else 'raises'} {{}} by {abs(change) * 100:.0f} %"
+
+
+def replay_answer(table: pd.DataFrame, describe: str) -> str:
+    """One sentence: the configuration with the best paired TPOT speed-up, its p50 and p99 TPOT
+    against the baseline's, its E2E speed-up, and how often the server ran at B >= 32."""
+    if table.empty:
+        return ""
+    row = table.sort_values("tpot_speedup", ascending=False).iloc[0]
+    p50 = _change(row["tpot_p50_ms"], row["tpot_p50_ms_baseline"]).format("p50 TPOT")
+    p99 = _change(row["tpot_p99_ms"], row["tpot_p99_ms_baseline"]).format("p99")
+    interval = (f" (95 % interval {row['tpot_speedup_low']:.3g}–{row['tpot_speedup_high']:.3g}×)"
+                if np.isfinite(row["tpot_speedup_low"]) else "")
+    share = row["share_b32"]
+    batch = (f"; the server ran at B ≥ {LARGE_BATCH} for {share * 100:.0f} % of the time with speculation and "
+             f"{row['share_b32_baseline'] * 100:.0f} % without (at most B = {row['running_max']:.0f})"
+             if np.isfinite(share) and np.isfinite(row["share_b32_baseline"]) else
+             f"; the server's running batch was not sampled (B ≥ {LARGE_BATCH} unknown)")
+    return (f"On {describe}, {row['draft']} K={int(row['k'])} {p50} and {p99} ({row['workload']}, "
+            f"T={row['temperature']:g}, {int(row['requests'])} requests): per request TPOT {row['tpot_speedup']:.3g}× "
+            f"faster{interval}, end to end {row['e2e_speedup']:.3g}×{batch}.")

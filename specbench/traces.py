@@ -1,0 +1,303 @@
+"""Request traces: when each request arrived and how long its input and output were, read from
+Mooncake JSONL, the Azure LLM inference trace CSV or BurstGPT CSV, and the slice of one a sweep
+replays (`--trace`, `--trace-window`, `--trace-speedup`, `--trace-max-requests`).
+
+A replay keeps the trace's arrival times (scaled) and lengths exactly; what public traces leave out
+is the text, which the sweep fills with real content of the trace's kind (workloads.sized_records).
+Rows out of time order are sorted, rows the target cannot hold are skipped, and both are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from specbench.workloads import WORKLOADS_DIR
+
+TRACES_DIR = WORKLOADS_DIR / "traces"
+SHIPPED = {  # name -> (file under workloads/traces/, the workload its prompts take their questions from)
+    "azure-code": ("AzureLLMInferenceTrace_code.csv", "code"),
+    "azure-conv": ("AzureLLMInferenceTrace_conv.csv", "chat"),
+}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed: reported as one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float  # seconds from the trace's first request (scaled, in a replay: from the window's start)
+    input_tokens: int
+    output_tokens: int
+    text: str = ""  # the request's own text, where the trace has it
+
+
+@dataclass
+class Trace:
+    name: str
+    requests: list[TraceRequest]
+    workload: str = ""  # the kind of content its prompts need (chat, code); "" = unknown
+    source: str = ""
+    out_of_order: int = 0  # rows sorted into time order
+    dropped: dict[str, int] = field(default_factory=dict)  # rows left out on reading, by reason
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+    def stats(self) -> dict:
+        """Requests, duration, mean rate and input/output length percentiles."""
+        inputs = np.array([r.input_tokens for r in self.requests], dtype=float)
+        outputs = np.array([r.output_tokens for r in self.requests], dtype=float)
+        duration = self.duration_s
+        row = {"requests": len(self.requests), "duration_s": duration,
+               "rate": len(self.requests) / duration if duration > 0 else float("nan")}
+        for name, values in (("input", inputs), ("output", outputs)):
+            for p in (50, 90, 99):
+                row[f"{name}_p{p}"] = float(np.percentile(values, p)) if len(values) else float("nan")
+        return row
+
+
+@dataclass
+class Replay:
+    """The requests a sweep sends: the trace's slice, its times scaled and starting at 0."""
+
+    trace: str
+    requests: list[TraceRequest]
+    window: tuple[float, float]  # trace seconds replayed: start, end
+    speedup: float
+    workload: str
+    out_of_order: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows of the window left out
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+    @property
+    def rate(self) -> float:
+        """Mean requests per second as replayed (the cells' `request_rate`)."""
+        span = self.duration_s
+        return len(self.requests) / span if span > 0 else math.inf
+
+    def describe(self) -> str:
+        start, end = self.window
+        return f"{self.trace} {start:g}–{end:g} s at {self.speedup:g}× speed"
+
+    def notes(self) -> list[str]:
+        """What was changed or left out, one phrase each (the report says them)."""
+        notes = [f"{self.out_of_order} row(s) out of time order, sorted"] if self.out_of_order else []
+        notes += [f"{count} row(s) skipped: {reason}" for reason, count in self.skipped.items() if count]
+        return notes
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "window": list(self.window), "speedup": self.speedup,
+                "workload": self.workload, "requests": len(self.requests), "duration_s": self.duration_s,
+                "rate": self.rate, "out_of_order": self.out_of_order, "skipped": dict(self.skipped),
+                "describe": self.describe()}
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+def shipped_traces() -> list[str]:
+    return list(SHIPPED)
+
+
+def load_trace(spec: str) -> Trace:
+    """A shipped trace by name (azure-code, azure-conv) or a file: .jsonl (Mooncake), or .csv
+    (Azure LLM trace, BurstGPT: told apart by their columns)."""
+    if spec in SHIPPED:
+        file, workload = SHIPPED[spec]
+        path = TRACES_DIR / file
+        if not path.exists():
+            raise TraceError(f"--trace {spec}: {path} is missing (set SPECBENCH_WORKLOADS to the workloads/ directory)")
+        trace = _read(path, spec)
+        trace.workload = workload
+        return trace
+    path = Path(spec)
+    if not path.exists():
+        raise TraceError(f"--trace {spec}: no such file, and not a shipped trace ({', '.join(SHIPPED)})")
+    if path.is_dir():
+        raise TraceError(f"--trace {spec}: a directory, not a trace file")
+    return _read(path, path.stem)
+
+
+def _read(path: Path, name: str) -> Trace:
+    if path.suffix == ".jsonl":
+        frame, dropped = _mooncake(path)
+    elif path.suffix == ".csv":
+        frame, dropped = _csv(path)
+    else:
+        raise TraceError(f"--trace {path}: not a trace format specbench reads (.jsonl: Mooncake; .csv: Azure LLM "
+                         f"trace or BurstGPT)")
+    if frame.empty:
+        raise TraceError(f"--trace {path}: no requests in it")
+    for column in ("arrival_s", "input_tokens", "output_tokens"):
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = values.isna() | ~np.isfinite(values)
+        if bad.any():
+            raise TraceError(f"--trace {path}: row {int(bad.idxmax()) + 1}: {column} is not a number "
+                             f"({frame[column][bad].iloc[0]!r})")
+        frame[column] = values
+    if (frame["arrival_s"] < 0).any():
+        row = int((frame["arrival_s"] < 0).idxmax()) + 1
+        raise TraceError(f"--trace {path}: row {row}: a negative timestamp ({frame['arrival_s'].iloc[row - 1]:g})")
+    for column in ("input_tokens", "output_tokens"):
+        if (frame[column] < 1).any():
+            row = int((frame[column] < 1).idxmax()) + 1
+            raise TraceError(f"--trace {path}: row {row}: {column} must be at least 1, got "
+                             f"{frame[column].iloc[row - 1]:g}")
+    out_of_order = int((frame["arrival_s"].diff() < 0).sum())
+    frame = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    start = float(frame["arrival_s"].iloc[0])
+    texts = frame["text"] if "text" in frame else [""] * len(frame)
+    requests = [TraceRequest(float(t) - start, int(i), int(o), str(x) if isinstance(x, str) else "")
+                for t, i, o, x in zip(frame["arrival_s"], frame["input_tokens"], frame["output_tokens"], texts)]
+    return Trace(name, requests, source=str(path), out_of_order=out_of_order, dropped=dropped)
+
+
+def _require(frame: pd.DataFrame, columns: list[str], path: Path, what: str) -> None:
+    missing = [c for c in columns if c not in frame]
+    if missing:
+        raise TraceError(f"--trace {path}: {what} needs column(s) {', '.join(missing)}; it has "
+                         f"{', '.join(map(str, frame.columns)) or 'none'}")
+
+
+def _mooncake(path: Path) -> tuple[pd.DataFrame, dict]:
+    """Mooncake JSONL: `timestamp` in milliseconds, `input_length`, `output_length`, optional
+    `hash_ids` (ignored: prefix caching is off) and text (`text` or `prompt`)."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise TraceError(f"--trace {path}: line {number} is not JSON ({error.msg})") from None
+    frame = pd.DataFrame(rows)
+    _require(frame, ["timestamp", "input_length", "output_length"], path, "a Mooncake trace")
+    out = pd.DataFrame({"arrival_s": pd.to_numeric(frame["timestamp"], errors="coerce") / 1000.0,
+                        "input_tokens": frame["input_length"], "output_tokens": frame["output_length"]})
+    for column in ("text", "prompt"):
+        if column in frame:
+            out["text"] = frame[column]
+            break
+    return out, {}
+
+
+def _csv(path: Path) -> tuple[pd.DataFrame, dict]:
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise TraceError(f"--trace {path}: not a readable CSV ({str(error).splitlines()[0]})") from None
+    frame.columns = [str(c).strip().lstrip("\ufeff") for c in frame.columns]
+    if "Request tokens" in frame or "Response tokens" in frame:  # BurstGPT
+        _require(frame, ["Timestamp", "Request tokens", "Response tokens"], path, "a BurstGPT trace")
+        failed = pd.to_numeric(frame["Response tokens"], errors="coerce") == 0  # BurstGPT's failed requests
+        kept = frame[~failed]
+        return pd.DataFrame({"arrival_s": kept["Timestamp"], "input_tokens": kept["Request tokens"],
+                             "output_tokens": kept["Response tokens"]}), \
+            ({"failed in the trace (0 response tokens)": int(failed.sum())} if failed.any() else {})
+    _require(frame, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path, "an Azure LLM trace")
+    stamps = pd.to_datetime(frame["TIMESTAMP"], errors="coerce")
+    if stamps.isna().any():
+        row = int(stamps.isna().idxmax()) + 1
+        raise TraceError(f"--trace {path}: row {row}: TIMESTAMP {frame['TIMESTAMP'].iloc[row - 1]!r} is not a time")
+    seconds = (stamps - stamps.min()).dt.total_seconds()
+    return pd.DataFrame({"arrival_s": seconds, "input_tokens": frame["ContextTokens"],
+                         "output_tokens": frame["GeneratedTokens"]}), {}
+
+
+# --- the slice a sweep replays ----------------------------------------------------------------------
+
+def parse_window(text: str) -> tuple[float, float | None]:
+    """--trace-window START:DURATION in the trace's seconds (DURATION empty: to the end)."""
+    start_text, separator, duration_text = text.partition(":")
+    try:
+        start = float(start_text) if start_text.strip() else 0.0
+        duration = float(duration_text) if duration_text.strip() else None
+    except ValueError:
+        raise TraceError(f"--trace-window {text!r}: expected START:DURATION in seconds, e.g. 600:300") from None
+    if not separator or start < 0 or (duration is not None and not duration > 0) or not math.isfinite(start):
+        raise TraceError(f"--trace-window {text!r}: expected START:DURATION in seconds, START >= 0 and DURATION > 0, "
+                         f"e.g. 600:300")
+    return start, duration
+
+
+def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: int = 0, max_context: int = 0,
+           min_input: int = 1) -> Replay:
+    """The requests of `trace` in `window`, their times divided by `speedup` (0.5: half speed), at
+    most `max_requests` of them; rows whose input plus output exceed `max_context` tokens, or whose
+    input is below `min_input` (shorter than the chat template alone), are skipped and counted."""
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise TraceError(f"--trace-speedup must be a positive number, got {speedup:g}")
+    if max_requests < 0:
+        raise TraceError(f"--trace-max-requests must be >= 0, got {max_requests}")
+    start, duration = parse_window(window) if window else (0.0, None)
+    end = start + duration if duration is not None else trace.duration_s
+    chosen = [r for r in trace.requests if start <= r.arrival_s <= end]
+    if not chosen:
+        raise TraceError(f"--trace-window {window}: no request of {trace.name} arrives in {start:g}–{end:g} s (the "
+                         f"trace spans 0–{trace.duration_s:g} s)")
+    skipped = dict(trace.dropped)
+    too_long, too_short, kept = [], [], []
+    for request in chosen:  # in time order, up to max_requests kept: skips counted among the rows passed
+        if max_requests and len(kept) == max_requests:
+            break
+        if max_context and request.input_tokens + request.output_tokens > max_context:
+            too_long.append(request)
+        elif request.input_tokens < min_input:
+            too_short.append(request)
+        else:
+            kept.append(request)
+    if too_long:
+        skipped[f"input + output beyond the target's context ({max_context} tokens)"] = len(too_long)
+    if too_short:
+        skipped[f"input shorter than the chat template alone ({min_input} tokens)"] = len(too_short)
+    if not kept:
+        raise TraceError(f"--trace {trace.name}: none of the {len(chosen)} request(s) in {start:g}–{end:g} s fits the "
+                         f"target ({'; '.join(f'{n} {why}' for why, n in skipped.items())})")
+    origin = kept[0].arrival_s
+    scaled = [TraceRequest((r.arrival_s - origin) / speedup, r.input_tokens, r.output_tokens, r.text) for r in kept]
+    return Replay(trace.name, scaled, (start, end if duration is not None else trace.duration_s), speedup,
+                  trace.workload, trace.out_of_order, skipped)
+
+
+# --- a sweep's trace -------------------------------------------------------------------------------
+
+MIN_TRACE_INPUT = 64  # tokens: a chat template and a short question need about this many
+_REPLAYS: dict[tuple, Replay] = {}
+
+
+def check_trace_config(config) -> None:
+    """One-line errors for --trace and its options, and the trace read once (a bad file fails here)."""
+    if config.engine not in ("vllm", "endpoint"):
+        raise TraceError("--trace replays a trace's arrivals on a served engine (--engine vllm or --endpoint); the "
+                         "native engine runs static batches")
+    if config.request_rates:
+        raise TraceError("--trace replays the trace's own arrivals: leave out --request-rates")
+    if config.until_decided:
+        raise TraceError("--until-decided adds repeats to batch-size cells; a trace replay is judged with --slo")
+    replay_for(config)
+
+
+def replay_for(config) -> Replay:
+    """The replay a sweep's config asks for (cached: every cell, and every place that plans them,
+    gets the same requests). Rows that would not fit the target's context (input, output and a
+    step's drafts) are skipped, as are inputs below MIN_TRACE_INPUT tokens."""
+    key = (config.trace, config.trace_window, config.trace_speedup, config.trace_max_requests, config.target,
+           config.vllm.max_model_len, max(config.ks, default=0))
+    if key not in _REPLAYS:
+        from specbench.sweep import target_shape
+
+        limit = config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0
+        room = max(0, limit - 2 * max(config.ks, default=0) - 8) if limit else 0
+        _REPLAYS[key] = replay(load_trace(config.trace), config.trace_window, config.trace_speedup,
+                               config.trace_max_requests, room, MIN_TRACE_INPUT)
+    return _REPLAYS[key]

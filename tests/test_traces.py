@@ -1,0 +1,62 @@
+"""Request traces: the three formats read into the same requests, the shipped Azure traces, the
+slice a sweep replays, and every bad trace as one line with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specbench.traces import TraceError, load_trace, replay
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+
+
+def test_the_three_formats_read_into_arrivals_and_lengths():
+    mooncake = load_trace(str(FIXTURES / "mooncake.jsonl"))
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in mooncake.requests] == [
+        (0.0, 120, 8), (0.9, 200, 10), (1.5, 300, 6), (2.6, 90, 12)]  # milliseconds, sorted
+    assert mooncake.out_of_order == 1 and mooncake.requests[-1].text == "Write a haiku about caches."
+    azure = load_trace(str(FIXTURES / "azure.csv"))
+    assert [r.input_tokens for r in azure.requests] == [180, 100, 9000, 250, 140] and azure.out_of_order == 1
+    assert azure.requests[1].arrival_s == pytest.approx(0.052)
+    burst = load_trace(str(FIXTURES / "burstgpt.csv"))
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in burst.requests] == [
+        (0.0, 150, 9), (2.5, 220, 7), (4.0, 130, 11)]
+    assert burst.dropped == {"failed in the trace (0 response tokens)": 1}
+
+
+def test_the_shipped_azure_traces_hold_what_their_paper_says():
+    conv, code = load_trace("azure-conv"), load_trace("azure-code")
+    assert conv.workload == "chat" and code.workload == "code"
+    conv_stats, code_stats = conv.stats(), code.stats()
+    assert conv_stats["requests"] == 19366 and code_stats["requests"] == 8819
+    assert conv_stats["rate"] == pytest.approx(5.53, abs=0.01) and code_stats["rate"] == pytest.approx(2.57, abs=0.01)
+    assert conv_stats["input_p50"] == 1020 and conv_stats["output_p50"] == 129
+    assert code_stats["input_p50"] == 1469 and code_stats["output_p50"] == 13
+
+
+def test_a_replay_takes_its_window_scales_time_and_counts_what_it_leaves_out():
+    trace = load_trace(str(FIXTURES / "azure.csv"))
+    slice_ = replay(trace, "0:2", speedup=0.5, max_context=8192, min_input=64)
+    assert [r.input_tokens for r in slice_.requests] == [180, 100, 250]  # 9000 + 14 does not fit 8192
+    assert slice_.requests[1].arrival_s == pytest.approx(0.104)  # 0.052 s at half speed
+    assert slice_.skipped == {"input + output beyond the target's context (8192 tokens)": 1}
+    assert "sorted" in " ".join(slice_.notes()) and "skipped" in " ".join(slice_.notes())
+    assert slice_.describe() == "azure 0–2 s at 0.5× speed"
+    assert len(replay(trace, max_requests=2).requests) == 2
+    short = replay(load_trace(str(FIXTURES / "mooncake.jsonl")), min_input=100)
+    assert short.skipped == {"input shorter than the chat template alone (100 tokens)": 1}
+
+
+@pytest.mark.parametrize("spec, window, message", [
+    ("missing_column.csv", "", "an Azure LLM trace needs column(s) GeneratedTokens"),
+    ("negative.jsonl", "", "row 2: a negative timestamp"),
+    ("mooncake.jsonl", "100:10", "no request of mooncake arrives in 100–110 s"),
+    ("too_long.jsonl", "", "none of the 2 request(s) in 0–0.01 s fits the target"),
+    ("mooncake.jsonl", "abc", "expected START:DURATION"),
+    ("no_such_file.jsonl", "", "no such file, and not a shipped trace"),
+])
+def test_bad_traces_are_one_line(spec, window, message):
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        replay(load_trace(str(FIXTURES / spec)), window, max_context=8192)

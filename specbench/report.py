@@ -725,8 +725,7 @@ def chart_trace_batch(a: Analysis, path: Path) -> None:
             if not isinstance(running, (list, np.ndarray)) or not len(running):
                 continue
             name = "autoregressive" if row["draft"] == AR else f"{row['draft']} K={int(row['k'])}"
-            trace = a.run.meta.get("trace") or {}
-            when = (trace.get("window") or [0.0])[0] + np.asarray(times, dtype=float) * trace.get("speedup", 1.0)
+            when = _trace_time(a, times)
             ax.step(when, running, where="post", color=_color(row["draft"], drafts), linewidth=1.2, label=name)
             top = max(top, float(np.max(running)))
         ax.axhline(32, color="grey", linestyle="--", linewidth=1, label="B = 32")

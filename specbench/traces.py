@@ -3,7 +3,7 @@ Mooncake JSONL, the Azure LLM inference trace CSV or BurstGPT CSV, and the slice
 replays (`--trace`, `--trace-window`, `--trace-speedup`, `--trace-max-requests`).
 
 A replay keeps the trace's arrival times (scaled) and lengths exactly; what public traces leave out
-is the text, which the sweep fills with real content of the trace's kind (workloads.sized_records).
+is the text, which the sweep fills with real content of the trace's kind (workloads.trace_records).
 Rows out of time order are sorted, rows the target cannot hold are skipped, and both are counted.
 """
 
@@ -104,10 +104,6 @@ class Replay:
 
 
 # --- reading --------------------------------------------------------------------------------------
-
-def shipped_traces() -> list[str]:
-    return list(SHIPPED)
-
 
 def load_trace(spec: str) -> Trace:
     """A shipped trace by name (azure-code, azure-conv) or a file: .jsonl (Mooncake), or .csv

@@ -13,7 +13,7 @@ import pandas as pd
 from specbench.fit.cells import AR
 from specbench.fit.evidence import CONFIDENCE, _t
 
-LARGE_BATCH = 32
+LARGE_BATCH = 32  # the mission's question: how much of the time does the server run at B >= 32
 
 
 def _paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tuple[float, float, float]:

@@ -36,6 +36,7 @@ import numpy as np
 
 from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
+from specbench.fit.replay import LARGE_BATCH
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, chunk_gaps, percentiles
@@ -892,9 +893,6 @@ class RunningSampler(PeriodicSampler):
         self.origin = time.monotonic()
         self.sample()
         return super().__enter__()
-
-
-LARGE_BATCH = 32  # the mission's question: how much of the time does the server run at B >= 32
 
 
 def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, float, float]]]) -> dict:

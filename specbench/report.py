@@ -26,6 +26,7 @@ from specbench.fit import (  # noqa: E402
 )
 from specbench.fit.noise import cell_interval  # noqa: E402
 from specbench.fit.physics import with_bounds  # noqa: E402
+from specbench.fit.replay import replay_answer, replay_table  # noqa: E402
 from specbench.results import Run  # noqa: E402
 
 CHARTS = {
@@ -99,6 +100,7 @@ class Analysis:
     held_out: pd.DataFrame | None = None  # fit.held_out: the largest batch sizes predicted from the smaller
     held_out_context: pd.DataFrame | None = None  # fit.held_out_context: the longest context from the shorter
     trust: list[str] = field(default_factory=list)  # how far the performance model's predictions can be trusted
+    replayed: pd.DataFrame | None = None  # fit.replay.replay_table: a trace run's paired per-request speed-ups
 
 
 TRUST_SECTION = "how far the performance model's predictions can be trusted"
@@ -146,6 +148,8 @@ def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | 
     a.reference = engine_label(reference.meta) if reference is not None else ""
     a.baseline = baseline_speed(run.cells, reference.cells if reference is not None else None)
     a.baseline_note = baseline_note(a.baseline, a.reference)
+    if run.meta.get("trace"):
+        a.replayed = replay_table(run.cells, run.requests)
     slow = slow_baseline_warning(a.baseline, a.reference)
     if slow:
         a.warnings = [slow] + a.warnings
@@ -290,7 +294,8 @@ def chart_speedup(a: Analysis, path: Path) -> None:
             ax.tick_params(labelleft=True)
             handles, labels = ax.get_legend_handles_labels()
             unique = dict(zip(labels, handles))
-            ax.legend(unique.values(), unique.keys(), fontsize=7, framealpha=0.5)
+            order = sorted(unique, key=lambda label: not label.startswith("K="))  # the K lines first, then marks
+            ax.legend([unique[label] for label in order], order, fontsize=7, framealpha=0.5)
     _finish(fig, path, CHARTS["speedup_vs_batch"] + "\n(bars: 95 % intervals, where a cell has ≥ 2 repeats)",
             fontsize=11)
 
@@ -740,11 +745,8 @@ def chart_trace_batch(a: Analysis, path: Path) -> None:
 
 def answer(a: Analysis, gate_result=None) -> str:
     """The report's first paragraph: its answer in one sentence, with numbers."""
-    run = getattr(a, "run", None)
-    if run is not None and run.meta.get("trace"):
-        from specbench.fit.replay import replay_answer, replay_table
-
-        sentence = replay_answer(replay_table(a.run.cells, a.run.requests), a.run.meta["trace"].get("describe", ""))
+    if a.replayed is not None:
+        sentence = replay_answer(a.replayed, a.run.meta["trace"].get("describe", ""))
         if sentence:
             return sentence
     if a.capacity is not None and not a.capacity.empty and a.slo is not None:
@@ -866,11 +868,8 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             a.crossovers
     if not a.costs.empty:
         tables[a.cost_unit] = a.costs.drop(columns=["cell_id", "mode"])
-    if a.run.meta.get("trace"):
-        from specbench.fit.replay import replay_table
-
-        trace = a.run.meta["trace"]
-        replayed = replay_table(a.run.cells, a.run.requests)
+    if a.replayed is not None:
+        trace, replayed = a.run.meta["trace"], a.replayed
         if not replayed.empty:
             notes = "; ".join(f"{n} row(s) skipped: {why}" for why, n in (trace.get("skipped") or {}).items()) or \
                 "no row skipped"

@@ -191,6 +191,11 @@ CODE_WORKLOADS = ("code", "humaneval")
 LENGTH_TOLERANCE = 0.02  # a built prompt within 2% (or 8 tokens) of the length asked for
 
 
+def within_length(got: int, length: int) -> bool:
+    """Whether a prompt of `got` tokens is the `length` asked for, within LENGTH_TOLERANCE or 8 tokens."""
+    return abs(got - length) <= max(8, LENGTH_TOLERANCE * length)
+
+
 def long_document(workload: str) -> str:
     kind = "code" if workload in CODE_WORKLOADS else "prose"
     path = WORKLOADS_DIR / "long" / LONG_DOCUMENTS[kind]
@@ -208,24 +213,11 @@ def long_context_records(records: list[PromptRecord], workload: str, length: int
     document = long_document(workload)
     rng = random.Random(f"{seed}|{workload}|{length}")
     built = []
-    for index, record in enumerate(records):
-        question = record.messages[-1]["content"]
-        base = len(encode(_with_excerpt(record, "", question)))
+    for record in records:
+        base = len(encode(_with_excerpt(record, "", record.messages[-1]["content"])))
         if base >= length:
             raise WorkloadError(f"--context-lengths {length}: prompt {record.id} of {workload} is already {base} tokens")
-        chars_per_token = 4.0
-        start = rng.randrange(0, max(1, len(document) // 2))
-        start = document.find("\n", start) + 1  # from the start of a line
-        size = int((length - base) * chars_per_token)
-        for _ in range(6):
-            excerpt = _excerpt(document, start, size)
-            candidate = _with_excerpt(record, excerpt, question)
-            got = len(encode(candidate))
-            if abs(got - length) <= max(8, LENGTH_TOLERANCE * length):
-                break
-            chars_per_token = max(1.0, len(excerpt) / max(1, got - base))
-            size = max(1, int((length - base) * chars_per_token))
-        built.append(PromptRecord(f"{record.id}@{length}", record.category, candidate.messages))
+        built.append(_sized(record, document, length, encode, rng, f"{record.id}@{length}"))
     return built
 
 
@@ -290,8 +282,8 @@ def _sized(record: PromptRecord, document: str, length: int, encode, rng: random
         candidate = _with_excerpt(record, excerpt, question) if question else PromptRecord(
             record.id, record.category, record.messages[:-1] + [{"role": "user", "content": excerpt}])
         got = len(encode(candidate))
-        if abs(got - length) <= max(8, LENGTH_TOLERANCE * length):
+        if within_length(got, length):
             break
         chars_per_token = max(0.5, len(excerpt) / max(1, got - base))
         size = max(1, int((length - base) * chars_per_token))
-    return PromptRecord(name, f"{record.category}", candidate.messages)
+    return PromptRecord(name, record.category, candidate.messages)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE, cell_interval, run_noise, unpaired_interval
 from specbench.fit.physics import speedup_bound, tokens_per_forward
-from specbench.fit.trust import busy_machine
+from specbench.fit.trust import busy_machine, late_sends, measurement_warnings, trace_lengths
 from specbench.results import load_run, write_table
 from tests.test_served import fake_vllm, target_dir  # noqa: F401 (fixtures)
 
@@ -202,6 +202,26 @@ def test_the_busy_machine_measure_leaves_out_specbenchs_own_processes():
     other = busy_machine(spinning.assign(other_cpu_cores=0.9), cores=2)
     assert "other processes kept 0.9 of its 2 cores busy" in other and "during 1 cell(s)" in other
     assert busy_machine(spinning.assign(other_cpu_cores=float("nan")), cores=2)  # not measured: the load average
+
+
+def test_a_trace_replay_sent_late_is_a_warning():
+    cells = pd.DataFrame([{"cell_id": "a", "status": "ok", "send_lag_p99_s": 0.002},
+                          {"cell_id": "b", "status": "ok", "send_lag_p99_s": 0.004}])
+    assert late_sends(cells) is None and late_sends(cells.drop(columns="send_lag_p99_s")) is None
+    late = cells.assign(send_lag_p99_s=[0.002, 0.031])
+    message = late_sends(late)
+    assert "in 1 of 2 trace cell(s)" in message and "up to 31 ms (goal 5 ms)" in message
+    assert message in measurement_warnings(late)
+
+
+def test_a_trace_replay_off_the_traces_lengths_is_a_warning():
+    kept = pd.DataFrame([{"cell_id": "a", "status": "ok", "trace_output_mismatches": 0, "trace_prompt_misses": 0}])
+    assert trace_lengths(kept) is None and trace_lengths(kept.drop(columns="trace_output_mismatches")) is None
+    outputs = trace_lengths(kept.assign(trace_output_mismatches=3))
+    assert "3 request(s) ended at another output length" in outputs and "min_tokens" in outputs
+    prompts = trace_lengths(kept.assign(trace_prompt_misses=1))
+    assert "1 prompt(s) further from the trace's input length than 2 % or 8 tokens" in prompts
+    assert trace_lengths(kept.assign(trace_prompt_misses=1, status="failed")) is None
 
 
 def test_own_cpu_tells_other_work_from_ours():

@@ -270,7 +270,7 @@ def test_the_reports_answer_names_the_draft_check_judges():
     result = evaluate_slo(cells, requests, slo)
     assert result.draft == "b" and result.exit_code == PASS
     capacity = slo_capacity(slo_table(cells, requests, slo)).assign(cost_per_1m=float("nan"))
-    analysis = SimpleNamespace(capacity=capacity, slo=slo, load="request_rate", price=None)
+    analysis = SimpleNamespace(capacity=capacity, slo=slo, load="request_rate", price=None, replayed=None)
     sentence = answer(analysis)
     assert "(b, K=2; chat, T=0)" in sentence and "(a," not in sentence, sentence
 
@@ -301,7 +301,8 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
     assert (error <= np.maximum(8, 0.02 * requests["trace_input_tokens"])).all()
     for _, rows in requests.groupby("cell_id"):  # the trace's times at twice its speed, for every cell
         assert sorted(rows["arrival_s"]) == pytest.approx([0.0, 0.026, 0.55, 1.07], abs=1e-3)
-    assert (cells["trace_output_mismatches"] == 0).all() and (cells["send_lag_p99_s"] < 0.25).all()
+    assert (cells["trace_output_mismatches"] == 0).all() and (cells["trace_prompt_misses"] == 0).all()
+    assert (cells["send_lag_p99_s"] < 0.25).all()
     assert (cells["running_max"] >= 1).all() and all(len(t) > 2 for t in cells["running_timeline"])
     judged = runner.invoke(app, ["check", str(run_dir)])
     assert judged.exit_code in (0, 1, 3) and "verdict:" in judged.output, judged.output

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.models import parse_draft_spec
 from specbench.results import load_run
-from specbench.served.client import run_closed_loop
+from specbench.served.client import run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerProcess, free_port
 from specbench.served.vllm_engine import speculative_config, synthetic_rates
@@ -130,6 +130,25 @@ def test_metrics_snapshots_and_their_deltas():
     assert before.info_labels("vllm:cache_config_info")["kv_cache_size_tokens"] == "46592"
 
 
+def test_a_snapshot_of_only_some_metrics_parses_only_those():
+    text = METRICS + """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+"""
+    only = Snapshot.parse(text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    assert {s.name for s in only.samples} == {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+    assert only.total("vllm:num_requests_running") == 5 and only.total("vllm:num_requests_waiting") == 1
+    everything = Snapshot.parse(text)
+    assert everything.total("vllm:num_requests_running") == 5 and everything.has("vllm:spec_decode_num_drafts_total")
+    # a prefix keeps a histogram's series with it
+    ttft = Snapshot.parse(text, ("vllm:time_to_first_token",))
+    assert {s.name for s in ttft.samples} == {"vllm:time_to_first_token_seconds_sum",
+                                              "vllm:time_to_first_token_seconds_count"}
+
+
 @pytest.fixture
 def fake_server(tmp_path, fake_vllm):
     """One stand-in server with K=3 speculation: chunks of 4 tokens."""
@@ -161,6 +180,23 @@ def test_a_request_error_is_recorded_not_raised(fake_server):
     payloads = [{"model": "m", "prompt": "not token ids", "max_tokens": 3, "stream": True}]
     run = run_closed_loop(fake_server.url + "/v1/completions", payloads, 1, [1])
     assert run.errors and "request 0" in run.errors[0]
+
+
+def test_the_open_loop_sends_each_request_at_its_time(fake_server):
+    """Arrivals given out of order are sent in time order, none early, and on time: a thread keeps
+    the times (asyncio's timers would round each sleep up to the next millisecond)."""
+    import numpy as np
+
+    arrivals = [0.4, 0.0, 0.2, 0.2] + [0.5 + 0.013 * i for i in range(30)]
+    payloads = [{"model": "m", "prompt": [i, 2, 3], "max_tokens": 4, "stream": True, "return_token_ids": True}
+                for i in range(len(arrivals))]
+    run = run_open_loop(fake_server.url + "/v1/completions", payloads, arrivals, [3] * len(arrivals))
+    assert not run.errors and run.output_tokens == 4 * len(arrivals)
+    lags = np.array([r.sent_s - r.scheduled_s for r in run.requests])
+    assert [r.scheduled_s for r in run.requests] == arrivals and (lags >= 0).all()
+    sent_order = [r.index for r in sorted(run.requests, key=lambda r: r.sent_s)]
+    assert sent_order[:4] in ([1, 2, 3, 0], [1, 3, 2, 0])
+    assert np.median(lags) < 0.002 and lags.max() < 0.05, lags
 
 
 # --- the sweep on stand-in servers --------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from specbench.cli.common import (UsageError, at_context, console, fail, known_errors, measured_batch_sizes,
-                                  on_hardware, split_list, token_count)
+                                  on_hardware, runnable_advice, split_list, token_count)
 from specbench.cli.render import gate_text, print_gate_warnings, slo_gate_text
 
 def check(
@@ -78,16 +78,9 @@ def check(
                               "message": f"internal error (a bug in specbench, not a verdict): "
                                          f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}))
         raise
-    spent = str(run.meta.get("until_decided") or "").startswith("budget spent")
     for answered in (slo_result, None if slo_result is not None else result):
-        if answered is not None:  # the commands that finish or decide it, runnable as printed
-            answered.advice = answered.advice.replace("--output RUN", f"--output {run.path}")
-            if spent and "--until-decided" in answered.advice:  # it ran: more of the same needs a bigger budget
-                max_repeats = (run.meta.get("config") or {}).get("max_repeats", "?")
-                answered.advice = (f"--until-decided already spent its budget here ({max_repeats} repeats): "
-                                   f"`specbench sweep --resume --output {run.path} --until-decided --max-repeats "
-                                   f"{2 * max_repeats if isinstance(max_repeats, int) else 'N'}` adds more, or "
-                                   "a --min-speedup margin decides a speed-up that sits on the bar")
+        if answered is not None:
+            runnable_advice(answered, run)
     if slo_result is not None:
         if json_output:
             print(json.dumps(slo_result.to_dict(), indent=2))

@@ -159,3 +159,15 @@ class Terminated(KeyboardInterrupt):
 
 INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them
 
+
+
+def runnable_advice(result, run) -> None:
+    """A verdict's advice made runnable as printed: the run's own path for RUN, and where
+    --until-decided already spent its budget, a bigger budget instead of the same again."""
+    result.advice = result.advice.replace("--output RUN", f"--output {run.path}")
+    if str(run.meta.get("until_decided") or "").startswith("budget spent") and "--until-decided" in result.advice:
+        max_repeats = (run.meta.get("config") or {}).get("max_repeats", "?")
+        result.advice = (f"--until-decided already spent its budget here ({max_repeats} repeats): "
+                         f"`specbench sweep --resume --output {run.path} --until-decided --max-repeats "
+                         f"{2 * max_repeats if isinstance(max_repeats, int) else 'N'}` adds more, or "
+                         "a --min-speedup margin decides a speed-up that sits on the bar")

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from specbench.cli.common import check_price, console, fail, known_errors, measured_batch_sizes, on_hardware
+from specbench.cli.common import (check_price, console, fail, known_errors, measured_batch_sizes, on_hardware,
+                                  runnable_advice)
 from specbench.cli.render import gate_text, print_analysis, print_warnings, slo_gate_text
 
 def report(
@@ -41,12 +42,15 @@ def report(
         verdict = evaluate(run.cells, measured, base_configs=base_speculative_configs(run.meta, run.cells["draft"]),
                            state=state, allow_incomplete=True, requests=run.requests, steps=run.steps,
                            copies=run.baseline_copies) if measured else None
+        if verdict is not None:
+            runnable_advice(verdict, run)
         verdict_text = gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": verdict_text} if verdict_text else {}
         slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
         if slo_text:
             slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text), state=state,
                                       allow_incomplete=True)
+            runnable_advice(slo_result, run)
             sections["rollout check under the SLO"] = slo_gate_text(slo_result)
         reference_run = load_run(reference) if reference is not None else None
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict,

@@ -109,6 +109,46 @@ def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
             f"{len(busy)} cell(s); their timings include the other work{endpoint}")
 
 
+SEND_LAG_GOAL_S = 0.005  # a trace replay's p99 send lag above this: arrivals not kept
+
+
+def late_sends(cells: pd.DataFrame, goal_s: float = SEND_LAG_GOAL_S) -> str | None:
+    """A warning when a trace replay's client sent requests later than `goal_s` at p99: the server
+    then saw other arrivals than the trace's (the client was starved of CPU, by a busy machine or
+    by the server itself when both share a small one)."""
+    if cells.empty or "send_lag_p99_s" not in cells:
+        return None
+    late = cells[(cells["status"] == "ok") & (cells["send_lag_p99_s"] > goal_s)]
+    if late.empty:
+        return None
+    return (f"the client sent requests late in {len(late)} of {int(cells['send_lag_p99_s'].notna().sum())} trace cell(s): "
+            f"send lag p99 up to {late['send_lag_p99_s'].max() * 1e3:.0f} ms (goal {goal_s * 1e3:g} ms), so the server "
+            f"saw arrivals later than the trace's; the client was short of CPU")
+
+
+def trace_lengths(cells: pd.DataFrame) -> str | None:
+    """A warning when a trace replay's requests did not have the trace's lengths: outputs of another
+    length (a server that ignores `min_tokens` or `ignore_eos`), or prompts further than
+    LENGTH_TOLERANCE (or 8 tokens) from the trace's input lengths. Their latencies are then of other
+    work."""
+    from specbench.workloads import LENGTH_TOLERANCE
+
+    if cells.empty or "trace_output_mismatches" not in cells:
+        return None
+    ok = cells[cells["status"] == "ok"]
+    outputs = int(ok["trace_output_mismatches"].fillna(0).sum())
+    prompts = int(ok["trace_prompt_misses"].fillna(0).sum()) if "trace_prompt_misses" in ok else 0
+    found = []
+    if outputs:
+        found.append(f"{outputs} request(s) ended at another output length than the trace's (does the server honour "
+                     f"min_tokens and ignore_eos?)")
+    if prompts:
+        found.append(f"{prompts} prompt(s) further from the trace's input length than {LENGTH_TOLERANCE * 100:g} % "
+                     f"or 8 tokens")
+    return ("the replay did not keep the trace's lengths: " + "; ".join(found) +
+            ": those requests' latencies are of other work") if found else None
+
+
 # --- how fast the baseline is ------------------------------------------------------------------
 
 SLOW_BASELINE = 0.8  # a baseline below this share of the deployed engine's tokens/s flatters speculation
@@ -185,7 +225,8 @@ def measurement_warnings(cells: pd.DataFrame, copies: pd.DataFrame | None = None
     from specbench.fit.nodes import node_warnings
     from specbench.fit.physics import bound_warning
 
-    warnings = [message for message in [busy_machine(cells), bound_warning(cells)] if message]
+    warnings = [message for message in [busy_machine(cells), late_sends(cells), trace_lengths(cells),
+                                        bound_warning(cells)] if message]
     drift = baseline_drift(cells)
     return warnings + drift + ([DRIFT_ADVICE] if drift else []) + node_warnings(cells, copies)
 

@@ -102,10 +102,10 @@ class RemoteServer:
             raise ModelNotAvailable(f"{self.url}/v1/models lists no model")
         return models[0]
 
-    def scrape(self) -> Snapshot:
-        """Its /metrics, or an empty snapshot where it has none."""
+    def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
+        """Its /metrics (`only` the metrics with these prefixes), or an empty snapshot where it has none."""
         try:
-            return Snapshot.parse(self.get("/metrics"))
+            return Snapshot.parse(self.get("/metrics"), only)
         except Exception:
             return Snapshot([])
 
@@ -205,8 +205,8 @@ class EndpointStage(Stage):
     def __exit__(self, *exc) -> None:
         self.engine.current = None
 
-    def scrape(self) -> Snapshot:
-        return self.server.scrape()
+    def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
+        return self.server.scrape(only)
 
     def failure_note(self) -> str:
         return f"endpoint {self.server.url}" + ("" if self.server.healthy() else ", which no longer answers")

@@ -27,7 +27,12 @@ class Snapshot:
         self.samples = samples
 
     @classmethod
-    def parse(cls, text: str) -> "Snapshot":
+    def parse(cls, text: str, only: tuple[str, ...] = ()) -> "Snapshot":
+        """Every sample of `text`; with `only`, just the metrics whose names start with one of
+        these prefixes (lines of others are dropped before parsing: a whole vLLM scrape takes
+        milliseconds of the GIL that a sampler running beside the load generator must not take)."""
+        if only:
+            text = "\n".join(line for line in text.splitlines() if _metric_name(line).startswith(only)) + "\n"
         samples = []
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -35,9 +40,9 @@ class Snapshot:
         return cls(samples)
 
     @classmethod
-    def scrape(cls, base_url: str, timeout_s: float = 10.0) -> "Snapshot":
+    def scrape(cls, base_url: str, timeout_s: float = 10.0, only: tuple[str, ...] = ()) -> "Snapshot":
         with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
-            return cls.parse(response.read().decode())
+            return cls.parse(response.read().decode(), only)
 
     def find(self, name: str, **labels: str) -> list[Sample]:
         return [s for s in self.samples if s.name == name and all(s.label(k) == v for k, v in labels.items())]
@@ -60,6 +65,13 @@ class Snapshot:
         """The labels of an info-style gauge (vLLM's cache_config_info carries its values as labels)."""
         found = self.find(name)
         return dict(found[0].labels) if found else {}
+
+
+def _metric_name(line: str) -> str:
+    """The metric a line of the text format is about (its HELP or TYPE comment included)."""
+    if line.startswith(("# HELP ", "# TYPE ")):
+        return line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
+    return "" if line.startswith("#") else line.split("{", 1)[0].split(" ", 1)[0]
 
 
 def delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float:

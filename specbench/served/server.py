@@ -10,6 +10,7 @@ log, with its last lines kept next to it.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -37,9 +38,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: a new session, and SIGTERM when the parent dies (Linux)."""
+def _die_with_parent(nice: int = 0) -> None:
+    """In the child before exec: a new session, SIGTERM when the parent dies (Linux), and `nice`."""
     os.setsid()
+    if nice:
+        os.nice(nice)
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -81,6 +84,10 @@ class ServerProcess:
     port: int
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"
+    # A server computing on the CPU cores the client runs on is niced, so that the client, which
+    # needs little CPU but needs it at once, sends each request at its time and timestamps each
+    # token when it arrives instead of queueing behind the server it measures.
+    nice: int = 0
     process: subprocess.Popen | None = None
     started_s: float = float("nan")
     ready_s: float = float("nan")  # seconds from start to the first healthy answer
@@ -92,12 +99,13 @@ class ServerProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(f"$ {' '.join(self.command)}\n".encode())
+        log.write(f"$ {'nice -n %d ' % self.nice if self.nice else ''}{' '.join(self.command)}\n".encode())
         log.flush()
         self.started_s = time.monotonic()
         try:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
+                                            env={**os.environ, **self.env},
+                                            preexec_fn=functools.partial(_die_with_parent, self.nice))
         except OSError as error:
             raise ServerError(f"cannot start the server ({error}); command: {' '.join(self.command)}") from None
         finally:

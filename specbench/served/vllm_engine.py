@@ -48,8 +48,9 @@ from specbench.served.client import LoadRun, arrival_times, run_closed_loop, run
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerError, ServerProcess, free_port, root_cause
 from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
-from specbench.workloads import encode_prompt
+from specbench.workloads import encode_prompt, within_length
 
+CPU_SERVER_NICE = 10  # a CPU server yields its cores to the client at once (server.ServerProcess.nice)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails with some packagings
 SERVED_NAME = "specbench-target"
 VLLM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -526,7 +527,8 @@ class VllmStage(Stage):
         safe = re.sub(r"[^A-Za-z0-9._]+", "-", self.server_label.replace("α=", "a"))[:80]
         log = engine.run_dir / "servers" / f"{len(engine.servers):02d}_{safe}.log"
         command = engine.server_command(*self.setup, port)
-        self.server = ServerProcess(command, log, port, env=engine.server_env())
+        on_cpu = not engine.config.device.startswith("cuda")  # it shares the client's cores
+        self.server = ServerProcess(command, log, port, env=engine.server_env(), nice=CPU_SERVER_NICE if on_cpu else 0)
         self.record = ServerRecord(self.server_label, command, str(log))
         engine.servers.append(self.record)
         engine.current = self.server
@@ -563,8 +565,8 @@ class VllmStage(Stage):
             return  # kept up for the speculative servers' side-by-side repeats
         self.stop()
 
-    def scrape(self) -> Snapshot:
-        return Snapshot.scrape(self.server.url)
+    def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
+        return Snapshot.scrape(self.server.url, only=only)
 
     def failure_note(self) -> str:
         """Why requests failed, as far as the server's state and log say."""
@@ -874,7 +876,7 @@ class RunningSampler(PeriodicSampler):
     `_waiting` gauges), sampled from /metrics every `interval_s` while a trace replays: the batch
     sizes the server really ran at. Samples are (seconds from the start, running, waiting)."""
 
-    def __init__(self, scrape: Callable[[], Snapshot], interval_s: float = 0.25) -> None:
+    def __init__(self, scrape: Callable[[tuple[str, ...]], Snapshot], interval_s: float = 0.25) -> None:
         super().__init__(interval_s)
         self.scrape = scrape
         self.samples: list[tuple[float, float, float]] = []
@@ -882,7 +884,7 @@ class RunningSampler(PeriodicSampler):
 
     def sample(self) -> None:
         try:
-            snapshot = self.scrape()
+            snapshot = self.scrape(("vllm:num_requests_running", "vllm:num_requests_waiting"))
         except OSError:
             return  # a scrape that failed is a sample missing, not a measurement lost
         if snapshot.has("vllm:num_requests_running"):
@@ -908,6 +910,7 @@ def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, 
         "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
         "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
         "trace_prompt_error_max": max(prompt_error, default=float("nan")),
+        "trace_prompt_misses": sum(not within_length(r["prompt_tokens"], r["trace_input_tokens"]) for r in requests),
         "trace_output_mismatches": sum(r["output_tokens"] != r["trace_output_tokens"] for r in requests),
         "running_mean": float(counts.mean()) if len(counts) else float("nan"),
         "running_max": float(counts.max()) if len(counts) else float("nan"),

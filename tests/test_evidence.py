@@ -210,7 +210,7 @@ def test_a_trace_replay_sent_late_is_a_warning():
     assert late_sends(cells) is None and late_sends(cells.drop(columns="send_lag_p99_s")) is None
     late = cells.assign(send_lag_p99_s=[0.002, 0.031])
     message = late_sends(late)
-    assert "in 1 of 2 trace cell(s)" in message and "up to 31 ms (goal 5 ms)" in message
+    assert "in 1 of 2 trace cell(s)" in message and "up to 31.0 ms (goal 5 ms)" in message
     assert message in measurement_warnings(late)
 
 

@@ -122,7 +122,7 @@ def late_sends(cells: pd.DataFrame, goal_s: float = SEND_LAG_GOAL_S) -> str | No
     if late.empty:
         return None
     return (f"the client sent requests late in {len(late)} of {int(cells['send_lag_p99_s'].notna().sum())} trace cell(s): "
-            f"send lag p99 up to {late['send_lag_p99_s'].max() * 1e3:.0f} ms (goal {goal_s * 1e3:g} ms), so the server "
+            f"send lag p99 up to {late['send_lag_p99_s'].max() * 1e3:.1f} ms (goal {goal_s * 1e3:g} ms), so the server "
             f"saw arrivals later than the trace's; the client was short of CPU")
 
 

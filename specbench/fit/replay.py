@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.fit.cells import AR
-from specbench.fit.evidence import CONFIDENCE, _t
+from specbench.fit.evidence import _logs, speedup_interval
 
 LARGE_BATCH = 32  # the mission's question: how much of the time does the server run at B >= 32
 
@@ -22,14 +22,11 @@ def _paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tupl
     joined = base[["request_id", "repeat", column]].merge(spec[["request_id", "repeat", column]],
                                                           on=["request_id", "repeat"], suffixes=("_base", "_spec"))
     ratios = (joined[f"{column}_base"] / joined[f"{column}_spec"]).to_numpy(dtype=float)
-    logs = np.log(ratios[np.isfinite(ratios) & (ratios > 0)])
+    logs = _logs(ratios)
     if len(logs) == 0:
         return math.nan, math.nan, math.nan
-    centre = float(logs.mean())
-    if len(logs) < 2:
-        return math.exp(centre), math.nan, math.nan
-    half = _t(CONFIDENCE, len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
-    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+    interval = speedup_interval(ratios) or (math.nan, math.nan)
+    return math.exp(float(logs.mean())), interval[0], interval[1]
 
 
 def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:

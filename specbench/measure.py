@@ -160,3 +160,77 @@ class PeakSampler(PeriodicSampler):
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
         self.sample()
+
+
+# Sleeps 1 ms at a time and prints every wake more than 0.5 ms late as "due lateness" (perf_counter
+# seconds: CLOCK_MONOTONIC, the same clock in every process), after a first line that says it runs;
+# leaves when its parent has gone.
+_WAKE_PROBE = """
+import os, sys, time
+parent, wakes = int(sys.argv[1]), 0
+sys.stdout.write("running\\n")
+sys.stdout.flush()
+while True:
+    due = time.perf_counter() + 0.001
+    time.sleep(0.001)
+    late = time.perf_counter() - due
+    if late > 0.0005:
+        sys.stdout.write(f"{due:.6f} {late:.6f}\\n")
+        sys.stdout.flush()
+    wakes += 1
+    if wakes % 500 == 0 and os.getppid() != parent:
+        break
+"""
+
+
+class WakeProbe:
+    """A process beside the client, while the block runs, that only sleeps a millisecond at a time
+    and notes each wake more than half a millisecond late: the machine's own stalls (a virtual
+    machine's host taking its cores away, other work), which delay every process on it, the client
+    included. A request sent late while the probe was late too was delayed by the machine, not by
+    the client. It costs about 1 % of a core."""
+
+    def __init__(self) -> None:
+        self.stalls: list[tuple[float, float]] = []  # (due, how late), perf_counter seconds
+        self._process = None
+        self._output = None
+
+    def __enter__(self) -> "WakeProbe":
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        self._output = tempfile.TemporaryFile()
+        self._process = subprocess.Popen([sys.executable, "-c", _WAKE_PROBE, str(os.getpid())], stdout=self._output,
+                                         stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The load starts once the probe runs: its interpreter's start-up takes tens of ms of CPU
+        # that would otherwise compete with the first requests' sends.
+        deadline = time.monotonic() + 10
+        while os.fstat(self._output.fileno()).st_size == 0 and self._process.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import subprocess
+
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._output.seek(0)
+        for line in self._output.read().decode().splitlines()[1:]:
+            due, late = line.split()
+            self.stalls.append((float(due), float(late)))
+        self._output.close()
+
+    @property
+    def longest_s(self) -> float:
+        return max((late for _, late in self.stalls), default=0.0)
+
+    def during(self, start: float, end: float) -> float:
+        """The longest stall that overlapped [start, end] (perf_counter seconds), 0 if none."""
+        return max((late for due, late in self.stalls if due < end and due + late > start), default=0.0)

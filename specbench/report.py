@@ -26,7 +26,7 @@ from specbench.fit import (  # noqa: E402
 )
 from specbench.fit.noise import cell_interval  # noqa: E402
 from specbench.fit.physics import with_bounds  # noqa: E402
-from specbench.fit.replay import replay_answer, replay_table  # noqa: E402
+from specbench.fit.replay import replay_answer, replay_table, send_lag_summary  # noqa: E402
 from specbench.results import Run  # noqa: E402
 
 CHARTS = {
@@ -874,8 +874,10 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             notes = "; ".join(f"{n} row(s) skipped: {why}" for why, n in (trace.get("skipped") or {}).items()) or \
                 "no row skipped"
             sorted_rows = f"; {trace['out_of_order']} row(s) out of time order, sorted" if trace.get("out_of_order") else ""
-            tables[f"trace replay: {trace.get('describe', '')}, {trace.get('requests')} requests ({notes}{sorted_rows}); "
-                   f"speed-ups per request, baseline / speculative (> 1: faster), 95 % intervals"] = replayed
+            lag = send_lag_summary(a.run.cells, a.run.requests)
+            tables[f"trace replay: {trace.get('describe', '')}, {trace.get('requests')} requests ({notes}{sorted_rows})"
+                   f"{'; ' + lag if lag else ''}; speed-ups per request, baseline / speculative (> 1: faster), "
+                   f"95 % intervals"] = replayed
     failed = a.run.cells[a.run.cells["status"] != "ok"] if not a.run.cells.empty else pd.DataFrame()
     if len(failed):
         tables["cells that did not finish"] = failed[["cell_id", "status", "message"]]

@@ -211,7 +211,42 @@ def test_a_trace_replay_sent_late_is_a_warning():
     late = cells.assign(send_lag_p99_s=[0.002, 0.031])
     message = late_sends(late)
     assert "in 1 of 2 trace cell(s)" in message and "up to 31.0 ms (goal 5 ms)" in message
-    assert message in measurement_warnings(late)
+    assert message in measurement_warnings(late) and "short of CPU" in message
+    # each late request fell in a stall of the machine itself: the machine's delay, not the client's
+    probed = late.assign(late_sends=[0, 2], late_sends_machine=[0, 2], machine_stall_max_s=[0.0, 0.0312])
+    assert "the machine itself stalled each time" in late_sends(probed) and "31.2 ms late" in late_sends(probed)
+    partly = late_sends(probed.assign(late_sends_machine=[0, 1]))
+    assert "short of CPU (1 of 2 late request(s) coincided with a stall of the machine itself)" in partly
+
+
+def test_the_wake_probe_sees_a_stall_the_whole_machine_has():
+    """A probe process notes its late wakes; a stall it shares with the client (here: every core
+    kept busy by processes at a higher priority than the probe's) is found by `during`."""
+    import os
+    import subprocess
+    import sys
+
+    from specbench.measure import WakeProbe
+
+    with WakeProbe() as probe:
+        assert probe._process.poll() is None  # running before the block starts
+        time.sleep(0.3)
+    assert probe._process.poll() is not None  # stopped with the block
+    if not sys.platform.startswith("linux"):
+        return
+    # Stall it for real: the probe at the lowest priority, while every core spins at ours.
+    with WakeProbe() as probe:
+        os.setpriority(os.PRIO_PROCESS, probe._process.pid, 19)
+        spinners = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+                    for _ in range(2 * (os.cpu_count() or 1))]
+        start = time.perf_counter()
+        for spinner in spinners:
+            spinner.wait()
+        end = time.perf_counter()
+    assert probe.stalls and probe.longest_s > 0.0005
+    due, late = max(probe.stalls, key=lambda stall: stall[1])
+    assert probe.during(due, due + late) == probe.longest_s
+    assert probe.during(start, end) > 0 and probe.during(end + 10, end + 11) == 0.0
 
 
 def test_a_trace_replay_off_the_traces_lengths_is_a_warning():

@@ -303,12 +303,16 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
         assert sorted(rows["arrival_s"]) == pytest.approx([0.0, 0.026, 0.55, 1.07], abs=1e-3)
     assert (cells["trace_output_mismatches"] == 0).all() and (cells["trace_prompt_misses"] == 0).all()
     assert (cells["send_lag_p99_s"] < 0.25).all()
+    # the machine's own stalls were probed beside the client: per request, and counted per cell
+    assert (requests["machine_stall_s"] >= 0).all() and (cells["machine_stall_max_s"] >= 0).all()
+    assert (cells["late_sends_machine"] <= cells["late_sends"]).all()
     assert (cells["running_max"] >= 1).all() and all(len(t) > 2 for t in cells["running_timeline"])
     judged = runner.invoke(app, ["check", str(run_dir)])
     assert judged.exit_code in (0, 1, 3) and "verdict:" in judged.output, judged.output
     reported = runner.invoke(app, ["report", str(run_dir)])
     assert reported.exit_code == 0, reported.output
     assert "azure 0–" in reported.output and "B ≥ 32" in reported.output
+    assert "send lag p50" in (run_dir / "report" / "summary.md").read_text()
     assert {p.name for p in (run_dir / "report").glob("*.png")} >= {"trace_latency.png", "trace_batch.png"}
     narrow = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--trace", str(trace),
                                  "--trace-window", "100:5", "--output", str(tmp_path / "empty")])

@@ -67,6 +67,29 @@ def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def send_lag_summary(cells: pd.DataFrame, requests: pd.DataFrame) -> str:
+    """How late the client sent a trace run's requests, over the whole run: p50 and p99 against
+    the goal, and how many of those later than the goal the machine itself stalled for."""
+    from specbench.fit.trust import SEND_LAG_GOAL_S
+
+    if cells.empty or "trace" not in cells or requests.empty or "send_lag_s" not in requests:
+        return ""
+    ok = cells[(cells["status"] == "ok") & cells["trace"].notna()]
+    lags = requests[requests["cell_id"].isin(ok["cell_id"])]
+    if lags.empty:
+        return ""
+    late = lags[lags["send_lag_s"] > SEND_LAG_GOAL_S]
+    text = (f"send lag p50 {lags['send_lag_s'].median() * 1e3:.2f} ms, p99 "
+            f"{np.percentile(lags['send_lag_s'], 99) * 1e3:.2f} ms over {len(lags)} requests "
+            f"(goal p99 ≤ {SEND_LAG_GOAL_S * 1e3:g} ms)")
+    if not late.empty:
+        text += f", {len(late)} sent later than {SEND_LAG_GOAL_S * 1e3:g} ms"
+        if "machine_stall_s" in late:
+            machine = int((late["machine_stall_s"] >= late["send_lag_s"] / 2).sum())
+            text += f" ({machine} during a stall of the machine itself)"
+    return text
+
+
 def _change(new: float, old: float) -> str:
     """"lowers … by 12 %" / "raises … by 5 %"."""
     if not (np.isfinite(new) and np.isfinite(old)) or old <= 0:

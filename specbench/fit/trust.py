@@ -114,16 +114,28 @@ SEND_LAG_GOAL_S = 0.005  # a trace replay's p99 send lag above this: arrivals no
 
 def late_sends(cells: pd.DataFrame, goal_s: float = SEND_LAG_GOAL_S) -> str | None:
     """A warning when a trace replay's client sent requests later than `goal_s` at p99: the server
-    then saw other arrivals than the trace's (the client was starved of CPU, by a busy machine or
-    by the server itself when both share a small one)."""
+    then saw other arrivals than the trace's. It says whose delay it was: the machine's, when a
+    probe process beside the client (measure.WakeProbe) stalled too while each late request was
+    due (a virtual machine's host or other work pausing every process), else the client's (short
+    of CPU, by a busy machine or by the server itself when both share a small one)."""
     if cells.empty or "send_lag_p99_s" not in cells:
         return None
     late = cells[(cells["status"] == "ok") & (cells["send_lag_p99_s"] > goal_s)]
     if late.empty:
         return None
-    return (f"the client sent requests late in {len(late)} of {int(cells['send_lag_p99_s'].notna().sum())} trace cell(s): "
-            f"send lag p99 up to {late['send_lag_p99_s'].max() * 1e3:.1f} ms (goal {goal_s * 1e3:g} ms), so the server "
-            f"saw arrivals later than the trace's; the client was short of CPU")
+    head = (f"the client sent requests late in {len(late)} of {int(cells['send_lag_p99_s'].notna().sum())} trace "
+            f"cell(s): send lag p99 up to {late['send_lag_p99_s'].max() * 1e3:.1f} ms (goal {goal_s * 1e3:g} ms), so the "
+            f"server saw arrivals later than the trace's")
+    if "late_sends_machine" not in late or late["late_sends"].isna().any():
+        return head + "; the client was short of CPU"
+    count, machine = int(late["late_sends"].sum()), int(late["late_sends_machine"].sum())
+    stall = late["machine_stall_max_s"].max() * 1e3
+    if count and machine == count:
+        return (head + f"; the machine itself stalled each time (a probe process beside the client woke up to "
+                f"{stall:.1f} ms late): every process paused, the client with it, as on a virtual machine whose host "
+                f"takes its cores away; a quieter or bare-metal machine keeps the trace's times")
+    return (head + f"; the client was short of CPU ({machine} of {count} late request(s) coincided with a stall of the "
+            f"machine itself)")
 
 
 def trace_lengths(cells: pd.DataFrame) -> str | None:

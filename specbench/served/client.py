@@ -59,6 +59,7 @@ class LoadRun:
     requests: list[StreamedRequest]
     wall_s: float  # first request sent -> last token received
     client_cpu_s: float  # CPU time of the client's thread over the run
+    origin_s: float = float("nan")  # time.perf_counter() at the start, from which `sent_s` counts
 
     @property
     def output_tokens(self) -> int:
@@ -145,7 +146,7 @@ async def _load(url: str, payloads: list[dict], requests: list[StreamedRequest],
         client_cpu = time.thread_time() - cpu
     ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
     wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")
-    return LoadRun(requests, wall, client_cpu)
+    return LoadRun(requests, wall, client_cpu, origin)
 
 
 async def _closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],

@@ -43,6 +43,14 @@ def _die_with_parent(nice: int = 0) -> None:
     os.setsid()
     if nice:
         os.nice(nice)
+        # Where the kernel schedules each session as a group (Linux's autogroup, on by default),
+        # a process's nice only ranks it within its own session, which is the server's alone: the
+        # nice that ranks it against the client is its session's.
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(str(nice))
+        except OSError:
+            pass
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -37,9 +37,10 @@ import numpy as np
 from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.fit.replay import LARGE_BATCH
+from specbench.fit.trust import SEND_LAG_GOAL_S
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, chunk_gaps, percentiles
+from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, WakeProbe, chunk_gaps, percentiles
 from specbench.models import (
     DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
@@ -654,6 +655,7 @@ class VllmCellRun:
         self.companion: VllmCellRun | None = None
         self.own_cpu = OwnCpu()
         self.running: list[list[tuple[float, float, float]]] = []  # a trace replay: per repeat, the server's batch
+        self.machine_stall_max_s = 0.0  # a trace replay: the longest stall of the machine itself (WakeProbe)
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         cell, config = self.cell, self.config
@@ -744,11 +746,14 @@ class VllmCellRun:
         replay = self.replay
         outputs = [r.output_tokens for r in replay.requests] if replay is not None else self.config.max_new_tokens
         running = RunningSampler(self.stage.scrape) if replay is not None else nullcontext()
-        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory, running as batch:
+        probe = WakeProbe() if replay is not None else nullcontext()
+        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory, running as batch, probe as stalls:
             arrivals = self.arrivals(len(self.prompts), repeat) if self.cell.request_rate else None
             run = self._load(self.prompts, repeat, outputs, arrivals)
         if batch is not None:
             self.running.append(batch.samples)
+        if stalls is not None:
+            self.machine_stall_max_s = max(self.machine_stall_max_s, stalls.longest_s)
         after = self._settled_snapshot(before, run)
         self.runs.append(run)
         for name in COUNTERS:
@@ -774,7 +779,10 @@ class VllmCellRun:
                 "arrival_s": request.scheduled_s if self.cell.request_rate else request.sent_s,
                 "send_lag_s": request.sent_s - request.scheduled_s if self.cell.request_rate else 0.0,
                 **({"trace_input_tokens": replay.requests[request.index].input_tokens,
-                    "trace_output_tokens": replay.requests[request.index].output_tokens} if replay is not None else {}),
+                    "trace_output_tokens": replay.requests[request.index].output_tokens,
+                    # the machine's longest stall while this request was due and not yet sent
+                    "machine_stall_s": stalls.during(run.origin_s + request.scheduled_s, run.origin_s + request.sent_s)}
+                   if replay is not None else {}),
             })
             if first:
                 self.outputs[request.index] = list(request.tokens)
@@ -844,7 +852,7 @@ class VllmCellRun:
             "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
         }
         if self.replay is not None:
-            row.update(trace_columns(self.replay, requests, self.running))
+            row.update(trace_columns(self.replay, requests, self.running, self.machine_stall_max_s))
         if cell.is_speculative:
             row["pairing"] = SIDE_BY_SIDE if self.companion is not None else SEQUENTIAL
         if self.companion is not None:
@@ -897,10 +905,13 @@ class RunningSampler(PeriodicSampler):
         return super().__enter__()
 
 
-def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, float, float]]]) -> dict:
-    """A trace cell's own columns: what was replayed, how late requests were sent, how closely
-    prompts and outputs kept the trace's lengths, and the batch sizes the server ran at."""
+def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, float, float]]],
+                  machine_stall_max_s: float = float("nan")) -> dict:
+    """A trace cell's own columns: what was replayed, how late requests were sent (and how many of
+    the late ones the machine itself stalled for), how closely prompts and outputs kept the trace's
+    lengths, and the batch sizes the server ran at."""
     lags = [r["send_lag_s"] for r in requests]
+    late = [r for r in requests if r["send_lag_s"] > SEND_LAG_GOAL_S]
     prompt_error = [abs(r["prompt_tokens"] - r["trace_input_tokens"]) / r["trace_input_tokens"] for r in requests]
     samples = [s for repeat in running for s in repeat]
     counts = np.array([s[1] for s in samples], dtype=float)
@@ -909,6 +920,10 @@ def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, 
         "trace": replay.describe(),
         "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
         "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
+        "late_sends": len(late),
+        # late while the machine stalled for at least half of the lateness: the machine's delay
+        "late_sends_machine": sum(r.get("machine_stall_s", 0.0) >= r["send_lag_s"] / 2 for r in late),
+        "machine_stall_max_s": machine_stall_max_s,
         "trace_prompt_error_max": max(prompt_error, default=float("nan")),
         "trace_prompt_misses": sum(not within_length(r["prompt_tokens"], r["trace_input_tokens"]) for r in requests),
         "trace_output_mismatches": sum(r["output_tokens"] != r["trace_output_tokens"] for r in requests),

@@ -6,6 +6,7 @@ import base64
 import html
 import math
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -371,7 +372,10 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
     for draft, group in sd.groupby("draft"):
         n = all_drafts.index(draft)
         deepest = group[group["k"] == group["k"].max()]
-        rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]), axis=0)
+        with warnings.catch_warnings():  # a position no cell measured stays NaN, unplotted
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]),
+                               axis=0)
         positions = np.arange(1, len(rates) + 1)
         ax.plot(positions, rates, "o-", color=f"C{n}", label=f"{draft} measured")
         fit = a.alphas[a.alphas["draft"] == draft] if not a.alphas.empty else []

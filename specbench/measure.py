@@ -14,6 +14,10 @@ Definitions (compatible with vLLM's spec-decode metrics and the load tools' late
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from typing import Callable
@@ -196,11 +200,6 @@ class WakeProbe:
         self._output = None
 
     def __enter__(self) -> "WakeProbe":
-        import os
-        import subprocess
-        import sys
-        import tempfile
-
         self._output = tempfile.TemporaryFile()
         self._process = subprocess.Popen([sys.executable, "-c", _WAKE_PROBE, str(os.getpid())], stdout=self._output,
                                          stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -213,8 +212,6 @@ class WakeProbe:
         return self
 
     def __exit__(self, *exc) -> None:
-        import subprocess
-
         self._process.terminate()
         try:
             self._process.wait(timeout=5)

@@ -70,7 +70,7 @@ def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
 def send_lag_summary(cells: pd.DataFrame, requests: pd.DataFrame) -> str:
     """How late the client sent a trace run's requests, over the whole run: p50 and p99 against
     the goal, and how many of those later than the goal the machine itself stalled for."""
-    from specbench.fit.trust import SEND_LAG_GOAL_S
+    from specbench.fit.trust import SEND_LAG_GOAL_S, stalled_by_machine
 
     if cells.empty or "trace" not in cells or requests.empty or "send_lag_s" not in requests:
         return ""
@@ -85,7 +85,7 @@ def send_lag_summary(cells: pd.DataFrame, requests: pd.DataFrame) -> str:
     if not late.empty:
         text += f", {len(late)} sent later than {SEND_LAG_GOAL_S * 1e3:g} ms"
         if "machine_stall_s" in late:
-            machine = int((late["machine_stall_s"] >= late["send_lag_s"] / 2).sum())
+            machine = int(stalled_by_machine(late["machine_stall_s"], late["send_lag_s"]).sum())
             text += f" ({machine} during a stall of the machine itself)"
     return text
 

@@ -112,6 +112,12 @@ def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
 SEND_LAG_GOAL_S = 0.005  # a trace replay's p99 send lag above this: arrivals not kept
 
 
+def stalled_by_machine(machine_stall_s, send_lag_s):
+    """Whether a late request was the machine's delay: the machine itself stalled (measure.WakeProbe)
+    for at least half of its lateness while it was due. Scalars or pandas Series alike."""
+    return machine_stall_s >= send_lag_s / 2
+
+
 def late_sends(cells: pd.DataFrame, goal_s: float = SEND_LAG_GOAL_S) -> str | None:
     """A warning when a trace replay's client sent requests later than `goal_s` at p99: the server
     then saw other arrivals than the trace's. It says whose delay it was: the machine's, when a

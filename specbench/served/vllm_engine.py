@@ -37,7 +37,7 @@ import numpy as np
 from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.fit.replay import LARGE_BATCH
-from specbench.fit.trust import SEND_LAG_GOAL_S
+from specbench.fit.trust import SEND_LAG_GOAL_S, stalled_by_machine
 from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, WakeProbe, chunk_gaps, percentiles
@@ -921,8 +921,7 @@ def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, 
         "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
         "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
         "late_sends": len(late),
-        # late while the machine stalled for at least half of the lateness: the machine's delay
-        "late_sends_machine": sum(r.get("machine_stall_s", 0.0) >= r["send_lag_s"] / 2 for r in late),
+        "late_sends_machine": sum(stalled_by_machine(r.get("machine_stall_s", 0.0), r["send_lag_s"]) for r in late),
         "machine_stall_max_s": machine_stall_max_s,
         "trace_prompt_error_max": max(prompt_error, default=float("nan")),
         "trace_prompt_misses": sum(not within_length(r["prompt_tokens"], r["trace_input_tokens"]) for r in requests),

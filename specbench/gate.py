@@ -117,7 +117,7 @@ def _judged(cells: pd.DataFrame, min_speedup: float, workloads: list[str] | None
         sd = sd[sd["temperature"].isin(temperatures)]
     noise = noise or run_noise(cells)
     marks = marked_cells(cells)
-    sd = with_bounds(sd)
+    sd = with_bounds(sd, noise)
     records = sd.to_dict("records")
     sd["interval"] = [cell_interval(r) for r in records]
     sd["repeats_behind"] = [repeats_behind(r) for r in records]
@@ -183,8 +183,8 @@ def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1
     run); None: judged as complete. `requests`, `steps`: the run's tables, from which the noise band
     of a single comparison is measured (fit.noise). `copies`: a cluster run's baselines measured
     again on other nodes (their disagreement is a warning, fit.nodes)."""
-    warnings = measurement_warnings(cells, copies)
     noise = run_noise(cells, requests, steps)
+    warnings = measurement_warnings(cells, copies, noise)
     incomplete = state.describe() if state is not None else ""  # a sweep that stopped, whatever it judges
 
     def unanswerable(name: str | None, verdicts: list[DraftVerdict], message: str) -> GateResult:
@@ -410,7 +410,7 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
     leave it open, the verdict is inconclusive. Exit 2 when the run lacks the cells or requests, is
     incomplete, or no load meets the SLO with or without speculation."""
     column = load_column(cells)
-    warnings = measurement_warnings(cells)
+    warnings = measurement_warnings(cells, noise=run_noise(cells, requests))
     incomplete = state.describe() if state is not None else ""
     table = slo_table(cells, requests, slo)
     if not table.empty and workloads:

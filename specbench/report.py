@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import errno
 import html
+import os
 import math
+import shutil
+import tempfile
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -25,7 +29,7 @@ from specbench.fit import (  # noqa: E402
     parse_slo, predictions, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
     MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
 )
-from specbench.fit.noise import cell_interval  # noqa: E402
+from specbench.fit.noise import cell_interval, run_noise  # noqa: E402
 from specbench.fit.physics import with_bounds  # noqa: E402
 from specbench.fit.replay import replay_answer, replay_table, send_lag_summary  # noqa: E402
 from specbench.results import Run  # noqa: E402
@@ -47,7 +51,8 @@ CHART_NOTES = {
     "speedup_vs_batch": "Each point: a speculative cell's tokens/s over its own baseline's, one line per K. Bars: the "
                         "95 % interval `check` decides with (repeats ≥ 2, paired as the run's pairing allows); a point "
                         "without a bar is one comparison, decided only outside the run's noise band. Dotted red: B*, "
-                        "where the best-K speed-up falls below 1×.",
+                        "where the best-K speed-up (the wide grey line: at each batch size the fastest K) falls below "
+                        "1×, which can lie right of where every single K's line crosses 1×.",
     "throughput_vs_latency": "x: what one user gets (1 / TPOT p50); y: what the server carries (total output "
                              "tokens/s). A point is one load (batch size or request rate) at a draft's best K there; "
                              "a line joins a series' Pareto front. Speculation helps where its points lie up and to "
@@ -182,7 +187,7 @@ def _analyse(run: Run, gpu_price: float | None = None, gpus: int = 1) -> Analysi
         costs["cost_per_1m"] = cost_per_million(costs["tokens_per_s"], price, gpus)
     return Analysis(run, cells, alphas, predicted, best_k_by_batch(cells), crossover_table(cells), costs, unit,
                     note + (f"; {gpus} devices" if gpus != 1 else ""),
-                    measurement_warnings(run.cells, run.baseline_copies),
+                    measurement_warnings(run.cells, run.baseline_copies, run_noise(run.cells, run.requests, run.steps)),
                     price=price, gpus=gpus, held_out=validation, held_out_context=by_context,
                     trust=trust_lines(run, predicted, validation, by_context))
 
@@ -280,6 +285,10 @@ def chart_speedup(a: Analysis, path: Path) -> None:
                     sizes_with, points, below, above = shown
                     ax.errorbar(sizes_with, points, yerr=[below, above], fmt="none", ecolor=line.get_color(),
                                 elinewidth=1.2, capsize=3, alpha=0.8, label="95% interval (repeats ≥ 2)")
+            if sub["k"].nunique() > 1:  # B* is where this best-K line crosses 1×, not any one K's line
+                best = sub.groupby("batch_size")["speedup"].max().dropna().sort_index()
+                ax.plot(best.index, best.to_numpy(), color="grey", linewidth=5, alpha=0.3, zorder=1,
+                        label="best K (B* is read on it)")
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1× (autoregressive)")
             if sub.empty:
                 ax.text(0.5, 0.5, "no finished cells here\n(see 'cells that did not finish')", ha="center",
@@ -380,7 +389,10 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
         ax.plot(positions, rates, "o-", color=f"C{n}", label=f"{draft} measured")
         fit = a.alphas[a.alphas["draft"] == draft] if not a.alphas.empty else []
         if len(fit):
-            alpha = float(np.average(fit["alpha_iid"], weights=fit["accepted"] + fit["rejections"]))
+            weights = (fit["accepted"] + fit["rejections"]).to_numpy(float)
+            if not (np.isfinite(weights).all() and weights.sum() > 0):  # no counted draft (an endpoint's gauges)
+                continue
+            alpha = float(np.average(fit["alpha_iid"], weights=weights))
             ax.plot(positions, alpha ** positions, "--", color=f"C{n}", label=f"{draft} α^i, α={alpha:.2f}")
     _integer_ticks(ax)
     ax.set_xlabel("draft position i")
@@ -453,13 +465,18 @@ def chart_cost(a: Analysis, path: Path) -> None:
     _finish(fig, path, f"{CHARTS['cost']} (best K per batch size)\n{a.price_note}", fontsize=10)
 
 
+MEMORY_LABEL_CHARS = 22  # a draft's name wraps to lines of at most this many characters under its bar
+
+
 def chart_memory(a: Analysis, path: Path) -> None:
     cells = a.cells
     biggest = cells["batch_size"].max()
     at = cells[cells["batch_size"] == biggest]
     configs = [(AR, 0)] + sorted({(d, int(k)) for d, k in zip(at["draft"], at["k"]) if d != AR})
     gib = 1024 ** 3
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(configs) + 2) + 3, 4))
+    # each bar as wide as its label (wrapped to MEMORY_LABEL_CHARS; ~0.08 inch a character at 8 pt): none overlaps
+    longest = max(min(len(draft), MEMORY_LABEL_CHARS) for draft, _ in configs)
+    fig, ax = plt.subplots(figsize=(max(6, max(1.1, 0.08 * longest + 0.3) * len(configs) + 2) + 3, 4))
     labels, bottoms = [], np.zeros(len(configs))
     served = "engine" in cells and (cells["engine"] == "vllm").any()
     parts = [("target_param_bytes", "target weights"),
@@ -469,7 +486,8 @@ def chart_memory(a: Analysis, path: Path) -> None:
     for draft, k in configs:
         sub = at[(at["draft"] == draft) & ((at["k"] == k) | (draft == AR))]
         rows.append(sub.iloc[0] if len(sub) else None)
-        labels.append("autoregressive" if draft == AR else f"{draft}\nK={k}")
+        labels.append("autoregressive" if draft == AR else
+                      "\n".join(textwrap.wrap(draft, MEMORY_LABEL_CHARS, break_on_hyphens=True)) + f"\nK={k}")
     for n, (column, name) in enumerate(parts):
         values = np.array([float(r[column]) / gib if r is not None and pd.notna(r.get(column)) else 0 for r in rows])
         ax.bar(range(len(configs)), values, bottom=bottoms, label=name, color=f"C{n}")
@@ -830,7 +848,8 @@ def summary_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     columns = ["workload", load, "temperature", "draft", "k", "tokens_per_s", "speedup", "speedup_bound",
                "above_bound", "pairing", "alpha", "tau", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "itl_chunk_p50_s",
                "itl_chunk_p99_s", "tpot_p50_s", "lossless"]
-    cells = with_bounds(cells) if not cells.empty and "speedup" in cells else cells
+    cells = with_bounds(cells, run_noise(a.run.cells, a.run.requests, a.run.steps)) \
+        if not cells.empty and "speedup" in cells else cells
     cell_table = cells[[c for c in columns if c in cells]].sort_values(["workload", "temperature", load, "draft", "k"]) \
         if not cells.empty else pd.DataFrame()
     tables = {"cells": cell_table}
@@ -918,7 +937,36 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     """Charts (PNG), report.html (self-contained) and summary.md under RUN/report/. The page
     opens with its answer in one sentence (`answer`), then how fast the baseline was."""
     out_dir = Path(out_dir or run.path / "report")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    for place in (out_dir, *out_dir.parents):  # a file where a directory must be: one line (OSError), exit 2
+        if place.exists():
+            if not place.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(place))
+            break
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside its place and moved there whole: an error or Ctrl-C half way leaves the
+    # report that was there (or none), never a partial one.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        a = _write_report(run, staging, gpu_price, gpus, extra_sections, slo, gate_result, reference)
+        if out_dir.is_dir() and not _only_a_report(out_dir):  # the user's own directory: our files into it
+            for path in staging.iterdir():
+                path.replace(out_dir / path.name)
+        else:
+            if out_dir.is_dir():
+                shutil.rmtree(out_dir)
+            staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir, a
+
+
+def _only_a_report(directory: Path) -> bool:
+    """Whether a directory holds nothing but what write_report writes (so it may be replaced whole)."""
+    return all(path.is_file() and path.suffix in (".png", ".html", ".md") for path in directory.iterdir())
+
+
+def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, extra_sections: dict[str, str] | None,
+                  slo: str | None, gate_result, reference: Run | None) -> Analysis:
     a = analyse(run, gpu_price, gpus, slo, reference)
     if a.cells.empty:
         raise ValueError(f"{run.path} has no finished cells to report")
@@ -949,9 +997,15 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     if meta.get("synthetic"):
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     engine = meta.get("engine") or {"name": "native"}
-    loop = ("open loop: requests arrive at Poisson/gamma times, rates "
-            + ", ".join(map(str, config.get("request_rates") or [])) + f" req/s, burstiness {config.get('burstiness', 1)}"
-            if a.load == "request_rate" else "batch size = requests in flight (closed loop)")
+    trace = meta.get("trace") or {}
+    if trace:  # replayed arrivals: neither Poisson nor a fixed number in flight
+        loop = f"trace replay: each request at its time in {trace.get('describe', '?')}, {trace.get('requests')} requests"
+    elif a.load == "request_rate":
+        loop = ("open loop: requests arrive at Poisson/gamma times, rates "
+                + ", ".join(map(str, config.get("request_rates") or [])) + f" req/s, burstiness "
+                f"{config.get('burstiness', 1)}")
+    else:
+        loop = "batch size = requests in flight (closed loop)"
     if engine.get("name") == "vllm":
         how = f"engine vLLM {engine.get('version', '?')}: one server per speculative configuration, {loop}"
     elif engine.get("name") == "endpoint":
@@ -1017,4 +1071,4 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     for name, frame in tables.items():
         md += [f"## {name}", ""] + ([TABLE_NOTES[name], ""] if name in TABLE_NOTES else []) + [markdown_table(frame), ""]
     (out_dir / "summary.md").write_text("\n".join(md))
-    return out_dir, a
+    return a

@@ -356,6 +356,7 @@ def run_sweep(
 
     workloads = preflight(config)
     executor = open_executor(config)
+    executor.preflight()  # an unreachable cluster fails here, before a run directory says "running"
     run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config), "started": now_iso(), "status": "running",
@@ -380,7 +381,8 @@ def run_sweep(
         executor.run(work)
         meta["status"] = "complete"
     except KeyboardInterrupt:
-        meta["status"] = "interrupted"
+        # a signal after the last cell finished leaves a complete run: every planned cell has its row
+        meta["status"] = "complete" if {cell.id for cell in cells} <= tables.finished_ids() else "interrupted"
         raise
     except Exception as error:
         meta["status"] = "failed"
@@ -401,6 +403,10 @@ def measure_here(work: SweepWork) -> None:
     sweep = _Sweep(config, engine, tables, work.workloads, work.on_event, work.position, len(work.planned),
                    node_id=work.node_id)
     try:
+        if config.engine == "native" and config.synthetic:  # building a 70B at random takes minutes: say so first
+            work.on_event(SweepEvent("stage", message=f"building the target {config.target} and drafts "
+                                                      f"{', '.join(config.drafts)} with random weights (timing only; "
+                                                      f"a large model takes a minute or more)…"))
         message = engine.open()
         engine.annotate(meta)
         work.save_meta()

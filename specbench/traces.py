@@ -75,10 +75,14 @@ class Replay:
     workload: str
     out_of_order: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows of the window left out
+    in_window: int = 0  # requests the window holds (more than replayed when --trace-max-requests cut it)
+    span: tuple[float, float] | None = None  # trace seconds of the first and last request replayed
+    cut: bool = False  # --trace-max-requests stopped the replay before the window's end
 
     @property
     def duration_s(self) -> float:
         return self.requests[-1].arrival_s if self.requests else 0.0
+
 
     @property
     def rate(self) -> float:
@@ -88,6 +92,10 @@ class Replay:
 
     def describe(self) -> str:
         start, end = self.window
+        if self.cut and self.span is not None:  # what was replayed, not the whole window it came from
+            first, last = self.span
+            return (f"{self.trace} {first:g}–{last:g} s (the first {len(self.requests)} of the {self.in_window} "
+                    f"requests in {start:g}–{end:g} s, --trace-max-requests) at {self.speedup:g}× speed")
         return f"{self.trace} {start:g}–{end:g} s at {self.speedup:g}× speed"
 
     def notes(self) -> list[str]:
@@ -100,6 +108,7 @@ class Replay:
         return {"trace": self.trace, "window": list(self.window), "speedup": self.speedup,
                 "workload": self.workload, "requests": len(self.requests), "duration_s": self.duration_s,
                 "rate": self.rate, "out_of_order": self.out_of_order, "skipped": dict(self.skipped),
+                "in_window": self.in_window, "span": list(self.span) if self.span else None, "cut": self.cut,
                 "describe": self.describe()}
 
 
@@ -126,29 +135,36 @@ def load_trace(spec: str) -> Trace:
 
 def _read(path: Path, name: str) -> Trace:
     if path.suffix == ".jsonl":
-        frame, dropped = _mooncake(path)
+        frame, dropped, names = _mooncake(path)
     elif path.suffix == ".csv":
-        frame, dropped = _csv(path)
+        frame, dropped, names = _csv(path)
     else:
         raise TraceError(f"--trace {path}: not a trace format specbench reads (.jsonl: Mooncake; .csv: Azure LLM "
                          f"trace or BurstGPT)")
     if frame.empty:
         raise TraceError(f"--trace {path}: no requests in it")
+    frame = frame.reset_index(drop=True)
+    seconds_per_unit = 1e-3 if path.suffix == ".jsonl" else 1.0  # Mooncake's timestamps are in ms
+
+    def refuse(bad: pd.Series, column: str, what: str) -> None:
+        """One line naming the first bad row as the file numbers it, and the file's own column name."""
+        at = int(bad.to_numpy().argmax())
+        value = frame[column].iloc[at]
+        shown = f"{value:g}" if isinstance(value, (int, float, np.number)) else repr(value)
+        raise TraceError(f"--trace {path}: {frame['where'].iloc[at]}: {names[column]} {what} ({shown})")
+
     for column in ("arrival_s", "input_tokens", "output_tokens"):
         values = pd.to_numeric(frame[column], errors="coerce")
         bad = values.isna() | ~np.isfinite(values)
         if bad.any():
-            raise TraceError(f"--trace {path}: row {int(bad.idxmax()) + 1}: {column} is not a number "
-                             f"({frame[column][bad].iloc[0]!r})")
+            refuse(bad, column, "is not a number")
         frame[column] = values
     if (frame["arrival_s"] < 0).any():
-        row = int((frame["arrival_s"] < 0).idxmax()) + 1
-        raise TraceError(f"--trace {path}: row {row}: a negative timestamp ({frame['arrival_s'].iloc[row - 1]:g})")
+        refuse(frame["arrival_s"] < 0, "arrival_s", "is negative")
     for column in ("input_tokens", "output_tokens"):
         if (frame[column] < 1).any():
-            row = int((frame[column] < 1).idxmax()) + 1
-            raise TraceError(f"--trace {path}: row {row}: {column} must be at least 1, got "
-                             f"{frame[column].iloc[row - 1]:g}")
+            refuse(frame[column] < 1, column, "must be at least 1")
+    frame["arrival_s"] = frame["arrival_s"] * seconds_per_unit
     out_of_order = int((frame["arrival_s"].diff() < 0).sum())
     frame = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     start = float(frame["arrival_s"].iloc[0])
@@ -165,49 +181,59 @@ def _require(frame: pd.DataFrame, columns: list[str], path: Path, what: str) -> 
                          f"{', '.join(map(str, frame.columns)) or 'none'}")
 
 
-def _mooncake(path: Path) -> tuple[pd.DataFrame, dict]:
+def _mooncake(path: Path) -> tuple[pd.DataFrame, dict, dict]:
     """Mooncake JSONL: `timestamp` in milliseconds, `input_length`, `output_length`, optional
     `hash_ids` (ignored: prefix caching is off) and text (`text` or `prompt`)."""
-    rows = []
+    rows, lines = [], []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as error:
             raise TraceError(f"--trace {path}: line {number} is not JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise TraceError(f"--trace {path}: line {number} is JSON but not an object ({type(row).__name__}); a "
+                             f"Mooncake trace has one request object per line")
+        rows.append(row)
+        lines.append(f"line {number}")
     frame = pd.DataFrame(rows)
     _require(frame, ["timestamp", "input_length", "output_length"], path, "a Mooncake trace")
-    out = pd.DataFrame({"arrival_s": pd.to_numeric(frame["timestamp"], errors="coerce") / 1000.0,
-                        "input_tokens": frame["input_length"], "output_tokens": frame["output_length"]})
+    out = pd.DataFrame({"arrival_s": frame["timestamp"],
+                        "input_tokens": frame["input_length"], "output_tokens": frame["output_length"],
+                        "where": lines})
     for column in ("text", "prompt"):
         if column in frame:
             out["text"] = frame[column]
             break
-    return out, {}
+    return out, {}, {"arrival_s": "timestamp", "input_tokens": "input_length", "output_tokens": "output_length"}
 
 
-def _csv(path: Path) -> tuple[pd.DataFrame, dict]:
+def _csv(path: Path) -> tuple[pd.DataFrame, dict, dict]:
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise TraceError(f"--trace {path}: not a readable CSV ({str(error).splitlines()[0]})") from None
     frame.columns = [str(c).strip().lstrip("\ufeff") for c in frame.columns]
+    rows = [f"row {n}" for n in range(1, len(frame) + 1)]  # data rows, the header not counted
     if "Request tokens" in frame or "Response tokens" in frame:  # BurstGPT
         _require(frame, ["Timestamp", "Request tokens", "Response tokens"], path, "a BurstGPT trace")
-        failed = pd.to_numeric(frame["Response tokens"], errors="coerce") == 0  # BurstGPT's failed requests
+        failed = (pd.to_numeric(frame["Response tokens"], errors="coerce") == 0).to_numpy()  # its failed requests
         kept = frame[~failed]
         return pd.DataFrame({"arrival_s": kept["Timestamp"], "input_tokens": kept["Request tokens"],
-                             "output_tokens": kept["Response tokens"]}), \
-            ({"failed in the trace (0 response tokens)": int(failed.sum())} if failed.any() else {})
+                             "output_tokens": kept["Response tokens"],
+                             "where": [r for r, drop in zip(rows, failed) if not drop]}), \
+            ({"failed in the trace (0 response tokens)": int(failed.sum())} if failed.any() else {}), \
+            {"arrival_s": "Timestamp", "input_tokens": "Request tokens", "output_tokens": "Response tokens"}
     _require(frame, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path, "an Azure LLM trace")
     stamps = pd.to_datetime(frame["TIMESTAMP"], errors="coerce")
     if stamps.isna().any():
-        row = int(stamps.isna().idxmax()) + 1
+        row = int(stamps.isna().to_numpy().argmax()) + 1
         raise TraceError(f"--trace {path}: row {row}: TIMESTAMP {frame['TIMESTAMP'].iloc[row - 1]!r} is not a time")
     seconds = (stamps - stamps.min()).dt.total_seconds()
     return pd.DataFrame({"arrival_s": seconds, "input_tokens": frame["ContextTokens"],
-                         "output_tokens": frame["GeneratedTokens"]}), {}
+                         "output_tokens": frame["GeneratedTokens"], "where": rows}), {}, \
+        {"arrival_s": "TIMESTAMP", "input_tokens": "ContextTokens", "output_tokens": "GeneratedTokens"}
 
 
 # --- the slice a sweep replays ----------------------------------------------------------------------
@@ -220,9 +246,10 @@ def parse_window(text: str) -> tuple[float, float | None]:
         duration = float(duration_text) if duration_text.strip() else None
     except ValueError:
         raise TraceError(f"--trace-window {text!r}: expected START:DURATION in seconds, e.g. 600:300") from None
-    if not separator or start < 0 or (duration is not None and not duration > 0) or not math.isfinite(start):
-        raise TraceError(f"--trace-window {text!r}: expected START:DURATION in seconds, START >= 0 and DURATION > 0, "
-                         f"e.g. 600:300")
+    if not separator or start < 0 or (duration is not None and not (duration > 0 and math.isfinite(duration))) \
+            or not math.isfinite(start):
+        raise TraceError(f"--trace-window {text!r}: expected START:DURATION in seconds, START >= 0 and DURATION a "
+                         f"finite number > 0 (or empty: to the end), e.g. 600:300")
     return start, duration
 
 
@@ -243,8 +270,10 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
                          f"trace spans 0–{trace.duration_s:g} s)")
     skipped = dict(trace.dropped)
     too_long, too_short, kept = [], [], []
+    cut = False
     for request in chosen:  # in time order, up to max_requests kept: skips counted among the rows passed
         if max_requests and len(kept) == max_requests:
+            cut = True
             break
         if max_context and request.input_tokens + request.output_tokens > max_context:
             too_long.append(request)
@@ -262,7 +291,8 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
     origin = kept[0].arrival_s
     scaled = [TraceRequest((r.arrival_s - origin) / speedup, r.input_tokens, r.output_tokens, r.text) for r in kept]
     return Replay(trace.name, scaled, (start, end if duration is not None else trace.duration_s), speedup,
-                  trace.workload, trace.out_of_order, skipped)
+                  trace.workload, trace.out_of_order, skipped, len(chosen),
+                  (round(origin, 3), round(kept[-1].arrival_s, 3)), cut)
 
 
 # --- a sweep's trace -------------------------------------------------------------------------------

@@ -114,6 +114,74 @@ def test_a_one_repeat_point_at_0_99_is_within_noise_and_a_large_effect_is_decide
     assert payload["verdicts"][0]["decisions"] == {"1": "inconclusive"} and payload["verdicts"][0]["repeats"] == {"1": 1}
 
 
+def slow_baseline(run_dir: Path, baseline_id: str, factor: float) -> list[str]:
+    """A negative control: the baseline's measured tokens/s divided by `factor` (as a machine slowed
+    during it would have measured), every speed-up taken against it recomputed as the sweep does."""
+    cells = pd.read_parquet(run_dir / "cells.parquet")
+    at = cells.index[cells["cell_id"] == baseline_id][0]
+    slowed = float(cells.at[at, "tokens_per_s"]) / factor
+    cells.at[at, "tokens_per_s"], cells.at[at, "tokens_per_s_runs"] = slowed, [slowed]
+    paired = cells.index[(cells["mode"] == "speculative") & (cells["baseline_tokens_per_s"].notna())
+                         & cells["cell_id"].str.startswith(baseline_id.rsplit("|", 1)[0] + "|")]
+    for i in paired:
+        cells.at[i, "baseline_tokens_per_s"] = slowed
+        cells.at[i, "speedup"] = float(cells.at[i, "tokens_per_s"]) / slowed
+        cells.at[i, "speedup_runs"] = [float(cells.at[i, "speedup"])]
+    write_table(run_dir, "cells", cells)
+    return list(cells.loc[paired, "cell_id"])
+
+
+def test_the_bound_warning_flags_only_what_lies_above_beyond_noise_and_names_a_slow_baseline(tmp_path):
+    """The committed default run has B=1 points a little over their bounds, within its measured noise:
+    no warning (it fired on every healthy run). Its code T=0.7 B=1 baseline slowed 2× on purpose
+    lifts every comparison against it above its bound beyond the noise: warned, that baseline named,
+    and the gate leaves exactly the warned cells undecided for it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(BENCHMARKS / "cpu_default_profiled_3", run_dir)
+    run = load_run(run_dir)
+    noise = run_noise(run.cells, run.requests, run.steps)
+    from specbench.fit.physics import above_bound, bound_warning, with_bounds
+
+    points = with_bounds(run.cells[run.cells["mode"] == "speculative"], noise)
+    over = points[points["speedup"] > points["speedup_bound"]]
+    assert len(over) >= 1  # points over their bound, as on every run ...
+    assert bound_warning(run.cells, noise) is None  # ... but none beyond the run's noise
+    assert not any("acceptance allows" in w for w in measurement_warnings(run.cells, noise=noise))
+
+    slowed = slow_baseline(run_dir, "code|B1|T0.7|autoregressive", 2.0)
+    run = load_run(run_dir)
+    noise = run_noise(run.cells, run.requests, run.steps)
+    warning = bound_warning(run.cells, noise)
+    flagged = set(above_bound(run.cells, noise)["cell_id"])
+    assert flagged == set(slowed) and len(slowed) == 4, (flagged, slowed)
+    assert warning.startswith("4 speed-up(s) above what acceptance allows beyond the run's noise")
+    assert "all 4 comparisons against the baseline code|B1|T0.7|autoregressive lie above their bounds" in warning
+    assert "--repeats 3" in warning
+    code, payload = check_json(run_dir, "--batch-sizes", "1")
+    assert {c["cell_id"] for c in payload["above_bound"]} <= flagged  # the judged draft's, by the same rule
+    chosen = next(v for v in payload["verdicts"] if v["draft"] == payload["draft"])
+    assert chosen["decisions"]["1"] != "pass" or chosen["cells"]["1"] not in flagged
+    for verdict in payload["verdicts"]:
+        for cell_id in verdict["above_bound"]:
+            assert cell_id in flagged
+
+
+def test_the_gate_and_the_warning_share_one_rule():
+    from specbench.fit.evidence import judge
+    from specbench.fit.physics import lies_above
+
+    for point in (0.9, 1.05, 1.1, 1.2, 1.5):
+        for half in (0.02, 0.1, 0.3):
+            band = (point * np.exp(-half), point * np.exp(half))
+            decided = judge(point, None, 1.0, bound=1.1, tokens_per_forward=1.5, band=band)
+            said = "lies above what acceptance allows" in decided.reason
+            assert said == (lies_above(1.1, band=band) and band[1] >= 1.0), (point, half, decided)
+            interval = band
+            decided = judge(point, interval, 1.0, bound=1.1, tokens_per_forward=1.5)
+            assert ("above what acceptance allows" in decided.reason) == lies_above(1.1, interval), (point, half)
+    assert not lies_above(1.1) and not lies_above(None, (2.0, 3.0))  # no evidence, or no bound: never
+
+
 def test_a_single_comparison_without_a_measured_drift_decides_nothing():
     cells = pd.DataFrame([
         {"cell_id": "chat|B1|T0|autoregressive", "status": "ok", "mode": "autoregressive", "workload": "chat",

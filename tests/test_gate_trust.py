@@ -84,6 +84,16 @@ BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every
     (["sweep", "--executor", "ray", "--until-decided"], "--until-decided adds repeats on the local executor only"),
     (["sweep", "--engine", "vllm", "--pipeline-parallel-size", "2"],
      "speculative decoding with --pipeline-parallel-size > 1 has open vLLM bugs (#49355, #57755)"),
+    # a dry run refuses what the run would, before printing any plan
+    (["sweep", "--dry-run", "--target", "foo-7b"], "unknown model 'foo-7b'"),
+    (["sweep", "--dry-run", "--output", "{file}"], "is a file, not a directory"),
+    # valid JSON that is not a request object was a TypeError, exit 4
+    (["sweep", "--engine", "vllm", "--trace", "{not-an-object}"], "line 2 is JSON but not an object (list)"),
+    (["sweep", "--engine", "vllm", "--trace", "azure-conv", "--trace-window", "0:inf"],
+     "DURATION a finite number > 0"),
+    # never silently ignored on a run judged by its SLO
+    (["check", "{run}", "--slo", "ttft=1", "--min-speedup", "1.0"], "--min-speedup judges speed-ups at batch sizes"),
+    (["check", "{run}", "--slo", "ttft=1", "--batch-sizes", "4"], "--batch-sizes judges speed-ups at batch sizes"),
 ]
 
 
@@ -92,8 +102,9 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, crafted, tmp_path, caps
     monkeypatch.setattr(native_runner, "load_models", lambda *a: pytest.fail("loaded models"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "trace.jsonl").write_text('{"timestamp": 0, "input_length": 100, "output_length": 5}\n[1, 2, 3]\n')
     names = {"{run}": str(crafted), "{file}": str(tmp_path / "a-file"), "{nowhere}": str(tmp_path / "nowhere"),
-             "{big}": str(big_prompt_file(tmp_path))}
+             "{big}": str(big_prompt_file(tmp_path)), "{not-an-object}": str(tmp_path / "trace.jsonl")}
     argv = [next((arg.replace(k, v) for k, v in names.items() if k in arg), arg) for arg in argv]
     code, out, err = run_cli(argv, capsys)
     lines = [line for line in (out + err).splitlines() if line.strip()]
@@ -328,3 +339,30 @@ def test_a_cluster_runs_nodes_are_compared_and_no_speedup_crosses_two_gpu_models
         said = [w for w in json.loads(out)["warnings"] if "faster on" in w]
         assert code == 0 and bool(said) == warned, said
     assert "1.40× faster on b (n2) than on a (n1)" in said[0] and "interval" in said[0]
+
+
+def test_a_report_stopped_half_way_leaves_the_earlier_report_and_no_partial_one(tmp_path, capsys, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    import specbench.report as report
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3",
+                    run_dir)
+    shutil.rmtree(run_dir / "report", ignore_errors=True)
+    code, out, err = run_cli(["report", run_dir], capsys)
+    assert code == 0 and (run_dir / "report" / "report.html").exists(), err
+    before = {p.name: p.read_bytes() for p in (run_dir / "report").iterdir()}
+
+    def pressed_ctrl_c(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(report.DRAWERS, "memory", pressed_ctrl_c)
+    code, out, err = run_cli(["report", run_dir], capsys)
+    assert code == 130 and "interrupted: no report written" in err, err
+    assert {p.name: p.read_bytes() for p in (run_dir / "report").iterdir()} == before  # untouched, not half new
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".report")) == []  # no staging left
+    shutil.rmtree(run_dir / "report")
+    code, out, err = run_cli(["report", run_dir], capsys)
+    assert code == 130 and not (run_dir / "report").exists()  # none at all rather than a partial one

@@ -250,6 +250,30 @@ def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_writ
             assert b"sk-secret-123" not in path.read_bytes(), path
 
 
+def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, target_dir, tmp_path):
+    """--endpoint alone (a mode sweep accepts): no baseline, and a server without speculation counts
+    no drafts. report was a ZeroDivisionError (exit 4) in the acceptance chart and left a partial
+    report/; it now reports, and a report that fails half way leaves none."""
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port)], tmp_path / "server.log", port)
+    server.start()
+    try:
+        server.wait_until_healthy(60)
+        run_dir = tmp_path / "run"
+        result = runner.invoke(app, ["sweep", "--endpoint", server.url, "--target", target_dir, "--batch-sizes", "1",
+                                     "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
+                                     "--num-prompts", "2", "--output", str(run_dir)])
+        assert result.exit_code == 0, result.output
+    finally:
+        server.stop()
+    cells = load_run(run_dir).cells
+    assert list(cells["mode"]) == ["speculative"] and cells["speedup"].isna().all()
+    report = runner.invoke(app, ["report", str(run_dir)])
+    assert report.exit_code == 0, report.output
+    assert (run_dir / "report" / "report.html").exists() and (run_dir / "report" / "acceptance.png").exists()
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".report")]  # no staging left behind
+
+
 def test_the_reports_answer_names_the_draft_check_judges():
     """Two drafts: `a` lowers the sustainable rate, `b` keeps it. check --slo judges the better
     one, b, and the report's one-sentence answer names the same draft."""
@@ -313,6 +337,8 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
     assert reported.exit_code == 0, reported.output
     assert "azure 0–" in reported.output and "B ≥ 32" in reported.output
     assert "send lag p50" in (run_dir / "report" / "summary.md").read_text()
+    page = (run_dir / "report" / "report.html").read_text()
+    assert "trace replay: each request at its time in azure" in page and "Poisson" not in page
     assert {p.name for p in (run_dir / "report").glob("*.png")} >= {"trace_latency.png", "trace_batch.png"}
     narrow = runner.invoke(app, ["sweep", "--engine", "vllm", "--target", target_dir, "--trace", str(trace),
                                  "--trace-window", "100:5", "--output", str(tmp_path / "empty")])
@@ -320,3 +346,22 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
     native = runner.invoke(app, ["sweep", "--target", target_dir, "--trace", str(trace), "--output",
                                  str(tmp_path / "native")])
     assert native.exit_code == 2 and "served engine" in native.output
+
+
+def test_a_cut_replay_says_what_it_replayed_and_a_slowdown_is_not_called_faster():
+    """--trace-max-requests 12 of a 603-request window replays 2.25 s of it: the text says so (it
+    read "600–720 s … 12 requests"); and a TPOT speed-up of 0.78× reads as slower, not "faster"."""
+    from specbench.fit.replay import replay_answer
+    from specbench.traces import load_trace, replay
+
+    cut = replay(load_trace("azure-conv"), "600:120", 0.05, 12)
+    assert cut.describe() == ("azure-conv 600.198–602.445 s (the first 12 of the 603 requests in 600–720 s, "
+                              "--trace-max-requests) at 0.05× speed")
+    assert replay(load_trace("azure-conv"), "600:120", 0.05).describe() == "azure-conv 600–720 s at 0.05× speed"
+    row = {"draft": "ngram", "k": 2, "workload": "chat", "temperature": 0.0, "requests": 12, "tpot_p50_ms": 64.0,
+           "tpot_p50_ms_baseline": 50.0, "tpot_p99_ms": 80.0, "tpot_p99_ms_baseline": 60.0, "tpot_speedup": 0.78,
+           "tpot_speedup_low": 0.7, "tpot_speedup_high": 0.86, "e2e_speedup": 0.8, "share_b32": 0.0,
+           "share_b32_baseline": 0.0, "running_max": 4}
+    sentence = replay_answer(pd.DataFrame([row]), cut.describe())
+    assert "TPOT 0.78× (slower)" in sentence and "end to end 0.8× (slower)" in sentence and "faster" not in sentence
+    assert "TPOT 1.3× faster" in replay_answer(pd.DataFrame([{**row, "tpot_speedup": 1.3}]), "x")

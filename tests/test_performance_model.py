@@ -3,6 +3,7 @@ roofline from step times, the speed-up arithmetic on hand-built step times, held
 printed by report and plan, plan's marks and other devices, and the context-length axis."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -238,6 +239,9 @@ def test_plan_marks_what_it_never_measured(timing_run):
     assert at_measured and all(r["speedup_measured"] is not None for r in at_measured)  # shown beside the model
     assert all(r["speedup_measured"] is None for r in speculative if r["batch_size"] != 4)
     assert {r["draft"] for r in speculative} == {"smollm2-135m@bf16 α=0.8", "ngram α=0.8"}  # its own α profile
+    # the α it simulated, as --help says, not the α fitted back from its few draws
+    assert {r["alpha_iid"] for r in speculative} == {0.8}
+    assert "(the α it simulated: a timing-only run)" in result.output
     assert all(r["extrapolated_k"] == (r["k"] == 5) for r in speculative)
     assert all(r["extrapolated_b"] == (r["batch_size"] == 32) for r in speculative)
     fixed = json.loads(runner.invoke(app, ["plan", str(timing_run), "--alpha", "0.5", "--k", "2", "--batch-sizes",
@@ -247,6 +251,50 @@ def test_plan_marks_what_it_never_measured(timing_run):
     longer = runner.invoke(app, ["plan", str(timing_run), "--k", "2", "--batch-sizes", "4", "--max-new-tokens", "96"])
     assert longer.exit_code == 0 and "96 output tokens per request (--max-new-tokens)" in longer.output, longer.output
     assert "–" in longer.output  # no measurement shown beside a prediction for other output lengths
+
+
+def test_plan_labels_acceptance_from_another_target_and_names_every_draft_it_leaves_out(tmp_path):
+    """--timings of one target with --acceptance of another: the predictions say the α was
+    transferred (text and JSON), and a draft with step times but no α is named, not dropped."""
+    import shutil
+
+    timings = Path("benchmarks/cpu-2026-11-23/cpu_default_profiled_3")
+    other = tmp_path / "other-target"
+    shutil.copytree(timings, other)
+    meta = json.loads((other / "run.json").read_text())
+    meta["config"]["target"] = "llama3-70b"
+    (other / "run.json").write_text(json.dumps(meta))
+    cells = pd.read_parquet(other / "cells.parquet")
+    from specbench.results import write_table
+
+    write_table(other, "cells", cells[cells["draft"] != "smollm2-135m@bf16"])
+    args = ["plan", "--timings", str(timings), "--acceptance", str(other), "--k", "2", "--batch-sizes", "1,4"]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert "TRANSFERRED ACCEPTANCE: the α was measured with target llama3-70b" in text.output
+    assert "applied to smollm2-135m's step times" in text.output
+    assert f"left out: smollm2-135m@bf16: step times in {timings} but no α in {other}" in text.output
+    planned = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert "llama3-70b" in planned["acceptance_transferred"] and len(planned["drafts_left_out"]) == 1
+    assert {r["draft"] for r in planned["predictions"]} == {"autoregressive", "ngram"}
+    same = json.loads(runner.invoke(app, ["plan", str(timings), "--k", "2", "--batch-sizes", "1", "--json"]).output)
+    assert same["acceptance_transferred"] is None and same["drafts_left_out"] == []
+
+
+def test_plan_on_a_served_run_says_served_engines_record_no_step_times(tmp_path):
+    import shutil
+
+    run = tmp_path / "served"
+    shutil.copytree(Path("benchmarks/cpu-2026-11-23/cpu_default_profiled_3"), run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["engine"] = {"name": "vllm", "version": "0.32.0"}
+    (run / "run.json").write_text(json.dumps(meta))
+    (run / "steps.parquet").unlink()  # a served run has no steps table
+    for extra in run.glob("steps.*"):
+        extra.unlink()
+    result = runner.invoke(app, ["plan", str(run)])
+    assert result.exit_code == 2 and "a vLLM run has no decode step times (a served engine is timed per request" \
+        in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
 @pytest.mark.parametrize("args, message", [

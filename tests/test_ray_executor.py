@@ -32,18 +32,33 @@ def native_grid(dirs, output, *extra, ks: str = "2") -> list[str]:
             "--num-prompts", "2", "--dtype", "fp64", "--output", str(output), *extra]
 
 
-def start_cluster(workers: int = 2):
+def start_cluster(workers: int = 2, sigint_ignored: bool = False):
+    """`sigint_ignored`: as a cluster started in the background (a shell's `&`, a CI job) is, its
+    processes inherit SIGINT ignored; a Ray task's cancel then interrupts nothing unless the task
+    puts Python's handler back (the sweep's tasks ran to their end after a signal)."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's; cells go to workers
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(workers)]
-    cluster.wait_for_nodes()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's; cells go to workers
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(workers)]
+        cluster.wait_for_nodes()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return cluster, nodes
 
 
 @pytest.fixture(scope="module")
 def cluster():
     cluster, nodes = start_cluster()
+    yield cluster, nodes
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def background_cluster():
+    cluster, nodes = start_cluster(sigint_ignored=True)
     yield cluster, nodes
     cluster.shutdown()
 
@@ -167,25 +182,84 @@ def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs
         cluster.shutdown()
 
 
-def test_sigterm_exits_143_and_leaves_no_task(tiny_model_dirs, tmp_path, cluster):
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_cluster_sweep_within_seconds_and_resume_completes_it(tiny_model_dirs, tmp_path,
+                                                                                  background_cluster, signum, code):
+    """A pipeline cancels with SIGTERM (a terminal with Ctrl-C) and expects the job gone in seconds:
+    the tasks are cancelled mid-grid (not left to measure every cell), none is left running, the
+    run says interrupted, and --resume measures the rest."""
     output = tmp_path / "run"
-    command = [sys.executable, "-m", "specbench.cli", *native_grid(tiny_model_dirs, output, "--executor", "ray")]
+    command = [sys.executable, "-m", "specbench.cli", *native_grid(tiny_model_dirs, output, "--executor", "ray",
+                                                                   ks="2,3")]
     command[command.index("12")] = "400"  # --max-new-tokens: long enough to be stopped mid-grid
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "RAY_ADDRESS": cluster[0].address})
+    env = {**os.environ, "RAY_ADDRESS": background_cluster[0].address}
+    # Ctrl-C reaches a foreground job: SIGINT as Python's default, even where this suite inherited it ignored
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not (output / "cells.parquet").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.poll() is None, process.stdout.read()
-    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    process.send_signal(signum)
     printed, _ = process.communicate(timeout=200)
-    assert process.returncode == 143, printed
+    took = time.monotonic() - signalled
+    assert process.returncode == code, printed
+    assert took < 20, f"{took:.1f} s after the signal\n{printed}"
     assert json.loads((output / "run.json").read_text())["status"] == "interrupted"
-    assert len(load_run(output).cells) >= 1
+    kept = load_run(output).cells
+    assert 1 <= len(kept) < 10, kept["cell_id"].tolist()  # cells were left unmeasured
     deadline = time.monotonic() + 30
     while task_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not task_processes()
+    resumed = subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", "--resume", "--output", str(output)],
+                             capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    cells = load_run(output).cells.set_index("cell_id")
+    assert len(cells) == 10 and (cells["status"] == "ok").all()
+    assert json.loads((output / "run.json").read_text())["status"] == "complete"
+    assert list(cells.loc[kept["cell_id"], "tokens_per_s"]) == list(kept["tokens_per_s"])  # measured once
+
+
+def test_a_signal_after_the_last_cell_leaves_the_run_complete(tiny_model_dirs, tmp_path, on_cluster):
+    """Every planned cell finished, then the signal: the run is complete (check judges it), not
+    'interrupted' with 6 of 6 cells."""
+    from specbench.sweep import SweepConfig, run_sweep
+
+    output = tmp_path / "run"
+    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
+                         batch_sizes=[1, 2], temperatures=[0.0], workloads=["chat"], max_new_tokens=12,
+                         num_prompts=2, dtype="fp64", executor="ray")
+    finished = []
+
+    def stop_after_the_last(event):
+        if event.kind == "done":
+            finished.append(event.cell.id)
+            if len(finished) == 6:
+                raise KeyboardInterrupt
+
+    output.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, resume_dir=output, on_event=stop_after_the_last)
+    assert json.loads((output / "run.json").read_text())["status"] == "complete"
+    checked = runner.invoke(app, ["check", str(output), "--min-speedup", "0.01"])
+    assert checked.exit_code in (0, 1, 3) and "interrupted" not in checked.output, checked.output
+
+
+def test_an_unreachable_cluster_is_one_line_in_seconds_and_leaves_no_running_run(tiny_model_dirs, tmp_path):
+    from specbench.served.server import free_port
+
+    output = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "specbench.cli", *native_grid(tiny_model_dirs, output),
+                             "--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert time.monotonic() - started < 30
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no Ray cluster answers there (Connection refused)" in lines[0], result.stderr
+    assert not (output / "run.json").exists()  # no run left saying it is running
 
 
 def test_a_bracket_closed_on_a_node_reaches_the_run(tiny_model_dirs, tmp_path, on_cluster, monkeypatch):

@@ -252,6 +252,12 @@ def test_dry_run_prints_the_plan(tiny_model_dirs, tmp_path):
     assert result.exit_code == 0, result.output
     assert "20 cells (4 autoregressive, 16 speculative)" in result.output
     assert not (tmp_path / "x").exists()
+    # each row's own output tokens per cell (it printed the grid's mean on every row)
+    args = sweep_args(tiny_model_dirs, tmp_path / "x", ["--dry-run", "--repeats", "2"])
+    args[args.index("--batch-sizes") + 1] = "1,4"
+    rows = [line.split("│") for line in runner.invoke(app, args).output.splitlines() if line.startswith("│ chat")]
+    shown = {(cells[2].strip(), cells[5].strip(), cells[6].strip()) for cells in rows}
+    assert ("1", "6", "60") in shown and ("4", "8", "80") in shown, shown
 
 
 def ctrl_c_at(cell_id: str, monkeypatch) -> None:
@@ -409,7 +415,7 @@ def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_ru
     import specbench.report as report_module
 
     warning = "chat B=1: the same autoregressive decode step took 10.0 ms at T=0 and 20.0 ms at T=0.8 (2.00×)"
-    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells, copies=None: [warning])
+    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells, copies=None, noise=None: [warning])
     monkeypatch.setattr(report_module, "drifted_keys", lambda cells: {("chat", 1)})
     out_dir, _ = report_module.write_report(load_run(finished_run[0]), tmp_path / "report")
     summary, page = (out_dir / "summary.md").read_text(), (out_dir / "report.html").read_text()
@@ -422,7 +428,7 @@ def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_ru
 def test_plan_carries_the_runs_warnings(finished_run, monkeypatch):
     import specbench.fit as fit_module
 
-    monkeypatch.setattr(fit_module, "measurement_warnings", lambda cells, copies=None: ["the machine was busy (test)"])
+    monkeypatch.setattr(fit_module, "measurement_warnings", lambda cells, copies=None, noise=None: ["the machine was busy (test)"])
     result = runner.invoke(app, ["plan", str(finished_run[0]), "--k", "1,3", "--batch-sizes", "1,3"])
     assert result.exit_code == 0, result.output
     assert "warning: the machine was busy (test)" in result.output and "B* = " in result.output

@@ -51,12 +51,35 @@ def test_a_replay_takes_its_window_scales_time_and_counts_what_it_leaves_out():
 
 @pytest.mark.parametrize("spec, window, message", [
     ("missing_column.csv", "", "an Azure LLM trace needs column(s) GeneratedTokens"),
-    ("negative.jsonl", "", "row 2: a negative timestamp"),
+    ("negative.jsonl", "", "line 2: timestamp is negative"),
     ("mooncake.jsonl", "100:10", "no request of mooncake arrives in 100–110 s"),
     ("too_long.jsonl", "", "none of the 2 request(s) in 0–0.01 s fits the target"),
     ("mooncake.jsonl", "abc", "expected START:DURATION"),
+    ("mooncake.jsonl", "0:inf", "DURATION a finite number > 0"),
     ("no_such_file.jsonl", "", "no such file, and not a shipped trace"),
 ])
 def test_bad_traces_are_one_line(spec, window, message):
     with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
         replay(load_trace(str(FIXTURES / spec)), window, max_context=8192)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    # valid JSON that is not a request object was a TypeError (exit 4)
+    ("list.jsonl", '{"timestamp": 0, "input_length": 9, "output_length": 5}\n[1,2,3]\n',
+     "line 2 is JSON but not an object (list)"),
+    ("number.jsonl", '5\n', "line 1 is JSON but not an object (int)"),
+    # after a row BurstGPT marks failed (left out), errors still name the file's row, value and column
+    ("burst.csv", "Timestamp,Model,Request tokens,Response tokens\n1,a,10,0\n2,a,10,5\n-3,a,10,5\n",
+     "row 3: Timestamp is negative (-3)"),
+    ("burst_input.csv", "Timestamp,Model,Request tokens,Response tokens\n1,a,10,0\n2,a,0,5\n",
+     "row 2: Request tokens must be at least 1 (0)"),
+    ("azure_text.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n2023-11-16 18:15:47,x,5\n",
+     "row 2: ContextTokens is not a number ('x')"),
+])
+def test_bad_rows_are_named_as_the_file_has_them(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceError) as error:
+        load_trace(str(path))
+    assert str(error.value) == f"--trace {path}: {message}" + (
+        "; a Mooncake trace has one request object per line" if "not an object" in message else "")

@@ -17,7 +17,8 @@ def check(
     run_dir: Optional[Path] = typer.Argument(None, help="Run directory (default: the latest under results/)."),
     batch_sizes: Optional[str] = typer.Option(None, help="Batch sizes that must meet the bar (default: every "
                                                          "batch size the run measured), e.g. 32,64."),
-    min_speedup: float = typer.Option(1.0, help="The bar: speed-up at least this."),
+    min_speedup: Optional[float] = typer.Option(None, help="The bar: speed-up at least this (default 1.0; not "
+                                                           "with --slo)."),
     draft: Optional[str] = typer.Option(None, help="Judge this draft (default: the best one at those batch sizes)."),
     workloads: Optional[str] = typer.Option(None, help="Only these workloads (default: all; the worst counts)."),
     temperatures: Optional[str] = typer.Option(None, help="Only these temperatures (default: all; the worst counts)."),
@@ -41,6 +42,7 @@ def check(
     from specbench.served.vllm_engine import base_speculative_configs
 
     slo_result = None
+    bar_given, min_speedup = min_speedup is not None, 1.0 if min_speedup is None else min_speedup
     try:
         if not (math.isfinite(min_speedup) and min_speedup > 0):
             raise UsageError(f"--min-speedup must be a positive number, got {min_speedup:g}")
@@ -55,9 +57,11 @@ def check(
         if slo or not open_loop(run.cells).empty:
             if not (slo or recorded):
                 raise UsageError("a request-rate run is judged against an SLO: pass --slo ttft=SECONDS,tpot=SECONDS")
-            if batch_sizes:
-                raise UsageError("--batch-sizes judges speed-ups; with --slo (or on a request-rate run) the loads "
-                                 "judged are every load the run measured")
+            for given, name in ((batch_sizes, "--batch-sizes"), (bar_given, "--min-speedup")):
+                if given:  # never silently ignored: a pipeline would read the SLO's verdict as the bar's
+                    raise UsageError(f"{name} judges speed-ups at batch sizes; with --slo (or on a request-rate or "
+                                     f"trace run) the verdict is whether speculation keeps the highest load meeting "
+                                     f"the SLO, over every load the run measured: leave out {name}")
             slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo or recorded), draft,
                                       chosen_workloads, chosen_temperatures, state, allow_incomplete)
         else:

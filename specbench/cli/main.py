@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from specbench.gate import INTERNAL_ERROR, UNANSWERABLE
 
+    _signals_received.clear()  # this call's signals only (a notebook or a test calls main() again)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = app(args=argv, prog_name="specbench", standalone_mode=False)

@@ -36,6 +36,7 @@ def plan(
     import pandas as pd
 
     from specbench import fit
+    from specbench.fit.noise import run_noise
     from specbench.results import load_run
 
     try:
@@ -60,14 +61,23 @@ def plan(
             check_context_limit(asked, target_shape(asked))
         accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
         models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
+        engine = (timings.meta.get("engine") or {}).get("name", "native")
+        if not models and engine != "native":
+            raise UsageError(f"{timings.path}: a {'vLLM' if engine == 'vllm' else engine} run has no decode step "
+                             f"times (a served engine is timed per request, not per step), and plan fits its model on "
+                             f"them; measure the target on the native engine (`specbench sweep --target ...`) and "
+                             f"plan from that run (its acceptance may still come from this one: --acceptance)")
         if not models:
             raise UsageError(f"{timings.path}: no finished autoregressive cells with step times to fit (or the "
                              f"target's shapes are unknown)")
         models = fit.with_output_tokens(models, output_tokens) if max_new_tokens else models
         alphas = fit.model_alphas(accept_run.cells, accept_run.steps)
         drafts = _plan_drafts(models, alphas, alpha)
+        left_out = _drafts_left_out(models, alphas, alpha, drafts, timings.path, accept_run.path)
         if not drafts:
-            raise UsageError("no draft has both step times and an α (give --acceptance RUN or --alpha)")
+            raise UsageError("no draft has both step times and an α (give --acceptance RUN or --alpha)"
+                             + (f": {'; '.join(left_out)}" if left_out else ""))
+        transferred = _transferred(timings, accept_run) if alpha is None else ""
         if alpha is not None:
             alphas = pd.DataFrame([{"draft": d, "workload": w, "temperature": t, "context_length": c,
                                     "alpha_iid": alpha} for d in drafts for (w, t, c) in models])
@@ -89,11 +99,16 @@ def plan(
     trust = trust_lines(timings, pd.DataFrame(), fit.held_out(timings.cells, timings.steps, timings.requests,
                                                               timings.meta))
     stopped = fit.completeness(timings.meta, timings.cells).describe()
-    warnings = ([stopped] if stopped else []) + fit.measurement_warnings(timings.cells)
-    alpha_source = f"--alpha {alpha:g}" if alpha is not None else str(accept_run.path)
+    warnings = ([stopped] if stopped else []) + fit.measurement_warnings(
+        timings.cells, noise=run_noise(timings.cells, timings.requests, timings.steps))
+    simulated = alpha is None and not alphas.empty and "alpha_source" in alphas \
+        and (alphas[alphas["draft"].isin(drafts)]["alpha_source"] == "simulated").any()
+    alpha_source = f"--alpha {alpha:g}" if alpha is not None else \
+        str(accept_run.path) + (" (the α it simulated: a timing-only run)" if simulated else "")
     if json_output:
         print(json.dumps({"step_times_from": str(timings.path), "alpha_from": alpha_source,
                           "output_tokens": output_tokens, "estimate": note or None, "price": price_note,
+                          "acceptance_transferred": transferred or None, "drafts_left_out": left_out,
                           "trust": trust, "warnings": warnings,
                           "predictions": json.loads(table.to_json(orient="records"))}, indent=2))
         return
@@ -102,6 +117,9 @@ def plan(
                   f"{price_note}); {output_tokens} output tokens per request"
                   + (" (--max-new-tokens)" if max_new_tokens else " (the run's; --max-new-tokens to change)"),
                   highlight=False, soft_wrap=True)
+    for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+            [f"left out: {why}" for why in left_out]:
+        console.print(line, highlight=False, soft_wrap=True)
     print_warnings(warnings)
     print_trust(trust)
     print_plan(table, sizes, unit)
@@ -119,11 +137,38 @@ def _plan_drafts(models: dict, alphas, alpha: float | None) -> list[str]:
     return sorted(d for d in known if base_draft(d) in timed)
 
 
+def _drafts_left_out(models: dict, alphas, alpha: float | None, planned: list[str], timings: Path,
+                     acceptance: Path) -> list[str]:
+    """Each draft one run has and the other lacks, and why it is not planned: never dropped silently."""
+    from specbench.fit import base_draft
+
+    timed = {base_draft(d) for m in models.values() for d in list(m.times.drafts) + list(m.measured_ks)}
+    known = set(alphas["draft"]) if alpha is None and not alphas.empty else set()
+    chosen = {base_draft(d) for d in planned}
+    why = [f"{d}: an α in {acceptance} but no step times in {timings}" for d in sorted(known)
+           if base_draft(d) not in timed]
+    why += [f"{d}: step times in {timings} but no α in {acceptance} (give --alpha to plan it)"
+            for d in sorted(timed - chosen - {base_draft(k) for k in known}) if alpha is None]
+    return why
+
+
+def _transferred(timings, acceptance) -> str:
+    """The label of acceptance measured with another target than the step times' (or a timing-only
+    run's simulated α on a real run's times): a transfer, never silent."""
+    theirs = (acceptance.meta.get("config") or {}).get("target", "?")
+    ours = (timings.meta.get("config") or {}).get("target", "?")
+    if acceptance.path == timings.path or theirs == ours:
+        return ""
+    return (f"the α was measured with target {theirs} ({acceptance.path}) and is applied to {ours}'s step times "
+            f"({timings.path}); a draft accepted by one target is not always accepted as often by another")
+
+
 def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
     """Every model's step times carried to `device`'s datasheet peaks (the efficiencies kept)."""
     import copy
 
     from specbench import fit
+    from specbench.fit.noise import run_noise
 
     gpus = (meta.get("hardware") or {}).get("gpus") or []
     measured = fit.device_key(gpus[0]["name"]) if gpus else None

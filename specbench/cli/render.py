@@ -158,7 +158,7 @@ def gate_text(result) -> str:
     lines.append(f"  {best_draft_rule(result.min_speedup)}")
     lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
     lines.append("  K schedule = at each measured batch size the fastest K shown to pay there (its interval, or one "
-                 "repeat's noise band, above the bar; one repeat above what acceptance allows never), off elsewhere")
+                 "repeat's noise band, above the bar; never where that evidence lies above what acceptance allows), off elsewhere")
     for v in result.verdicts:
         if v.speculative_config:
             lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from specbench.cli.common import (check_price, console, fail, known_errors, measured_batch_sizes, on_hardware,
+from specbench.cli.common import (check_price, console, errors, fail, known_errors, measured_batch_sizes, on_hardware,
                                   runnable_advice)
 from specbench.cli.render import gate_text, print_analysis, print_warnings, slo_gate_text
 
@@ -55,6 +55,10 @@ def report(
         reference_run = load_run(reference) if reference is not None else None
         out_dir, analysis = write_report(run, output, gpu_price, gpus, sections, slo_text or None, verdict,
                                          reference_run)
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted:[/] no report written (a report written before is kept as it was)",
+                     highlight=False)
+        raise
     except known_errors() as error:
         fail(str(error))
     if analysis.answer:

@@ -108,7 +108,7 @@ def sweep(
     trace_max_requests: int = typer.Option(0, help="--trace: at most this many requests of the window (0: all)."),
     executor: str = typer.Option("local", help="Where cells run: local (this process) or ray (a Ray cluster: "
                                                "pairing groups spread over its nodes, each speed-up measured on "
-                                               "one node; pip install 'specbench[ray]')."),
+                                               "one node; pip install 'specbench\\[ray]')."),
     ray_address: Optional[str] = typer.Option(None, help="--executor ray: the cluster to join (default "
                                                          "RAY_ADDRESS, else a local Ray instance)."),
     served_pairing: str = typer.Option("auto", help="vLLM: side-by-side (the baseline server stays up and repeats "
@@ -200,7 +200,15 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, resumed_config, run_sweep
 
     quiet_libraries(config.allow_download)
-    if dry_run:
+    if dry_run:  # what the real run would refuse, refused first: then the plan
+        try:
+            preflight(config)
+            if output is not None and output.exists() and not output.is_dir():
+                raise UsageError(f"--output {output} is a file, not a directory")
+            if resume and not ((output or latest_run(finished_only=False)) / "run.json").exists():
+                raise UsageError(f"--resume: {output or 'the latest run'} is not a specbench run")
+        except known_errors() as error:
+            fail(str(error))
         plan = describe_plan(config)
         table = Table(title="plan", title_justify="left")
         for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
@@ -208,12 +216,13 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
         groups: dict = {}
         for cell in plan_cells(config):
             groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
+        per_request = plan["output_tokens"] / max(1, plan["requests"])  # --max-new-tokens, or the trace's mean
         for (workload, batch, rate, temperature), cells in groups.items():
             requests = requests_per_cell(config, batch) * config.repeats
             baselines = sum(not c.is_speculative for c in cells)
             table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
                           f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
-                          str(requests), str(round(plan["output_tokens"] / max(1, plan["cells"]))))
+                          str(requests), str(round(requests * per_request)))
         console.print(table)
         if config.trace:
             from specbench.traces import replay_for
@@ -228,10 +237,6 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             most = plan["requests"] // config.repeats * config.max_repeats
             console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
                           f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
-        try:
-            preflight(config)
-        except known_errors() as error:
-            fail(str(error))
         return
 
     resume_dir = None
@@ -304,6 +309,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
 
 def print_summary(run_dir: Path) -> None:
     from specbench.fit import measurement_warnings
+    from specbench.fit.noise import run_noise
     from specbench.fit.nodes import node_spread, spread_text
     from specbench.results import load_run
 
@@ -313,7 +319,7 @@ def print_summary(run_dir: Path) -> None:
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):
         errors.print(f"[yellow]{row['status']}[/] {row['cell_id']}: {escape(as_text(row.get('message')))}", highlight=False)
-    print_warnings(measurement_warnings(run.cells, run.baseline_copies))
+    print_warnings(measurement_warnings(run.cells, run.baseline_copies, run_noise(run.cells, run.requests, run.steps)))
     spread = spread_text(node_spread(run.cells, run.baseline_copies))
     if spread:
         console.print(f"nodes: {spread}", highlight=False, soft_wrap=True)

@@ -22,6 +22,10 @@ RAY_INSTALL = "pip install 'specbench[ray]'"
 
 
 class Executor(ABC):
+    def preflight(self) -> None:
+        """One-line errors (ValueError) for what can be checked before the run directory is written:
+        a cluster that cannot be reached."""
+
     @abstractmethod
     def run(self, work: "SweepWork") -> None:
         """Measure work.todo, adding every finished cell to work.tables as it finishes and telling

@@ -44,7 +44,20 @@ class PairingGroup:
         shown = "; ".join(draft + (f" K={','.join(map(str, k))}" if any(k) else "") + (f" α={alpha}" if alpha else "")
                           for (draft, alpha), k in ks.items()) or "baselines only"
         share = f", ~{self.share:.0%} of the estimated work" if math.isfinite(self.share) else ""
-        return f"group {self.index + 1}: {shown} ({len(self.cells)} cells{share})"
+        return f"group {self.index + 1}: {shown} on {self.where()} ({len(self.cells)} cells{share})"
+
+    def where(self) -> str:
+        """The traffic its cells measure (workloads, loads, temperatures): what tells groups of the
+        same drafts apart."""
+        def listed(values) -> str:
+            return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sorted(set(values)))
+
+        loads = [f"B={listed(c.batch_size for c in self.cells if not c.request_rate)}"] \
+            if any(not c.request_rate for c in self.cells) else []
+        loads += [f"rate={listed(c.request_rate for c in self.cells if c.request_rate)}"] \
+            if any(c.request_rate for c in self.cells) else []
+        return " · ".join([listed(c.workload for c in self.cells), *loads,
+                           f"T={listed(c.temperature for c in self.cells)}"])
 
 
 def configuration(cell: Cell) -> tuple[str, int, str]:

@@ -33,7 +33,8 @@ from specbench.sweep import SweepEvent, SweepTables, SweepWork, _failure_row, me
 
 # what a task inherits from the driver's environment (model caches, offline switches, vLLM's knobs)
 FORWARDED_ENV = ("SPECBENCH_", "VLLM_", "HF_", "TRANSFORMERS_", "FAKE_VLLM", "PYTHONPATH")
-STOP_GRACE_S = 120.0  # after a cancel, how long tasks get to stop their servers and send what finished
+STOP_GRACE_S = 10.0  # after a cancel, how long tasks get to stop their servers and send what finished; then killed
+REACH_TIMEOUT_S = 3.0  # how long the cluster's address may take to accept a connection
 
 
 def import_ray():
@@ -149,6 +150,36 @@ def bound_to(cores: list[int]):
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
 
 
+def first_lines_of_ray_errors() -> None:
+    """Ray prints every error the cluster sends the driver in full: a lost node's raylet is its last
+    20 log lines, a [state-dump] of ~25 lines, more than once. The sweep says what a lost node means
+    in one line ("lost ...; retried once"), so Ray's own message is cut to its first line, once. Ray's
+    listener calls its module's print_to_stdstream, the one place to do it (a private name: if a
+    Ray release renames it, its messages are printed whole, as before)."""
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:
+        return
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "first_lines", False):
+        return
+
+    seen: set[str] = set()  # the same error sent again (each raylet reports its peer) is printed once
+
+    def print_first_lines(data, ignore_prefix: bool = False):
+        if isinstance(data, dict) and data.get("pid") == "raylet":
+            lines = [(str(line).splitlines() or [""])[0] for line in data.get("lines", [])]
+            lines = [line for line in lines if line not in seen]
+            seen.update(lines)
+            if not lines:
+                return None
+            data = {**data, "lines": lines}
+        return printer(data, ignore_prefix)
+
+    print_first_lines.first_lines = True
+    ray_worker.print_to_stdstream = print_first_lines
+
+
 # --- the task ----------------------------------------------------------------------------------
 
 class ForwardedTables(SweepTables):
@@ -173,6 +204,10 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
     from specbench.results import hardware_info, versions
     from specbench.workloads import load_workload
 
+    # ray.cancel interrupts a running task by simulating SIGINT (_thread.interrupt_main), which does
+    # nothing unless Python's own handler is installed: a worker started in the background (a
+    # raylet, a CI job) inherits SIGINT ignored, and the task then ran to its end after a cancel.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     timeline = {"started_at": time.time()}  # the group's start (engine, models) apart from its cells
     node_id, host = ray.get_runtime_context().get_node_id(), socket.gethostname()
     gpus = len(ray.get_gpu_ids())
@@ -183,6 +218,11 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
     scratch.mkdir(parents=True, exist_ok=True)
     with claimed_cores(needs.cores) as cores, bound_to(cores):
         queue.put((group, (node_id, host, cores)))
+        if needs.cores and not cores:  # every core's lock held: by other groups, or another job on this machine
+            queue.put((group, SweepEvent("stage", message=f"no free core to bind this group to (every lock under "
+                                                          f"{Path(tempfile.gettempdir()) / 'specbench-cores'} is "
+                                                          f"held): it runs unbound, and its timings may include "
+                                                          f"other groups' work")))
         planned = plan_cells(config)
         by_id = {cell.id: cell for cell in planned}
         meta = {"versions": versions(), "hardware": hardware_info(), "engine": {"name": config.engine}}
@@ -225,6 +265,23 @@ class RayExecutor(Executor):
     def __init__(self, address: str = "") -> None:
         self.address = address
 
+    def preflight(self) -> None:
+        """An address that does not accept a connection is refused in one line, in seconds (ray.init
+        would retry for minutes, printing Ray's "Failed to connect to GCS" again and again)."""
+        address, named = (self.address, "--ray-address") if self.address else \
+            (os.environ.get("RAY_ADDRESS", ""), "RAY_ADDRESS")
+        if not address or address in ("auto", "local"):
+            return
+        host, _, port = address.split("://", 1)[-1].rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{named} {address}: expected HOST:PORT of a Ray cluster's head (e.g. 10.0.0.1:6379)")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+        except OSError as error:
+            reason = error.strerror or type(error).__name__.replace("Error", " error").lower()
+            raise ValueError(f"{named} {address}: no Ray cluster answers there ({reason}); start one with `ray start "
+                             f"--head`, or leave out {named} for a local Ray instance") from None
+
     def connect(self, ray) -> str:
         """Join --ray-address, else RAY_ADDRESS, else start a local instance; returns which."""
         env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV)}
@@ -234,6 +291,7 @@ class RayExecutor(Executor):
                  log_to_driver=False, configure_logging=False)
         if ours is not None:  # Ray installs its own handler, which exits at once: ours stops the tasks first
             signal.signal(signal.SIGTERM, ours)
+        first_lines_of_ray_errors()
         return f"Ray cluster at {address}" if address else "a local Ray instance"
 
     def run(self, work) -> None:
@@ -414,15 +472,29 @@ class RayExecutor(Executor):
 
     def stop(self, ray) -> None:
         """Cancel every task (each stops its servers and sends the cells it finished), wait for
-        them, keep what they sent; tasks that do not stop in time are killed."""
+        them up to STOP_GRACE_S, keep what they sent; tasks that do not stop in time are killed
+        (their servers die with them: server.ServerProcess) and waited for. A cell a task was
+        measuring is left unmeasured, for --resume."""
         for ref in self.tasks:
             ray.cancel(ref)
         deadline = time.monotonic() + STOP_GRACE_S
         while self.tasks and time.monotonic() < deadline:
-            ready, _ = ray.wait(list(self.tasks), num_returns=len(self.tasks), timeout=0.5)
-            self.drain()
-            for ref in ready:
-                self.tasks.pop(ref, None)
+            self.settle(ray, deadline)
         for ref in self.tasks:
             ray.cancel(ref, force=True)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.tasks and time.monotonic() < deadline:
+            self.settle(ray, deadline)
         self.drain()
+
+    def settle(self, ray, deadline: float) -> None:
+        """Wait a moment for stopping tasks, keep what they sent, forget those that ended. A second
+        signal while stopping does not interrupt the stop."""
+        try:
+            ready, _ = ray.wait(list(self.tasks), num_returns=len(self.tasks),
+                                timeout=max(0.05, min(0.5, deadline - time.monotonic())))
+            self.drain()
+        except KeyboardInterrupt:
+            return
+        for ref in ready:
+            self.tasks.pop(ref, None)

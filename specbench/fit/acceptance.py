@@ -115,14 +115,38 @@ def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame, include_synthetic: boo
     if speculative.empty:
         return pd.DataFrame()
     counts = acceptance_counts(speculative, steps)
-    merged = counts.merge(speculative[["cell_id", "draft"] + TRAFFIC], on="cell_id")
+    merged = counts.merge(speculative[["cell_id", "draft", "k"] + TRAFFIC], on="cell_id")
     rows = []
     for (draft, workload, temperature, context), group in merged.groupby(["draft"] + TRAFFIC):
         successes, rejections = int(group["accepted"].sum()), int(group["rejections"].sum())
         trials = successes + rejections
         low, high = wilson_interval(successes, trials)
-        rows.append({"draft": draft, "workload": workload, "temperature": temperature, "context_length": context,
-                     "alpha_iid": successes / trials if trials else float("nan"),
-                     "alpha_low": low, "alpha_high": high, "accepted": successes, "rejections": rejections,
-                     "acceptance_rate": successes / max(1, int(group["drafted"].sum()))})
+        row = {"draft": draft, "workload": workload, "temperature": temperature, "context_length": context,
+               "alpha_iid": successes / trials if trials else float("nan"),
+               "alpha_low": low, "alpha_high": high, "accepted": successes, "rejections": rejections,
+               "acceptance_rate": successes / max(1, int(group["drafted"].sum())), "alpha_source": "fitted"}
+        simulated = simulated_alpha(draft, group["k"])
+        if simulated is not None:  # a timing-only run: the α it was asked to simulate, not its few draws
+            row.update(alpha_iid=simulated, alpha_low=simulated, alpha_high=simulated, alpha_source="simulated")
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def simulated_alpha(label: str, ks) -> float | None:
+    """The i.i.d. α a synthetic draft's label (`1b α=0.8`, `1b α=0.9/0.8/0.7`) simulates: the
+    profile's expected accepted drafts over accepted plus rejections (the fitted α's own
+    definition) at the cells' K; None for a real draft."""
+    from specbench.synthetic import parse_alpha
+
+    _, mark, text = label.partition(" α=")
+    if not mark:
+        return None
+    profile = parse_alpha(text)
+    accepted = rejections = 0.0
+    for k in (int(k) for k in ks if k and k > 0):
+        reach = 1.0
+        for position in range(k):
+            reach *= profile[min(position, len(profile) - 1)]
+            accepted += reach
+        rejections += 1 - reach  # a step ends in a rejection unless all K were accepted
+    return accepted / (accepted + rejections) if accepted + rejections > 0 else None

@@ -72,21 +72,20 @@ def judge(point: float, interval: tuple[float, float] | None, bar: float, marked
 
     - Acceptance alone: when the tokens per target forward (counted, not timed) are below the bar,
       or on it with drafts verified, the point fails whatever was timed.
-    - A point above `bound` (tokens per forward × the step's non-draft share) is not explained by
-      acceptance: one comparison above it never passes, and an interval lying wholly above it
-      decides nothing.
+    - Evidence lying wholly above `bound` (tokens per forward × the step's non-draft share; the
+      interval, or one comparison's noise band: fit.physics.lies_above, the rule the warning uses)
+      is not explained by acceptance and decides nothing.
     - With repeats the interval (as its pairing allows, fit.noise.cell_interval) decides.
     - One comparison: `band`, the run's noise band around the point, decides; without one, or
       when a measurement warning marks the cell, it is inconclusive."""
-    from specbench.fit.physics import cannot_reach
+    from specbench.fit.physics import cannot_reach, lies_above
 
     if cannot_reach(tokens_per_forward, bar, drafted):
         return Judgement(FAIL, f"acceptance allows at most {tokens_per_forward:.3f}× ({tokens_per_forward:.3f} "
                                f"tokens per target forward)")
-    above = bound is not None and math.isfinite(point) and point > bound
     if interval is not None:
         low, high = interval
-        if bound is not None and low > bound:
+        if lies_above(bound, interval):
             return Judgement(INCONCLUSIVE, f"its interval lies above what acceptance allows ({bound:.3f}×): "
                                            f"not explained by acceptance: noise")
         decision = PASS if low >= bar else FAIL if high < bar else INCONCLUSIVE
@@ -100,9 +99,9 @@ def judge(point: float, interval: tuple[float, float] | None, bar: float, marked
     low, high = band
     if high < bar:
         return Judgement(FAIL, f"its noise band {low:.3f}×–{high:.3f}× lies below the bar")
-    if above:
-        return Judgement(INCONCLUSIVE, f"above what acceptance allows ({bound:.3f}×): not explained by acceptance: "
-                                       f"noise")
+    if lies_above(bound, band=band):
+        return Judgement(INCONCLUSIVE, f"its noise band {low:.3f}×–{high:.3f}× lies above what acceptance allows "
+                                       f"({bound:.3f}×): not explained by acceptance: noise")
     if low >= bar:
         return Judgement(PASS, f"its noise band {low:.3f}×–{high:.3f}× clears the bar")
     return Judgement(INCONCLUSIVE, f"within noise ({low:.3f}×–{high:.3f}×)")

@@ -11,7 +11,10 @@ where the factor is the share of a step that is not the draft's, from the cell's
 times (the native engine; a served engine does not time the draft, so the factor is 1 there). With
 several rows in a batch the slowest row sets the steps, which only lowers the real figure further.
 A measured speed-up above the bound is not explained by acceptance: its excess is noise (a
-drifting machine, a faster kernel for the wider verify shape), never speculation's.
+drifting machine, a faster kernel for the wider verify shape), never speculation's. Whether a
+speed-up *lies* above its bound is one rule (`lies_above`), for the gate and the warning alike:
+its evidence must, not its bare point. A point a few per cent over the bound, within the run's
+measured noise, is what noise on a healthy run looks like, and is not flagged.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 import pandas as pd
 
 from specbench.fit.cells import AR, label_cells, ok_closed_loop
+from specbench.fit.noise import baseline_of, cell_interval
 
 COUNTED_ACCEPTANCE = "vllm:spec_decode counters"  # an endpoint's only source of counted tokens
 
@@ -69,8 +73,22 @@ def cannot_reach(bound: float | None, bar: float, drafted: float) -> bool:
     return bound < bar or (bound <= bar and drafted > 0)
 
 
-def with_bounds(cells: pd.DataFrame) -> pd.DataFrame:
-    """Cells with `speedup_bound` and `above_bound` (the measured speed-up exceeds it) columns."""
+def lies_above(bound: float | None, interval: tuple[float, float] | None = None,
+               band: tuple[float, float] | None = None) -> bool:
+    """Whether a speed-up's evidence lies above what acceptance allows: its interval (repeats), or
+    for one comparison the run's noise band around it, wholly above `bound`. A point over the bound
+    with neither is not called above it (the gate decides nothing on it anyway: no measure of noise).
+    The gate (fit.evidence.judge) and the warning (`bound_warning`) both ask this, so they never
+    disagree."""
+    if bound is None or not math.isfinite(bound):
+        return False
+    evidence = interval if interval is not None else band
+    return evidence is not None and math.isfinite(evidence[0]) and evidence[0] > bound
+
+
+def with_bounds(cells: pd.DataFrame, noise=None) -> pd.DataFrame:
+    """Cells with `speedup_bound` and `above_bound` (`lies_above`: the cell's interval, else its
+    noise band from `noise`, a fit.noise.RunNoise, lies above the bound) columns."""
     cells = cells.copy()
     if cells.empty:
         cells["speedup_bound"], cells["above_bound"] = [], []
@@ -78,29 +96,51 @@ def with_bounds(cells: pd.DataFrame) -> pd.DataFrame:
     records = cells.to_dict("records")
     bounds = [speedup_bound(r) if r.get("mode") != AR else None for r in records]
     cells["speedup_bound"] = [float("nan") if b is None else b for b in bounds]
-    speedups = cells["speedup"] if "speedup" in cells else pd.Series(float("nan"), index=cells.index)
-    cells["above_bound"] = [b is not None and math.isfinite(float(s)) and float(s) > b
-                            for b, s in zip(bounds, speedups)]
+    flags = []
+    for row, bound in zip(records, bounds):
+        point = _number(row, "speedup")
+        if bound is None or not math.isfinite(point):
+            flags.append(False)
+            continue
+        band = noise.interval(row["cell_id"], point) if noise is not None else None
+        flags.append(lies_above(bound, cell_interval(row), band))
+    cells["above_bound"] = flags
     return cells
 
 
-def above_bound(cells: pd.DataFrame) -> pd.DataFrame:
-    """Finished closed-loop speculative cells whose speed-up is above what acceptance allows."""
+def above_bound(cells: pd.DataFrame, noise=None) -> pd.DataFrame:
+    """Finished closed-loop speculative cells whose speed-up lies above what acceptance allows."""
     sd = ok_closed_loop(label_cells(cells))
     if sd.empty or "speedup" not in sd:
         return sd.iloc[0:0]
-    sd = with_bounds(sd[sd["mode"] != AR])
+    sd = with_bounds(sd[sd["mode"] != AR], noise)
     return sd[sd["above_bound"]]
 
 
-def bound_warning(cells: pd.DataFrame) -> str | None:
-    """One sentence naming the speed-ups above their bound; None when there are none."""
-    flagged = above_bound(cells)
+def bound_warning(cells: pd.DataFrame, noise=None) -> str | None:
+    """One sentence naming the speed-ups whose evidence lies above their bound (`lies_above`, with
+    `noise` the run's fit.noise.RunNoise); None when there are none. Where every comparison
+    against one baseline lies above its bound, that baseline is named as the likely slow
+    measurement: a slow baseline lifts every speed-up taken against it."""
+    flagged = above_bound(cells, noise)
     if flagged.empty:
         return None
     shown = ", ".join(f"{row.cell_id} {row.speedup:.3f}× > {row.speedup_bound:.3f}×"
                       for row in flagged.head(4).itertuples())
     more = f" and {len(flagged) - 4} more" if len(flagged) > 4 else ""
-    return (f"{len(flagged)} speed-up(s) above what acceptance allows, not explained by acceptance: noise "
-            f"({shown}{more}; bound = output tokens per target forward × the step's non-draft share); one comparison "
-            f"above its bound never passes")
+    text = (f"{len(flagged)} speed-up(s) above what acceptance allows beyond the run's noise, not explained by "
+            f"acceptance ({shown}{more}; bound = output tokens per target forward × the step's non-draft share); "
+            f"the gate leaves such a comparison undecided")
+    bounded = with_bounds(ok_closed_loop(label_cells(cells)), noise)
+    bounded = bounded[(bounded["mode"] != AR) & bounded["speedup_bound"].notna()]
+    against = baseline_of(cells)
+    suspects = []
+    for baseline in sorted({against.get(c) for c in flagged["cell_id"]} - {None}):
+        paired = bounded[bounded["cell_id"].map(against.get) == baseline]
+        if len(paired) >= 2 and paired["above_bound"].all():
+            suspects.append((baseline, len(paired)))
+    for baseline, count in suspects:
+        text += (f"; all {count} comparisons against the baseline {baseline} lie above their bounds: that baseline is "
+                 f"the likely slow measurement, not the drafts; measure its group again with --repeats 3 or more "
+                 f"(a new run: each repeat of a draft then takes turns with one of the baseline)")
+    return text

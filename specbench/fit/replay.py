@@ -114,5 +114,14 @@ def replay_answer(table: pd.DataFrame, describe: str) -> str:
              if np.isfinite(share) and np.isfinite(row["share_b32_baseline"]) else
              f"; the server's running batch was not sampled (B ≥ {LARGE_BATCH} unknown)")
     return (f"On {describe}, {row['draft']} K={int(row['k'])} {p50} and {p99} ({row['workload']}, "
-            f"T={row['temperature']:g}, {int(row['requests'])} requests): per request TPOT {row['tpot_speedup']:.3g}× "
-            f"faster{interval}, end to end {row['e2e_speedup']:.3g}×{batch}.")
+            f"T={row['temperature']:g}, {int(row['requests'])} requests): per request TPOT "
+            f"{_times(row['tpot_speedup'])}{interval}, end to end {_times(row['e2e_speedup'])}{batch}.")
+
+
+def _times(speedup: float) -> str:
+    """A speed-up in words that agree with its number: 1.2× faster, 0.78× (slower), 1.00× (no change)."""
+    if not np.isfinite(speedup):
+        return "not measured"
+    if f"{speedup:.3g}" in ("1", "1.00"):
+        return "1.00× (no change)"
+    return f"{speedup:.3g}× faster" if speedup > 1 else f"{speedup:.3g}× (slower)"

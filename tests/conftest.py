@@ -98,3 +98,18 @@ def tiny_model_dirs(tmp_path_factory):
         "draft": str(save_tiny_model(root / "draft", shared, layers=2, seed=1)),
         "other": str(save_tiny_model(root / "other", other, layers=2, seed=2)),
     }
+
+
+def as_if_idle(run_dir) -> None:
+    """The run's cells as an idle machine would have recorded them (no other work, no load): for
+    tests of what a verdict pastes or which noise it uses, not of busy marks (tests/test_evidence.py
+    has those), so that they pass beside other work too."""
+    import pandas as pd
+
+    from specbench.results import write_table
+
+    cells = pd.read_parquet(run_dir / "cells.parquet")
+    for column in ("other_cpu_cores", "load_average"):
+        if column in cells:
+            cells[column] = 0.0
+    write_table(run_dir, "cells", cells)

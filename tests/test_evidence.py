@@ -67,13 +67,20 @@ def test_a_drafter_that_accepted_nothing_never_passes(tiny_model_dirs, tmp_path)
 
     code, out = check(run_dir)
     assert code == 1 and "acceptance allows at most 1.000×" in out and "PASS" not in out, out
-    assert "not explained by acceptance" in out and "--speculative-config" not in out
+    assert "--speculative-config" not in out
     code, payload = check_json(run_dir)
     verdict = payload["verdicts"][0]
     assert code == 1 and verdict["decisions"] == {"1": "fail"} and verdict["schedule"] == "{1+: off}"
     assert verdict["speculative_config"] is None and verdict["repeats"] == {"1": 1}
+
+    # 1.056× may lie within the run's noise of its bound (a busy machine widens it); 3× lies beyond
+    # any noise this run measures: flagged, and under a lower bar that acceptance does not rule out,
+    # undecided rather than passed
+    set_speedup(run_dir, cell_id, 3.0)
+    code, payload = check_json(run_dir)
     assert payload["above_bound"][0]["cell_id"] == cell_id and payload["above_bound"][0]["bound"] < 1.0
-    # a lower bar acceptance does not rule out: a comparison above its bound still never passes
+    code, out = check(run_dir)
+    assert code == 1 and "not explained by acceptance" in out, out
     code, out = check(run_dir, "--min-speedup", "0.9")
     assert code == 3 and "not explained by acceptance" in out, out
     report = runner.invoke(app, ["report", str(run_dir), "--output", str(tmp_path / "report")])
@@ -334,6 +341,9 @@ def test_own_cpu_tells_other_work_from_ours():
     from specbench.measure import OwnCpu
 
     spin = "import time; t = time.monotonic(); all(iter(lambda: time.monotonic() - t < 1.5, False))"
+    before = OwnCpu()  # what other work already keeps busy (none on an idle machine): the rest is the spinner's
+    with before:
+        time.sleep(1.0)
     ours = OwnCpu()
     child = subprocess.Popen([sys.executable, "-c", spin])  # a child, as a server is: ours
     with ours:
@@ -345,5 +355,8 @@ def test_own_cpu_tells_other_work_from_ours():
     with theirs:
         time.sleep(1.0)
     time.sleep(0.6)
-    assert ours.cores > 0.6 and ours.other_cores < 0.5, (ours.cores, ours.other_cores)
-    assert theirs.cores < 0.3 and theirs.other_cores > 0.6, (theirs.cores, theirs.other_cores)
+    # a spinner gets at least half a core of two even beside one other busy process
+    assert ours.cores > 0.45 and ours.other_cores - before.other_cores < 0.4, (ours.cores, ours.other_cores,
+                                                                              before.other_cores)
+    assert theirs.cores < 0.3 and theirs.other_cores - before.other_cores > 0.45, (theirs.cores, theirs.other_cores,
+                                                                                  before.other_cores)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -264,14 +265,21 @@ def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, targe
                                      "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
                                      "--num-prompts", "2", "--output", str(run_dir)])
         assert result.exit_code == 0, result.output
+        trace = Path(__file__).parent / "fixtures" / "traces" / "azure.csv"
+        traced = runner.invoke(app, ["sweep", "--endpoint", server.url, "--target", target_dir, "--trace", str(trace),
+                                     "--trace-speedup", "2", "--temperatures", "0", "--workloads", "chat",
+                                     "--output", str(tmp_path / "trace")])
+        assert traced.exit_code == 0, traced.output
     finally:
         server.stop()
     cells = load_run(run_dir).cells
     assert list(cells["mode"]) == ["speculative"] and cells["speedup"].isna().all()
-    report = runner.invoke(app, ["report", str(run_dir)])
-    assert report.exit_code == 0, report.output
-    assert (run_dir / "report" / "report.html").exists() and (run_dir / "report" / "acceptance.png").exists()
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".report")]  # no staging left behind
+    for reported_dir in (run_dir, tmp_path / "trace"):  # an endpoint --trace run was the same exit 4
+        report = runner.invoke(app, ["report", str(reported_dir)])
+        assert report.exit_code == 0, report.output
+        assert (reported_dir / "report" / "report.html").exists()
+        assert (reported_dir / "report" / "acceptance.png").exists()
+        assert not [p for p in reported_dir.iterdir() if p.name.startswith(".report")]  # no staging left behind
 
 
 def test_the_reports_answer_names_the_draft_check_judges():

@@ -97,6 +97,7 @@ def test_groups_spread_over_both_nodes_with_the_local_runs_tokens(tiny_model_dir
     spread = runner.invoke(app, native_grid(tiny_model_dirs, tmp_path / "ray", "--executor", "ray", ks="2,3"))
     assert spread.exit_code == 0, spread.output
     assert "2 pairing group(s)" in spread.output and "~50% of the estimated work" in spread.output
+    assert spread.output.count("on chat · B=1,2 · T=0") == 2  # each group says the traffic it measures
 
     here, there = load_run(tmp_path / "local"), load_run(tmp_path / "ray")
     assert sorted(here.cells["cell_id"]) == sorted(there.cells["cell_id"])
@@ -147,7 +148,7 @@ def test_resume_after_an_interruption_keeps_what_finished(tiny_model_dirs, tmp_p
     assert list(kept) == list(first["tokens_per_s"])  # measured once, not again
 
 
-def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs, tmp_path, monkeypatch):
+def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs, tmp_path, monkeypatch, capfd):
     from specbench.sweep import SweepConfig, run_sweep
 
     cluster, nodes = start_cluster()
@@ -178,6 +179,9 @@ def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs
         retried = cells[(cells["mode"] == "speculative") & (cells["node_id"] == survivor)]
         assert len(retried) == 2  # its own group's cell and the lost group's, paired with a copy of the baseline
         assert killed[0] not in set(run.baseline_copies["node_id"])
+        time.sleep(2)  # Ray's error listener prints what the cluster sent about the lost node
+        printed = capfd.readouterr()
+        assert "[state-dump]" not in printed.out + printed.err  # ~25 lines of raylet state, twice, before
     finally:
         cluster.shutdown()
 

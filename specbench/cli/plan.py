@@ -17,23 +17,59 @@ def plan(
     timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
     acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR; a "
                                                           "--weights random run: the α it simulated)."),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="Predict at this i.i.d. α for every draft instead."),
+    alpha: Optional[str] = typer.Option(None, "--alpha", help="Predict at this i.i.d. α for every draft instead "
+                                                                 "(with --target: a list, 0.6,0.7,0.8, or a per-position "
+                                                                 "profile 0.9/0.8/0.7)."),
     k: str = typer.Option("1,2,3,4,6,8", "--k", help="K values to predict."),
     batch_sizes: str = typer.Option("1,2,4,8,16,32,64", help="Batch sizes to predict."),
     context_lengths: Optional[str] = typer.Option(None, help="Prompt lengths in tokens to predict too (4k = 4096), "
-                                                             "with each traffic's measured α."),
-    device: Optional[str] = typer.Option(None, help="Carry the fitted efficiencies to another GPU's datasheet "
-                                                    "bandwidth and FLOP/s: h100, h200, a100 or l40s (an ESTIMATE)."),
+                                                             "with each traffic's measured α (with --target: the "
+                                                             "prompt lengths, default 1k)."),
+    device: Optional[str] = typer.Option(None, help="With --target: the GPU whose kernel tables price the plan "
+                                                    "(h100, h200, b200, a100, ... or a tables' system name; default "
+                                                    "h100). With a run: carry its fitted efficiencies to this GPU's "
+                                                    "datasheet bandwidth and FLOP/s: h100, h200, a100 or l40s (an "
+                                                    "ESTIMATE)."),
     gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
     gpus: int = typer.Option(1, help="Devices the deployment uses."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Output tokens per request the predictions assume "
-                                                            "(default: the run's --max-new-tokens)."),
+                                                            "(default: the run's --max-new-tokens; with --target: "
+                                                            "128)."),
     json_output: bool = typer.Option(False, "--json", help="Print the predictions, the held-out errors and what "
                                                            "they rest on as one JSON object."),
+    target: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
+                                         help="Plan this target on NVIDIA's measured kernel tables instead of a "
+                                              "run: an alias (llama3-70b), or a directory with its config.json. "
+                                              "Needs pip install 'specbench\\[gpu-tables]'."),
+    drafts: str = typer.Option("1b,8b", rich_help_panel="On kernel tables, no run",
+                               help="Drafters to price with --target: model aliases or sizes in the target's "
+                                    "family, config directories, ngram, eagle (a 1-layer head), mtp or mtp:N."),
+    tp: str = typer.Option("1", "--tp", rich_help_panel="On kernel tables, no run",
+                           help="Tensor-parallel sizes of the target, e.g. 4,8."),
+    draft_tp: Optional[str] = typer.Option(None, "--draft-tp", rich_help_panel="On kernel tables, no run",
+                                           help="The draft model's TP: 1 or the target's (default: the "
+                                                "target's, as vLLM)."),
+    backend: str = typer.Option("vllm", rich_help_panel="On kernel tables, no run",
+                                help="Whose kernels: vllm, sglang or trtllm."),
+    slo: Optional[str] = typer.Option(None, "--slo", rich_help_panel="On kernel tables, no run",
+                                      help="tpot=SECONDS: per TP, the batch that meets it with and without "
+                                           "speculation, and the cheaper."),
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
-    not measured, from the roofline performance model fitted on the run (docs/performance-model.md)."""
+    not measured, from the roofline performance model fitted on the run (docs/performance-model.md);
+    with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
     import pandas as pd
+
+    if target is not None:
+        _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
+                        context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output)
+        return
+    try:
+        if slo is not None or tp != "1" or draft_tp is not None:
+            raise UsageError("--slo, --tp and --draft-tp plan on the kernel tables: give --target MODEL")
+        alpha = _one_alpha(alpha)
+    except known_errors() as error:
+        fail(str(error))
 
     from specbench import fit
     from specbench.fit.noise import run_noise
@@ -45,8 +81,6 @@ def plan(
         if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
             raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
         check_price(gpu_price, gpus)
-        if alpha is not None and not 0 <= alpha < 1:
-            raise UsageError(f"--alpha must be in [0, 1), got {alpha}")
         if device is not None and device.lower() not in fit.DEVICES:
             raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
         timings = load_run(timings or run_dir)
@@ -186,3 +220,39 @@ def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
                    f"datasheet bandwidth and FLOP/s; overheads kept")
 
 
+
+
+def _one_alpha(text: str | None) -> float | None:
+    """A run's plan takes one i.i.d. α."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--alpha: with a run, one number in [0, 1) (lists and profiles plan with --target), "
+                         f"got {text!r}") from None
+    if not 0 <= value < 1:
+        raise UsageError(f"--alpha must be in [0, 1), got {value:g}")
+    return value
+
+
+def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
+                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output) -> None:
+    from specbench.cli.plan_tables import plan_from_tables
+    from specbench.fit.kernel_tables import TablesUnavailable
+
+    try:
+        if run_dir is not None or timings is not None:
+            raise UsageError("--target plans on the kernel tables, without a run's step times: drop RUN_DIR and "
+                             "--timings (a run's acceptance: --acceptance RUN)")
+        if gpus != 1:
+            raise UsageError("--gpus: with --target, a replica's GPUs are its --tp")
+        ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
+        contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else [1024]
+        if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
+            raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+        check_price(gpu_price, 1)
+        plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts,
+                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output)
+    except (TablesUnavailable,) + known_errors() as error:
+        fail(str(error))

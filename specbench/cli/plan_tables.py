@@ -1,0 +1,177 @@
+"""`specbench plan --target MODEL --device GPU --tp 4,8`: speculative decoding priced from NVIDIA's
+measured kernel tables, with no run (docs/performance-model.md, "Planning on kernel tables")."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from specbench.cli.common import UsageError, console, split_list
+
+
+def parse_alphas(text: str) -> list[tuple[float, ...]]:
+    """`0.6,0.7,0.8`: each an i.i.d. α in [0, 1), or a per-position profile `0.9/0.8/0.7`."""
+    from specbench.synthetic import parse_alpha
+
+    profiles = [parse_alpha(item.strip()) for item in text.split(",") if item.strip()]
+    if not profiles or any(p[-1] >= 1 for p in profiles):
+        raise UsageError(f"--alpha needs values in [0, 1) (0.6,0.7 or a profile 0.9/0.8), got {text!r}")
+    return profiles
+
+
+def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None,
+                     ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
+                     alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
+                     json_output: bool) -> None:
+    from specbench.fit import default_gpu_price, kernel_tables
+    from specbench.fit import table_plan as tp_plan
+    from specbench.models import lookup_alias
+
+    started = time.perf_counter()
+    if alpha is None and acceptance is None:
+        raise UsageError("planning on the tables needs an acceptance: --alpha 0.6,0.7,0.8 or --acceptance RUN "
+                         "(a run's measured α)")
+    tp_sizes = split_list(tps, int, "--tp")
+    if any(t < 1 for t in tp_sizes):
+        raise UsageError(f"--tp sizes must be >= 1, got {tps!r}")
+    tpot = None
+    if slo is not None:
+        from specbench.fit import parse_slo
+
+        bounds = dict(parse_slo(slo).bounds)
+        if set(bounds) != {"tpot"}:
+            raise UsageError(f"--slo on the tables takes a TPOT target only (tpot=SECONDS), got {slo!r}")
+        tpot = bounds["tpot"] * 1000
+    system = kernel_tables.check_device(device, backend)
+    spec = lookup_alias(target)
+    family = spec.family if spec else None
+    target_name, target_config = tp_plan.model_config(target)
+    drafters = tp_plan.parse_drafters(split_list(drafts, str, "--drafts"), target_name, target_config, family)
+    draft_tp_size = None
+    if draft_tp not in (None, "tp"):
+        draft_tp_size = split_list(draft_tp, int, "--draft-tp")[0]
+        bad = [t for t in tp_sizes if draft_tp_size not in (1, t)]
+        if bad:
+            raise UsageError(f"--draft-tp must be 1 or the target's TP (vLLM's rule), got {draft_tp_size} with "
+                             f"--tp {bad[0]}")
+    left_out: list[str] = []
+    transferred = ""
+    accepted, sources = [], []
+    if alpha is not None:
+        priced = [d for d in drafters if d.kind != "ngram"]
+        accepted += tp_plan.given_acceptance(priced, parse_alphas(alpha))
+        sources.append(f"--alpha {alpha}")
+        if acceptance is None:
+            left_out += [f"{d.name}: n-gram acceptance depends on the text, so it must come from a run "
+                         f"(--acceptance RUN)" for d in drafters if d.kind == "ngram"]
+    if acceptance is not None:
+        from specbench.results import load_run
+
+        run = load_run(acceptance)
+        run_target = (run.meta.get("config") or {}).get("target", "?")
+        measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path))
+        accepted += measured
+        left_out += missing if alpha is None else [line.replace(" (give --alpha to plan it)", " (planned at --alpha only)")
+                                                   for line in missing]
+        sources.append(str(run.path))
+        theirs = lookup_alias(run_target)
+        if measured and (theirs.alias if theirs else run_target) != target_name:
+            transferred = (f"the α was measured with target {run_target} ({run.path}) and is applied to "
+                           f"{target_name}; a draft accepted by one target is not always accepted as often by another")
+    if not accepted:
+        raise UsageError("no drafter has an acceptance to plan with: " + "; ".join(left_out))
+    drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
+    alpha_from = " and ".join(sources)
+    price, price_note = (gpu_price, "given") if gpu_price is not None else \
+        default_gpu_price({"gpus": [{"name": system.replace("_", " ")}]})
+    planner = tp_plan.TablePlanner(target_config, target_name, system, backend)
+    table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
+                                             output_tokens, price, draft_tp_size)
+    left_out += unpriced
+    decided = tp_plan.decisions(table)
+    slo_table = tp_plan.slo_choices(table, tpot) if tpot is not None else None
+    seconds = time.perf_counter() - started
+    label = kernel_tables.label(system, backend)
+    unit = "$/1M tok" if price is not None else "GPU-h/1M tok"
+    if json_output:
+        records = lambda frame: json.loads(frame.to_json(orient="records"))  # noqa: E731
+        print(json.dumps({"estimate": f"ESTIMATE from {label}", "tables": label, "target": target_name,
+                          "device": system, "backend": backend, "tp": tp_sizes, "output_tokens": output_tokens,
+                          "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
+                          "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
+                          "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
+                          "predictions": records(table), "decisions": records(decided),
+                          "slo": records(slo_table) if slo_table is not None else None}, indent=2))
+        return
+    console.print(f"[bold red]ESTIMATE[/] from {label}: {target_name} with "
+                  f"{', '.join(f'{d.name} ({d.label})' for d in drafters)}; α from {alpha_from}; "
+                  f"{output_tokens} output tokens per request; prices {price_note}; not measurements",
+                  highlight=False, soft_wrap=True)
+    for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+            [f"left out: {why}" for why in left_out]:
+        console.print(line, highlight=False, soft_wrap=True)
+    print_table_plan(table, decided, unit)
+    if slo_table is not None:
+        print_slo(slo_table, unit)
+    console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
+
+
+def print_table_plan(table, decided, unit: str) -> None:
+    from specbench.fit import AR
+    from specbench.fit.table_plan import best_k
+
+    best = best_k(table)
+    ar = table[table["draft"] == AR].set_index(["tp", "context_length", "batch_size"])
+    for (tp, context, acceptance), group in best.groupby(["tp", "context_length", "acceptance"]):
+        shown = Table(title=f"TP{tp}, {context}-token prompts, {acceptance}: best K per batch size",
+                      title_justify="left", header_style="bold")
+        for column in ("draft", "B", "K", "τ", "AR step ms", "SD step ms", "AR tok/s/GPU", "SD tok/s/GPU",
+                       "tok/s/user", "speed-up", f"AR {unit}", f"SD {unit}", "GiB/GPU"):
+            shown.add_column(column, overflow="fold")
+        for row in group.itertuples():
+            base = ar.loc[(tp, context, row.batch_size)]
+            shown.add_row(row.draft, str(row.batch_size), str(row.k), f"{row.tau:.2f}", f"{row.ar_step_ms:.2f}",
+                          f"{row.step_ms:.2f}", f"{base['tokens_per_s_per_gpu']:.0f}", f"{row.tokens_per_s_per_gpu:.0f}",
+                          f"{row.tokens_per_s_per_user:.0f}", f"{row.speedup:.2f}×", f"{base['cost_per_1m']:.3g}",
+                          f"{row.cost_per_1m:.3g}", f"{row.memory_gib:.0f}")
+        console.print(shown)
+        for row in decided[(decided["tp"] == tp) & (decided["context_length"] == context)
+                           & (decided["acceptance"] == acceptance)].itertuples():
+            console.print(f"  {row.draft}: {row.crossover}; K schedule {row.k_schedule}", highlight=False,
+                          soft_wrap=True)
+    unfit = table[~table["fits"]]
+    for (tp, context, draft), group in unfit.groupby(["tp", "context_length", "draft"]):
+        largest = int(group["largest_batch"].iloc[0])
+        console.print(f"  does not fit: TP{tp}, {context}-token prompts, {draft}: B = "
+                      f"{', '.join(str(b) for b in sorted(set(group['batch_size'])))} "
+                      + (f"(the largest batch that fits is {largest})" if largest else
+                         "(no batch fits: the weights alone exceed the GPUs' memory)"),
+                      highlight=False, soft_wrap=True)
+
+
+def print_slo(slo_table, unit: str) -> None:
+    target = slo_table["tpot_ms_target"].iloc[0]
+    shown = Table(title=f"TPOT ≤ {target:g} ms: the batch with the most tokens/s per GPU that meets it",
+                  title_justify="left", header_style="bold")
+    for column in ("TP", "prompt", "acceptance", "AR B", f"AR {unit}", "SD draft, K, B", f"SD {unit}", "cheapest"):
+        shown.add_column(column, overflow="fold")
+    for row in slo_table.itertuples():
+        none = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
+        shown.add_row(str(row.tp), str(row.context_length), row.acceptance,
+                      "–" if none(row.ar_batch) else str(int(row.ar_batch)),
+                      "–" if none(row.ar_cost_per_1m) else f"{row.ar_cost_per_1m:.3g}",
+                      "–" if none(row.sd_batch) else f"{row.sd_draft}, {int(row.sd_k)}, {int(row.sd_batch)}",
+                      "–" if none(row.sd_cost_per_1m) else f"{row.sd_cost_per_1m:.3g}", row.cheapest or "none meets it")
+    console.print(shown)
+    met = slo_table.dropna(subset=["cheapest"])
+    if not met.empty:
+        costs = met.apply(lambda r: min(c for c in (r["ar_cost_per_1m"], r["sd_cost_per_1m"])
+                                        if c is not None and c == c), axis=1)
+        best = met.loc[costs.idxmin()]
+        console.print(f"  cheapest that meets it: TP{best['tp']}, {best['context_length']}-token prompts, "
+                      f"{best['acceptance']}: {best['cheapest']} ({costs.min():.3g} {unit})", highlight=False,
+                      soft_wrap=True)

@@ -1,0 +1,195 @@
+"""NVIDIA's measured kernel tables (PyPI `aiconfigurator-core`, the `gpu-tables` extra) as forward
+times: the one module that imports aiconfigurator_core.
+
+aiconfigurator-core 0.12 is NVIDIA's last release of that package (its successor is published on
+NVIDIA's own index), so every call to it lives here and a later swap touches this file alone. The
+tables hold GEMM, attention, all-reduce and element-wise timings measured per GPU (h100_sxm,
+h200_sxm, b200_sxm, ...) under vLLM, SGLang and TensorRT-LLM; `EngineHandle.compile` walks a Hugging
+Face config's ops at a tensor-parallel size and prices a forward from those tables.
+
+What specbench asks of a forward (all in milliseconds, per step of the whole batch):
+- `decode_ms(B, context)`: one token per row over `context` cached tokens (autoregressive step,
+  a draft model's step);
+- `verify_ms(B, context, positions)`: `positions` new tokens per row over `context` as prefix,
+  priced as a context-phase forward (FlashAttention over a query of `positions`, as vLLM verifies),
+  plus the LM head on every position (the context phase prices it on each row's last token only);
+- `prefill_ms(B, prompt)`: the prompts' prefill.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "aiconfigurator-core"
+PIN = "0.12"
+INSTALL_HINT = ("the kernel tables are not installed: pip install 'specbench[gpu-tables]' "
+                f"(NVIDIA's {PACKAGE}=={PIN}.*, 82 MB, works offline)")
+BACKENDS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+# The short names a user types for the systems the tables hold (any system name works too).
+DEVICE_SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm",
+                  "a100": "a100_sxm", "gb200": "gb200", "gb300": "gb300", "l40s": "l40s"}
+
+
+class TablesUnavailable(ValueError):
+    """The extra is missing, or the tables lack what was asked (a device, a backend, a model)."""
+
+
+def _quiet() -> None:
+    """aiconfigurator logs each low-fidelity table it loads (MLA, sparse attention: kernels a dense
+    Llama never calls) at WARNING; specbench prints its own labels instead."""
+    for name in ("aiconfigurator_core", "aiconfigurator"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@functools.cache
+def _core():
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        raise TablesUnavailable(INSTALL_HINT) from None
+    _quiet()
+    return aiconfigurator_core
+
+
+def version() -> str:
+    from importlib.metadata import version as installed
+
+    _core()
+    return installed(PACKAGE)
+
+
+def _systems_dir() -> Path:
+    return Path(_core().__file__).parent / "systems"
+
+
+def system_name(device: str) -> str:
+    """`h100` -> `h100_sxm`; a system's own name passes through."""
+    return DEVICE_SYSTEMS.get(device.lower(), device.lower())
+
+
+@functools.cache
+def backend_version(system: str, backend: str) -> str | None:
+    """The tables' current version of `backend` on `system`, None where they hold none."""
+    from aiconfigurator_core.sdk import perf_database
+
+    _core()
+    try:
+        found = perf_database.resolve_query_version(system, backend, "current")
+    except Exception:  # noqa: BLE001 - "no queryable versions defined": the tables lack it
+        return None
+    return str(found) if (_systems_dir() / "data" / system / "gemm" / backend / str(found)).is_dir() else None
+
+
+@functools.cache
+def systems(backend: str) -> list[str]:
+    """Every system whose tables hold `backend`'s GEMMs."""
+    names = sorted(p.stem for p in _systems_dir().glob("*.yaml") if (_systems_dir() / "data" / p.stem).is_dir())
+    return [name for name in names if backend_version(name, backend)]
+
+
+def check_device(device: str, backend: str) -> str:
+    """The system for `device`, or one line naming what the tables hold."""
+    if backend not in BACKENDS:
+        raise TablesUnavailable(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    system = system_name(device)
+    if backend_version(system, backend) is None:
+        held = systems(backend)
+        raise TablesUnavailable(f"the {PACKAGE} {version()} tables hold no {BACKENDS[backend]} measurements for "
+                                f"{device!r}; they have: {', '.join(held)} (or short: "
+                                f"{', '.join(k for k, v in DEVICE_SYSTEMS.items() if v in held)})")
+    return system
+
+
+def label(system: str, backend: str) -> str:
+    """What every figure rests on: 'aiconfigurator-core 0.12.0 tables (h100_sxm, vLLM 0.24.0)'."""
+    return f"{PACKAGE} {version()} tables ({system}, {BACKENDS[backend]} {backend_version(system, backend)})"
+
+
+@dataclass(frozen=True)
+class Device:
+    """What planning needs of one GPU besides its kernels."""
+
+    system: str
+    memory_bytes: int  # HBM per GPU
+    gpus_per_node: int
+    reserved_bytes: dict[int, int]  # per TP size: NCCL buffers plus the tables' other runtime memory
+
+
+@functools.cache
+def device(system: str) -> Device:
+    import yaml
+
+    spec = yaml.safe_load((_systems_dir() / f"{system}.yaml").read_text())
+    misc = spec.get("misc") or {}
+    nccl = {int(k): int(v) for k, v in (misc.get("nccl_mem") or {}).items()}
+    other = int(misc.get("other_mem") or 0)
+    return Device(system, int(spec["gpu"]["mem_capacity"]), int((spec.get("node") or {}).get("num_gpus_per_node", 8)),
+                  {tp: other + nccl.get(tp, max(nccl.values(), default=0)) for tp in (1, 2, 4, 8, 16, 32, 64)})
+
+
+def _config_dir(config: dict) -> str:
+    """A directory holding `config` as config.json (aiconfigurator reads a model path), one per
+    distinct config, kept for the process."""
+    text = json.dumps(config, sort_keys=True)
+    folder = Path(tempfile.gettempdir()) / f"specbench-tables-{os.getuid()}" / hashlib.sha1(text.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "config.json").exists():
+        (folder / "config.json").write_text(text)
+    return str(folder)
+
+
+class Forward:
+    """One model at one TP size on one system's tables: forward times in ms."""
+
+    def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model"):
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        _core()
+        self.tp, self.nextn, self.name = tp, nextn, name
+        self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
+        try:
+            self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn)
+        except Exception as error:  # noqa: BLE001 - its errors name the config field it could not use
+            raise self._unavailable(error) from None
+        self._logits_cache: dict[int, float] = {}
+
+    def _unavailable(self, error: Exception) -> TablesUnavailable:
+        """A kernel the tables did not measure (a head size, a quantisation): one line naming it."""
+        return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
+                                 f"{str(error).splitlines()[0].split(': tried lane_order')[0]}")
+
+    def _ms(self, call, *args) -> float:
+        try:
+            return float(call(*args))
+        except Exception as error:  # noqa: BLE001 - PerfDataNotAvailableError and its kin
+            raise self._unavailable(error) from None
+
+    def decode_ms(self, batch_size: int, context: int) -> float:
+        """One decode step of `batch_size` rows at `context` cached tokens (MTP: the step with its
+        `nextn` layers and the verify of nextn + 1 tokens per row, as aiconfigurator prices it)."""
+        return self._ms(self._engine.predict_decode_latency, batch_size, max(context, 1), 2)
+
+    def prefill_ms(self, batch_size: int, prompt: int) -> float:
+        return self._ms(self._engine.predict_prefill_latency, batch_size, max(prompt, 1), 0)
+
+    def _logits_ms(self, tokens: int) -> float:
+        """The LM head over `tokens` rows (the decode phase's logits GEMM is priced per row)."""
+        if tokens not in self._logits_cache:
+            try:
+                ops = self._engine.decode_step_per_op(tokens, 1024, 2)
+            except Exception as error:  # noqa: BLE001
+                raise self._unavailable(error) from None
+            self._logits_cache[tokens] = sum(float(op[1]) for op in ops if op[0] == "generation_logits_gemm")
+        return self._logits_cache[tokens]
+
+    def verify_ms(self, batch_size: int, context: int, positions: int) -> float:
+        """`positions` new tokens per row over `context` cached ones, with logits at every position."""
+        step = self._ms(self._engine.predict_prefill_latency, batch_size, context + positions, context)
+        return step + self._logits_ms(batch_size * positions) - self._logits_ms(batch_size)

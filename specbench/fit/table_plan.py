@@ -1,0 +1,437 @@
+"""Speculative decoding priced on measured kernel tables, for GPUs and tensor-parallel sizes a run
+did not measure (`specbench plan --target ... --device h100 --tp 4,8`).
+
+A step, per batch of B rows at a context of C cached tokens (the mean over the decode, prompt plus
+half the output), each forward from `kernel_tables`:
+- autoregressive: one target decode at B and C;
+- speculative with a draft model or an EAGLE-style head: K draft decodes at B (the draft at
+  `draft_tp`, 1 or the target's TP as vLLM allows) plus one target verify of K + 1 new positions
+  per row over C as prefix;
+- n-gram lookup: the verify alone (drafting is a CPU lookup; its α must come from a run);
+- MTP with N layers: aiconfigurator's own pricing (the target compiled with `nextn` N: its decode
+  step carries the N layers and a verify of N + 1 tokens per row as decode rows), K = N.
+
+A request's time is the batch's prefill (target, and the draft's own) plus its decode steps:
+osl - 1 autoregressive ones, or (osl - 1) / E[tokens per step] speculative ones, E from the
+acceptance (i.i.d. α, or the run's per-position acceptance). Tokens/s per GPU divides the batch's
+output by that time and the GPUs of one replica (TP); per user it is 1 / TPOT, TPOT that time over
+the output tokens after the first (in continuous batching a request's steps share the prefills of
+the requests that join while it decodes, as aiconfigurator's TPOT does; `decode_tpot_ms` is the
+decode step alone over the tokens it yields). Memory: both models' weights and their KV cache for B rows of prompt, output
+and K lookahead tokens, plus the tables' NCCL and runtime reserve, against 90 % of the GPU's HBM
+(vLLM's default --gpu-memory-utilization). A batch that does not fit is marked and not priced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from specbench.fit import kernel_tables
+from specbench.fit.cells import AR
+from specbench.fit.prices import cost_per_million
+
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use
+BYTES_PER_VALUE = 2  # bf16 weights and KV cache, as the tables price them
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """A proposer as the tables price it."""
+
+    name: str  # as written: "1b", "ngram", "eagle", "mtp:2"
+    kind: str  # "model" | "ngram" | "eagle" | "mtp"
+    config: dict | None = None  # the model priced for K draft decodes (model, eagle)
+    label: str = ""  # what it is: "llama3.2-1b", "EAGLE head: 1 layer of llama3-70b"
+    layers: int = 0  # MTP layers
+
+
+def eagle_config(target: dict) -> dict:
+    """An EAGLE-style head: one decoder layer at the target's width, with its embedding and LM head."""
+    return {**target, "num_hidden_layers": 1}
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What one traffic accepts of one drafter: i.i.d. α, and per-position acceptance where measured
+    (`reach[i]`: the share of steps whose draft position i + 1 was accepted)."""
+
+    draft: str
+    key: str  # "α 0.7", "chat T=0"
+    alpha: float
+    reach: tuple[float, ...] = ()
+    source: str = ""
+
+    def tokens_per_step(self, k: int) -> float:
+        """E[tokens per verify] at K: 1 + the expected accepted drafts (measured positions first,
+        then each further position at α times the last one's reach)."""
+        reach = [r for r in self.reach if r == r]
+        total, last = 1.0, 1.0
+        for position in range(k):
+            last = reach[position] if position < len(reach) else last * self.alpha
+            total += last
+        return total
+
+
+@dataclass(frozen=True)
+class Memory:
+    weights: float  # bytes on the fullest GPU
+    kv_per_row: float  # bytes per row (prompt + output + K lookahead) on that GPU
+    reserved: float
+    usable: float
+
+    def need(self, batch_size: int) -> float:
+        return self.weights + self.reserved + batch_size * self.kv_per_row
+
+    def largest_batch(self) -> int:
+        free = self.usable - self.weights - self.reserved
+        return max(0, int(free // self.kv_per_row)) if self.kv_per_row > 0 else 0
+
+
+def parameters(config: dict, layers: int | None = None) -> int:
+    from specbench.synthetic import config_parameters
+
+    return config_parameters(config, layers)
+
+
+def kv_bytes_per_token(config: dict, tp: int, layers: int | None = None) -> float:
+    """K and V per token on one GPU: KV heads split over TP, replicated where TP exceeds them."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_gpu = max(1.0, kv_heads / tp)
+    return 2 * (config["num_hidden_layers"] if layers is None else layers) * per_gpu * head_dim * BYTES_PER_VALUE
+
+
+def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int,
+           device: kernel_tables.Device) -> Memory:
+    weights = parameters(target) * BYTES_PER_VALUE / tp
+    kv = kv_bytes_per_token(target, tp) * tokens_per_row
+    if drafter is not None and drafter.kind in ("model", "eagle") and drafter.config:
+        weights += parameters(drafter.config) * BYTES_PER_VALUE / draft_tp
+        kv += kv_bytes_per_token(drafter.config, draft_tp) * tokens_per_row
+    elif drafter is not None and drafter.kind == "mtp":
+        per_layer = (parameters(target) - parameters(target, 0)) / target["num_hidden_layers"]
+        weights += per_layer * drafter.layers * BYTES_PER_VALUE / tp
+        kv += kv_bytes_per_token(target, tp, drafter.layers) * tokens_per_row
+    return Memory(weights, kv, float(device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))),
+                  GPU_MEMORY_UTILIZATION * device.memory_bytes)
+
+
+@dataclass
+class TablePlanner:
+    """The tables' forwards for one target on one system and backend, compiled once per TP size."""
+
+    target: dict
+    target_name: str
+    system: str
+    backend: str
+    _forwards: dict = field(default_factory=dict)
+
+    def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "") -> kernel_tables.Forward:
+        key = (id(config), tp, nextn)
+        if key not in self._forwards:
+            self._forwards[key] = kernel_tables.Forward(config, self.system, self.backend, tp, nextn,
+                                                        name or self.target_name)
+        return self._forwards[key]
+
+    def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
+        """One speculative step: K draft forwards plus the verify of K + 1 positions."""
+        if drafter.kind == "mtp":
+            return self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context)
+        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
+        if drafter.kind == "ngram":
+            return verify
+        draft_tp = tp if drafter.kind == "eagle" else draft_tp
+        return k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context) + verify
+
+    def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
+        total = self.forward(self.target, tp).prefill_ms(batch_size, prompt)
+        if drafter is not None and drafter.kind == "model":
+            total += self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
+        return total
+
+
+def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:
+    """TP must split the attention heads, and the KV heads or be a multiple of them."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    if tp < 1 or heads % tp or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(f"TP{tp} does not divide {what}'s {heads} attention heads and {kv_heads} KV heads; "
+                         f"give {option} a TP that does ({', '.join(str(t) for t in (1, 2, 4, 8, 16) if not heads % t)})")
+
+
+def plan_on_tables(planner: TablePlanner, drafters: list[Drafter], acceptances: list[Acceptance], ks: list[int],
+                   batch_sizes: list[int], contexts: list[int], tps: list[int], output_tokens: int,
+                   price_per_hour: float | None, draft_tp: int | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per (TP, context, acceptance, drafter, K, B), and one autoregressive row per (TP,
+    context, B): step times, tokens/s per GPU and per user, speed-up, $ per 1M tokens and memory;
+    and a line for each drafter the tables cannot price there (a kernel they did not measure)."""
+    rows, left_out = [], []
+    for tp in tps:
+        check_tp(planner.target, tp, planner.target_name)
+        for drafter in drafters:
+            if drafter.kind == "model":
+                check_tp(drafter.config, draft_tp or tp, drafter.label, "--draft-tp")
+        for context in contexts:
+            ar_rows, ar = _autoregressive(planner, batch_sizes, context, tp, output_tokens)
+            rows += ar_rows
+            for drafter in drafters:
+                mine = [a for a in acceptances if a.draft == drafter.name]
+                try:
+                    rows += _speculative(planner, drafter, mine, ks, batch_sizes, context, tp,
+                                         tp if drafter.kind != "model" else (draft_tp or tp), output_tokens, ar)
+                except kernel_tables.TablesUnavailable as error:
+                    left_out.append(f"{drafter.name} at TP{tp}: {error}")
+    table = pd.DataFrame(rows)
+    for column in ("ar_step_ms", "step_ms", "decode_tpot_ms", "tpot_ms", "tokens_per_s_per_gpu",
+                   "tokens_per_s_per_user", "speedup"):
+        if column not in table:
+            table[column] = float("nan")
+    table["cost_per_1m"] = cost_per_million(table["tokens_per_s_per_gpu"], price_per_hour, 1)
+    return table, list(dict.fromkeys(left_out))
+
+
+def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int, tp: int,
+                    output_tokens: int) -> tuple[list[dict], dict[int, tuple[float, float]]]:
+    """The baseline's rows, and B -> (tokens/s per GPU, step ms) for the batches that fit."""
+    device = kernel_tables.device(planner.system)
+    need = memory(planner.target, None, tp, tp, context + output_tokens, device)
+    rows, ar = [], {}
+    for b in batch_sizes:
+        fits = need.need(b) <= need.usable
+        row = {"tp": tp, "context_length": context, "acceptance": "", "draft": AR, "k": 0, "batch_size": b,
+               "fits": fits, "largest_batch": need.largest_batch(), "memory_gib": need.need(b) / 2 ** 30,
+               "alpha": float("nan"), "tau": 1.0}
+        if fits:
+            step = planner.forward(planner.target, tp).decode_ms(b, context + output_tokens // 2)
+            total = planner.prefill_ms(None, b, context, tp, tp) + (output_tokens - 1) * step
+            ar[b] = (b * output_tokens / total * 1000 / tp, step)
+            row.update(ar_step_ms=step, step_ms=step, decode_tpot_ms=step, tpot_ms=_tpot(total, output_tokens),
+                       tokens_per_s_per_gpu=ar[b][0], tokens_per_s_per_user=1000 / _tpot(total, output_tokens),
+                       speedup=1.0)
+        rows.append(row)
+    return rows, ar
+
+
+def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acceptance], ks: list[int],
+                 batch_sizes: list[int], context: int, tp: int, draft_tp: int, output_tokens: int,
+                 ar: dict[int, tuple[float, float]]) -> list[dict]:
+    device = kernel_tables.device(planner.system)
+    rows = []
+    for k in ([drafter.layers] if drafter.kind == "mtp" else ks):
+        need = memory(planner.target, drafter, tp, draft_tp, context + output_tokens + k, device)
+        for b in batch_sizes:
+            fits = need.need(b) <= need.usable and b in ar
+            step = planner.step_ms(drafter, k, b, context + output_tokens // 2, tp, draft_tp) if fits else float("nan")
+            prefill = planner.prefill_ms(drafter, b, context, tp, draft_tp) if fits else 0.0
+            for acceptance in acceptances:
+                tau = acceptance.tokens_per_step(k)
+                row = {"tp": tp, "context_length": context, "acceptance": acceptance.key, "draft": drafter.name,
+                       "k": k, "batch_size": b, "fits": fits, "largest_batch": need.largest_batch(),
+                       "memory_gib": need.need(b) / 2 ** 30, "alpha": acceptance.alpha, "tau": tau}
+                if fits:
+                    total = prefill + (output_tokens - 1) / tau * step
+                    per_gpu = b * output_tokens / total * 1000 / tp
+                    row.update(ar_step_ms=ar[b][1], step_ms=step, decode_tpot_ms=step / tau,
+                               tpot_ms=_tpot(total, output_tokens), tokens_per_s_per_gpu=per_gpu,
+                               tokens_per_s_per_user=1000 / _tpot(total, output_tokens), speedup=per_gpu / ar[b][0])
+                rows.append(row)
+    return rows
+
+
+def _tpot(batch_ms: float, output_tokens: int) -> float:
+    """A user's time per output token in continuous batching's steady state: while one request
+    decodes, the batch's other slots turn over, so its steps share the batch's prefills (the
+    decode step alone is `decode_tpot_ms`)."""
+    return batch_ms / max(output_tokens - 1, 1)
+
+
+def best_k(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (TP, context, acceptance, draft, B): the K with the highest predicted speed-up (of the
+    batches that fit)."""
+    sd = table[(table["draft"] != AR) & table["fits"] & table["speedup"].notna()]
+    if sd.empty:
+        return sd
+    keys = ["tp", "context_length", "acceptance", "draft", "batch_size"]
+    return sd.loc[sd.groupby(keys)["speedup"].idxmax()].sort_values(keys).reset_index(drop=True)
+
+
+def decisions(table: pd.DataFrame, bar: float = 1.0) -> pd.DataFrame:
+    """Per (TP, context, acceptance, draft): B* (where the best-K speed-up falls below the bar) and
+    the K schedule a server would load (off where the best K is below the bar)."""
+    from specbench.fit.decisions import crossover, k_schedule
+
+    best = best_k(table)
+    rows = []
+    for (tp, context, acceptance, draft), group in best.groupby(["tp", "context_length", "acceptance", "draft"]):
+        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), bar, sizes="predicted")
+        schedule = k_schedule(group["batch_size"].tolist(),
+                              [int(k) if s >= bar else None for k, s in zip(group["k"], group["speedup"])])
+        rows.append({"tp": tp, "context_length": context, "acceptance": acceptance, "draft": draft,
+                     "b_star": found.batch_size, "crossover": found.text, "k_schedule": schedule,
+                     "best_speedup": float(group["speedup"].max()),
+                     **dict(zip(("ar_cheapest_per_1m", "sd_cheapest_per_1m"), _cheapest(table, group)))})
+    return pd.DataFrame(rows)
+
+
+def _cheapest(table: pd.DataFrame, best: pd.DataFrame) -> tuple[float, float]:
+    """($ per 1M tokens at the cheapest batch without speculation, and with it at its best K) over
+    the batch sizes that fit: what speculation saves where each runs at its highest throughput."""
+    tp, context = best["tp"].iloc[0], best["context_length"].iloc[0]
+    ar = table[(table["draft"] == AR) & table["fits"] & (table["tp"] == tp) & (table["context_length"] == context)]
+    return float(ar["cost_per_1m"].min()), float(best["cost_per_1m"].min())
+
+
+def slo_choices(table: pd.DataFrame, tpot_ms: float) -> pd.DataFrame:
+    """Per TP, context and acceptance: the largest batch that meets the TPOT target without
+    speculation and with it (any drafter, K), and which of the two is cheaper per 1M tokens."""
+    met = table[table["fits"] & (table["tpot_ms"] <= tpot_ms)]
+    rows = []
+    for (tp, context), group in table.groupby(["tp", "context_length"]):
+        ar = met[(met["tp"] == tp) & (met["context_length"] == context) & (met["draft"] == AR)]
+        ar_best = ar.sort_values("tokens_per_s_per_gpu").iloc[-1] if not ar.empty else None
+        for acceptance in sorted(set(group["acceptance"]) - {""}):
+            sd = met[(met["tp"] == tp) & (met["context_length"] == context) & (met["acceptance"] == acceptance)]
+            sd_best = sd.sort_values("tokens_per_s_per_gpu").iloc[-1] if not sd.empty else None
+            choices = [c for c in (ar_best, sd_best) if c is not None]
+            cheapest = min(choices, key=lambda c: c["cost_per_1m"]) if choices else None
+            rows.append({
+                "tp": tp, "context_length": context, "acceptance": acceptance, "tpot_ms_target": tpot_ms,
+                "ar_batch": int(ar_best["batch_size"]) if ar_best is not None else None,
+                "ar_tokens_per_s_per_gpu": float(ar_best["tokens_per_s_per_gpu"]) if ar_best is not None else None,
+                "ar_cost_per_1m": float(ar_best["cost_per_1m"]) if ar_best is not None else None,
+                "sd_draft": sd_best["draft"] if sd_best is not None else None,
+                "sd_k": int(sd_best["k"]) if sd_best is not None else None,
+                "sd_batch": int(sd_best["batch_size"]) if sd_best is not None else None,
+                "sd_tokens_per_s_per_gpu": float(sd_best["tokens_per_s_per_gpu"]) if sd_best is not None else None,
+                "sd_cost_per_1m": float(sd_best["cost_per_1m"]) if sd_best is not None else None,
+                "cheapest": None if cheapest is None else (AR if cheapest["draft"] == AR else "speculative"),
+            })
+    return pd.DataFrame(rows)
+
+
+# --- what the plan prices: models by name, drafters, acceptance -----------------------------------
+
+def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
+    """(name, config) of a registry alias or size (shipped with specbench), a directory holding a
+    config.json, or a config .json file: no download, so a missing config is one clear line."""
+    import json
+    from pathlib import Path
+
+    from specbench.models import REGISTRY, lookup_alias
+    from specbench.synthetic import shipped_config
+
+    if lookup_alias(reference, family) is not None:
+        return shipped_config(reference, family)
+    path = Path(reference).expanduser()
+    file = path / "config.json" if path.is_dir() else path
+    if file.is_file():
+        try:
+            config = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{file}: not a JSON model config ({error})") from None
+        missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                                   "intermediate_size") if key not in config]
+        if missing:
+            raise ValueError(f"{file}: a model config needs {', '.join(missing)}")
+        config.setdefault("num_key_value_heads", config["num_attention_heads"])
+        config.setdefault("model_type", "llama")
+        return (path.name if path.is_dir() else path.stem), config
+    raise ValueError(f"no config for model {reference!r} is available offline: use an alias "
+                     f"({', '.join(sorted(REGISTRY))}), a size inside the target's family, or a directory "
+                     f"holding the model's config.json (huggingface-cli download MODEL config.json)")
+
+
+def parse_drafters(names: list[str], target_name: str, target: dict, family: str | None) -> list[Drafter]:
+    """`1b`, `llama3-8b`, a config path, `ngram`, `eagle`, `mtp` or `mtp:N`."""
+    import re
+
+    drafters = []
+    for name in names:
+        if name == "ngram" or re.fullmatch(r"ngram:\d+", name):
+            drafters.append(Drafter(name, "ngram", label="n-gram lookup"))
+        elif name == "eagle":
+            drafters.append(Drafter(name, "eagle", eagle_config(target), f"EAGLE head: 1 layer of {target_name}"))
+        elif m := re.fullmatch(r"mtp(?::(\d+))?", name):
+            layers = int(m.group(1) or 1)
+            if layers < 1:
+                raise ValueError(f"draft {name!r}: MTP needs at least 1 layer (mtp:N)")
+            drafters.append(Drafter(name, "mtp", label=f"MTP: {layers} layer(s) of {target_name}", layers=layers))
+        else:
+            from specbench.models import lookup_alias
+
+            label, config = model_config(name.partition("@")[0], family)
+            spec = lookup_alias(name.partition("@")[0], family)
+            same_family = spec is not None and family is not None and spec.family == family  # one tokenizer,
+            # whatever the padding of its embedding (Qwen2.5's 0.5B has 151936 rows, its 72B 152064)
+            if not same_family and config.get("vocab_size") != target.get("vocab_size"):
+                raise ValueError(f"draft {name!r} ({label}) has a vocabulary of {config.get('vocab_size')} tokens, "
+                                 f"the target {target.get('vocab_size')}: it cannot draft for {target_name}")
+            drafters.append(Drafter(name, "model", config, label))
+    return drafters
+
+
+def given_acceptance(drafters: list[Drafter], alphas: list[tuple[float, ...]]) -> list[Acceptance]:
+    """--alpha 0.6,0.7,0.8 (each i.i.d., or a / profile per position) for every drafter."""
+    out = []
+    for profile in alphas:
+        key = "α " + "/".join(f"{v:g}" for v in profile)
+        reach, last = [], 1.0
+        for value in profile:
+            last *= value
+            reach.append(last)
+        for drafter in drafters:
+            out.append(Acceptance(drafter.name, key, profile[-1], tuple(reach) if len(profile) > 1 else (),
+                                  "--alpha"))
+    return out
+
+
+def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, drafters: list[Drafter],
+                   family: str | None, source: str) -> tuple[list[Acceptance], list[str]]:
+    """Each drafter's α per (workload, temperature[, context]) from a run, with its per-position
+    acceptance at the deepest K measured; and a line for every drafter the run has no α for (never
+    taken from another pair)."""
+    from specbench.fit.acceptance import alpha_table
+    from specbench.fit.cells import base_draft, label_synthetic
+    from specbench.models import lookup_alias
+
+    alphas = alpha_table(cells, steps, include_synthetic=True)
+    run_family = lookup_alias(run_target).family if lookup_alias(run_target) else family
+
+    def same(run_label: str, drafter: Drafter) -> bool:
+        model = base_draft(run_label).partition("@")[0]
+        if drafter.kind == "ngram":
+            return model.startswith("ngram")
+        if drafter.kind != "model":
+            return model == drafter.name
+        ours, theirs = lookup_alias(drafter.name.partition("@")[0], family), lookup_alias(model, run_family)
+        return (ours is not None and theirs is not None and ours.alias == theirs.alias) or model == drafter.name
+
+    labelled = label_synthetic(cells[cells["status"] == "ok"]) if not cells.empty else cells
+    out, missing = [], []
+    for drafter in drafters:
+        found = alphas[alphas["draft"].map(lambda label: same(label, drafter))] if not alphas.empty else alphas
+        if found.empty:
+            missing.append(f"{drafter.name}: no α for it in {source} (give --alpha to plan it)")
+            continue
+        for row in found.itertuples():
+            context = row.context_length
+            key = f"{row.workload} T={row.temperature:g}" + (f" {int(context)} tok" if context == context and context else "")
+            mine = labelled[(labelled["draft"] == row.draft) & (labelled["workload"] == row.workload)
+                            & (labelled["temperature"] == row.temperature)] if not labelled.empty else labelled
+            reach: tuple[float, ...] = ()
+            if "acceptance_by_position" in mine and not mine.empty and row.alpha_source != "simulated":
+                deepest = mine[mine["k"] == mine["k"].max()]["acceptance_by_position"]
+                lists = [np.asarray(v, float) for v in deepest if isinstance(v, (list, tuple)) and len(v)]
+                if lists and len({len(v) for v in lists}) == 1:
+                    reach = tuple(float(x) for x in np.nanmean(np.stack(lists), axis=0))
+            simulated = row.alpha_source == "simulated"
+            if simulated:  # a timing-only run: the α it was asked to simulate
+                key += f" (simulated α {row.alpha_iid:.2f})"
+            elif row.draft != drafter.name:
+                key += f" ({row.draft})"
+            out.append(Acceptance(drafter.name, key, float(row.alpha_iid), reach,
+                                  source + (" (the α it simulated: a timing-only run)" if simulated else "")))
+    return out, missing

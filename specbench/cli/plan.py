@@ -54,6 +54,10 @@ def plan(
     slo: Optional[str] = typer.Option(None, "--slo", rich_help_panel="On kernel tables, no run",
                                       help="tpot=SECONDS: per TP, the batch that meets it with and without "
                                            "speculation, and the cheaper."),
+    calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
+                                             help="A native run measured on the same GPU kind: its forwards "
+                                                  "correct the tables (decode, verify, draft, prefill), any "
+                                                  "model size."),
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
     not measured, from the roofline performance model fitted on the run (docs/performance-model.md);
@@ -62,11 +66,12 @@ def plan(
 
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
-                        context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output)
+                        context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
+                        calibrate)
         return
     try:
-        if slo is not None or tp != "1" or draft_tp is not None:
-            raise UsageError("--slo, --tp and --draft-tp plan on the kernel tables: give --target MODEL")
+        if slo is not None or tp != "1" or draft_tp is not None or calibrate is not None:
+            raise UsageError("--slo, --tp, --draft-tp and --calibrate plan on the kernel tables: give --target MODEL")
         alpha = _one_alpha(alpha)
     except known_errors() as error:
         fail(str(error))
@@ -237,7 +242,7 @@ def _one_alpha(text: str | None) -> float | None:
 
 
 def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
-                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output) -> None:
+                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate) -> None:
     from specbench.cli.plan_tables import plan_from_tables
     from specbench.fit.kernel_tables import TablesUnavailable
 
@@ -253,6 +258,6 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
             raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
         check_price(gpu_price, 1)
         plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts,
-                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output)
+                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate)
     except (TablesUnavailable,) + known_errors() as error:
         fail(str(error))

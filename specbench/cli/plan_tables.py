@@ -26,7 +26,7 @@ def parse_alphas(text: str) -> list[tuple[float, ...]]:
 def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None,
                      ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
                      alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
-                     json_output: bool) -> None:
+                     json_output: bool, calibrate: Path | None = None) -> None:
     from specbench.fit import default_gpu_price, kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.models import lookup_alias
@@ -86,9 +86,10 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
         raise UsageError("no drafter has an acceptance to plan with: " + "; ".join(left_out))
     drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
     alpha_from = " and ".join(sources)
+    corrections, corrected = _corrections(calibrate, system, backend) if calibrate is not None else ({}, [])
     price, price_note = (gpu_price, "given") if gpu_price is not None else \
         default_gpu_price({"gpus": [{"name": system.replace("_", " ")}]})
-    planner = tp_plan.TablePlanner(target_config, target_name, system, backend)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections)
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price, draft_tp_size)
     left_out += unpriced
@@ -104,6 +105,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
                           "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
+                          "corrected_by": corrected or None,
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return
@@ -112,7 +114,8 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                   f"{output_tokens} output tokens per request; prices {price_note}; not measurements",
                   highlight=False, soft_wrap=True)
     for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
-            [f"left out: {why}" for why in left_out]:
+            [f"left out: {why}" for why in left_out] + [("CORRECTED: " if not n else "") + line
+                                                        for n, line in enumerate(corrected)]:
         console.print(line, highlight=False, soft_wrap=True)
     print_table_plan(table, decided, unit)
     if slo_table is not None:
@@ -175,3 +178,30 @@ def print_slo(slo_table, unit: str) -> None:
         console.print(f"  cheapest that meets it: TP{best['tp']}, {best['context_length']}-token prompts, "
                       f"{best['acceptance']}: {best['cheapest']} ({costs.min():.3g} {unit})", highlight=False,
                       soft_wrap=True)
+
+
+def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]]:
+    """The tables' corrections by a native run measured on `system`'s GPU, and the lines that say so."""
+    from specbench.fit import device_key
+    from specbench.fit.calibration import calibrate
+    from specbench.results import load_run
+
+    run = load_run(path)
+    gpus = (run.meta.get("hardware") or {}).get("gpus") or []
+    measured = device_key(gpus[0]["name"]) if gpus else None
+    from specbench.fit.kernel_tables import system_name
+
+    if measured is None or system_name(measured) != system:
+        raise UsageError(f"--calibrate needs a run measured on the plan's GPU ({system}); {run.path} ran on "
+                         f"{gpus[0]['name'] if gpus else 'a CPU'}")
+    if (run.meta.get("engine") or {}).get("name", "native") != "native" or run.steps.empty:
+        raise UsageError(f"--calibrate: {run.path} has no decode step times (a served engine is timed per request); "
+                         f"give a native run")
+    found = calibrate(run.cells, run.steps, run.requests, run.meta, system, backend)
+    kinds = found.by_kind()
+    if not kinds:
+        raise UsageError(f"--calibrate: {run.path} has no finished cells with step times to correct the tables by")
+    lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, the native "
+             f"engine at TP1; measured / tables = a + b log2(B) per kind, carried to the plan's models and TP):"]
+    lines += [f"  {kind}: {correction.describe()}" for kind, correction in kinds.items()]
+    return kinds, lines

@@ -159,9 +159,9 @@ class StepTimes:
         model = self.drafts.get(base_draft(draft))
         if model is None:
             return np.full(np.shape(context), np.nan)
-        if isinstance(model, ForwardTimeModel):
-            return k * model.seconds(rows, 1, context)
-        return model.seconds(search_features(np.full(np.shape(context), rows), context, k))
+        if isinstance(model, LinearTime):  # a search (n-gram): per step, not per token
+            return model.seconds(search_features(np.full(np.shape(context), rows), context, k))
+        return k * model.seconds(rows, 1, context)  # a model: a roofline, or corrected kernel tables
 
     @staticmethod
     def _prefill(model: ForwardTimeModel | None, lengths) -> float:

@@ -122,12 +122,15 @@ def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens
 
 @dataclass
 class TablePlanner:
-    """The tables' forwards for one target on one system and backend, compiled once per TP size."""
+    """The tables' forwards for one target on one system and backend, compiled once per TP size;
+    `corrections` (by kind: decode, verify, draft, prefill) scale them as a measured run did
+    (`calibration.Calibration.by_kind`)."""
 
     target: dict
     target_name: str
     system: str
     backend: str
+    corrections: dict = field(default_factory=dict)
     _forwards: dict = field(default_factory=dict)
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "") -> kernel_tables.Forward:
@@ -137,21 +140,30 @@ class TablePlanner:
                                                         name or self.target_name)
         return self._forwards[key]
 
+    def _scale(self, kind: str, batch_size: int) -> float:
+        correction = self.corrections.get(kind)
+        return float(correction(batch_size)) if correction is not None else 1.0
+
+    def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
+        return self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
+
     def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
         """One speculative step: K draft forwards plus the verify of K + 1 positions."""
         if drafter.kind == "mtp":
-            return self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context)
-        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
+            return self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
+                * self._scale("decode", batch_size)
+        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1) * self._scale("verify", batch_size)
         if drafter.kind == "ngram":
             return verify
         draft_tp = tp if drafter.kind == "eagle" else draft_tp
-        return k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context) + verify
+        draft = self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
+        return k * draft * self._scale("draft", batch_size) + verify
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         total = self.forward(self.target, tp).prefill_ms(batch_size, prompt)
         if drafter is not None and drafter.kind == "model":
             total += self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
-        return total
+        return total * self._scale("prefill", batch_size)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:
@@ -205,7 +217,7 @@ def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int,
                "fits": fits, "largest_batch": need.largest_batch(), "memory_gib": need.need(b) / 2 ** 30,
                "alpha": float("nan"), "tau": 1.0}
         if fits:
-            step = planner.forward(planner.target, tp).decode_ms(b, context + output_tokens // 2)
+            step = planner.decode_ms(b, context + output_tokens // 2, tp)
             total = planner.prefill_ms(None, b, context, tp, tp) + (output_tokens - 1) * step
             ar[b] = (b * output_tokens / total * 1000 / tp, step)
             row.update(ar_step_ms=step, step_ms=step, decode_tpot_ms=step, tpot_ms=_tpot(total, output_tokens),

@@ -1,0 +1,241 @@
+"""The kernel tables corrected by a run measured on the same kind of GPU.
+
+The tables are vLLM's kernels, timed by NVIDIA; a run's forwards are one engine on one machine
+(the native engine's llama3-8b decode runs 1.30-1.36x the tables on an H100). Each kind of forward
+gets its own correction, fitted on the run's measured forwards at the same shapes:
+
+- the target's decode (one position per row);
+- its verify (K + 1 positions);
+- each draft model's decode;
+- the target's prefill and each draft's.
+
+A correction is measured / tables = a + b log2(rows) (least squares over the run's batch sizes;
+a constant where it measured one size). `TableForward` turns a corrected table into the
+forward-time model the cost model asks (`seconds(rows, positions, context)`), so a calibrated plan
+and the held-out check use exactly the arithmetic the run's own roofline uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from specbench.fit import kernel_tables
+
+
+@dataclass(frozen=True)
+class Correction:
+    """measured / tables as a function of the rows of a forward."""
+
+    intercept: float = 1.0
+    slope: float = 0.0  # per doubling of rows
+    points: int = 0
+    rows: tuple[int, ...] = ()  # the batch sizes it was fitted on
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, ratios: np.ndarray, shape: str = "loglinear") -> "Correction":
+        """`shape`: `loglinear` (least squares over every measured batch size), `constant` (their
+        median), `last` (the largest size's), `last2` (the line through the two largest)."""
+        rows, ratios = np.asarray(rows, float), np.asarray(ratios, float)
+        keep = np.isfinite(ratios) & (ratios > 0)
+        rows, ratios = rows[keep], ratios[keep]
+        if not len(ratios):
+            return cls()
+        sizes = tuple(sorted({int(r) for r in rows}))
+        # one weight per batch size (a B=1 cell has more steps than a B=64 one, not more say)
+        per_size = pd.DataFrame({"x": np.log2(rows), "y": ratios}).groupby("x")["y"].median()
+        x, y = per_size.index.to_numpy(), per_size.to_numpy()
+        if len(x) < 2 or shape == "constant":
+            return cls(float(np.median(y)), 0.0, len(ratios), sizes)
+        if shape == "last":
+            return cls(float(y[-1]), 0.0, len(ratios), sizes)
+        if shape == "last2":
+            x, y = x[-2:], y[-2:]
+        elif shape != "loglinear":
+            raise ValueError(f"correction shape must be loglinear, constant, last or last2, got {shape!r}")
+        slope, intercept = np.polyfit(x, y, 1)
+        return cls(float(intercept), float(slope), len(ratios), sizes)
+
+    def __call__(self, rows) -> np.ndarray:
+        return np.maximum(self.intercept + self.slope * np.log2(np.maximum(np.asarray(rows, float), 1)), 0.05)
+
+    def describe(self) -> str:
+        if not self.points:
+            return "uncorrected (nothing measured)"
+        at = ", ".join(f"{float(self(r)):.2f}× at B={r}" for r in self.rows)
+        return f"{at} ({self.points} points)"
+
+
+@dataclass
+class TableForward:
+    """A forward-time model on the tables: `seconds(rows, positions, context)` as the cost model asks
+    it, each forward a decode (positions 1), a verify (positions > 1) or, for `prefill`, a prefill of
+    `positions` tokens per row."""
+
+    forward: kernel_tables.Forward
+    decode: Correction = field(default_factory=Correction)
+    verify: Correction = field(default_factory=Correction)
+    prefill: bool = False
+
+    def _one(self, rows: float, positions: float, context: float) -> float:
+        rows, positions, context = max(int(round(rows)), 1), max(int(round(positions)), 1), int(round(context))
+        if self.prefill:
+            return self.forward.prefill_ms(rows, positions) / 1000 * float(self.decode(rows))
+        if positions == 1:
+            return self.forward.decode_ms(rows, context) / 1000 * float(self.decode(rows))
+        return self.forward.verify_ms(rows, context, positions) / 1000 * float(self.verify(rows))
+
+    def seconds(self, rows, positions, context) -> np.ndarray:
+        r, p, c = np.broadcast_arrays(np.asarray(rows, float), np.asarray(positions, float), np.asarray(context, float))
+        out = np.array([self._one(*x) for x in zip(r.ravel(), p.ravel(), c.ravel())], float).reshape(r.shape)
+        return out if out.shape else out[()]
+
+    def corrected(self, decode: Correction, verify: Correction | None = None) -> "TableForward":
+        return TableForward(self.forward, decode, verify or self.verify, self.prefill)
+
+
+def _table_ms(model: TableForward, rows, positions, context) -> np.ndarray:
+    """The uncorrected table in ms, point by point."""
+    return np.asarray(TableForward(model.forward, prefill=model.prefill).seconds(rows, positions, context)) * 1000
+
+
+@dataclass
+class Calibration:
+    """A run's forwards against the tables: the corrected step times, and what each correction is."""
+
+    times: object  # fit.cost.StepTimes
+    corrections: dict[str, Correction]
+    system: str
+    backend: str
+
+    target: str = ""
+    drafts: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [f"{what}: {c.describe()}" for what, c in self.corrections.items()]
+
+    def by_kind(self) -> dict[str, Correction]:
+        """What a plan of other models takes from this run: the target's decode, verify and prefill
+        corrections, and its (first) model draft's decode as every draft's."""
+        kinds = {kind: self.corrections[f"{self.target} {kind}"] for kind in ("decode", "verify", "prefill")
+                 if f"{self.target} {kind}" in self.corrections}
+        for label in self.drafts:
+            if f"{label} decode" in self.corrections:
+                kinds["draft"] = self.corrections[f"{label} decode"]
+                break
+        return kinds
+
+
+def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
+    """(target name, its config, {draft label: (name, config)}) of a run: the shipped configs of its
+    registry aliases (what a timing-only run built, and what a real one loaded)."""
+    from specbench.models import lookup_alias, parse_draft_spec
+    from specbench.synthetic import shipped_config
+
+    config = meta.get("config") or {}
+    name, target = shipped_config(config.get("target", ""))
+    family = lookup_alias(name).family
+    drafts = {}
+    for label in config.get("drafts", []):
+        try:
+            spec = parse_draft_spec(label)
+        except ValueError:
+            continue
+        if spec.kind == "model" and lookup_alias(spec.model, family) is not None:
+            drafts[label] = shipped_config(spec.model, family)
+    return name, target, drafts
+
+
+def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,
+              backend: str = "vllm", correct: bool = True, shape: str = "loglinear",
+              correct_prefill: bool = True) -> Calibration:
+    """The run's step times on the tables of `system` (at TP1, as the native engine runs), each
+    kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
+    correction varies with the batch, `Correction.fit`)."""
+    from specbench.fit.cells import AR, ok_closed_loop
+    from specbench.fit.cost import (StepTimes, _points, fit_step_times, forward_table, prefill_forwards)
+
+    target_name, target_config, draft_configs = run_configs(meta)
+    cells = ok_closed_loop(cells)
+    target = TableForward(kernel_tables.Forward(target_config, system, backend, 1, name=target_name))
+    prefill = TableForward(target.forward, prefill=True)
+    drafts, draft_prefill = {}, {}
+    for label, (name, config) in draft_configs.items():
+        forward = kernel_tables.Forward(config, system, backend, 1, name=name)
+        drafts[label], draft_prefill[label] = TableForward(forward), TableForward(forward, prefill=True)
+    corrections: dict[str, Correction] = {}
+    forwards = forward_table(cells, steps, requests)
+    if correct and not forwards.empty:
+        full = forwards[forwards["rows"] == forwards["batch_size"]]
+        points = _points(full, "target_s", ["cell_id", "positions"])
+        for what, mine in (("decode", points[points["positions"] == 1]), ("verify", points[points["positions"] > 1])):
+            table = _table_ms(target, mine["rows"], mine["positions"], mine["context"])
+            corrections[f"{target_name} {what}"] = Correction.fit(mine["rows"], mine["seconds"] * 1000 / table, shape)
+        target = target.corrected(corrections[f"{target_name} decode"], corrections[f"{target_name} verify"])
+        drafting = full[(full["mode"] != AR) & (full["drafted"] > 0)]
+        for label, mine in drafting.groupby("draft"):
+            if label not in drafts:
+                continue
+            per = _points(mine.assign(positions=1), "draft_s", ["cell_id"])
+            table = _table_ms(drafts[label], per["rows"], 1, per["context"])
+            corrections[f"{label} decode"] = Correction.fit(per["rows"], per["seconds"] / per["k"] * 1000 / table,
+                                                            shape)
+            drafts[label] = drafts[label].corrected(corrections[f"{label} decode"])
+        mine = requests[requests["cell_id"].isin(cells["cell_id"])]
+        batches = [(len(g), g["prompt_tokens"].tolist(), float(g["ttft_s"].min()))
+                   for _, g in mine.groupby(["cell_id", "repeat", "batch_index"]) if g["ttft_s"].notna().all()]
+        if batches:
+            table = [sum(_table_ms(prefill, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
+            corrections[f"{target_name} prefill"] = Correction.fit(
+                np.array([b for b, _, _ in batches]), np.array([s for _, _, s in batches]) * 1000 / np.array(table, float),
+                shape)
+            if correct_prefill:
+                prefill = prefill.corrected(corrections[f"{target_name} prefill"])
+    # drafts the tables do not hold (n-gram: a search on the host) keep the run's own fitted time
+    fitted = fit_step_times(cells, steps, requests, meta)
+    if fitted is not None:
+        for label, model in fitted.drafts.items():
+            drafts.setdefault(label, model)
+    times = StepTimes(target, drafts, prefill, draft_prefill)
+    return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs))
+
+
+def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,
+                       backend: str = "vllm", correct: bool = True, shape: str = "loglinear",
+                       correct_prefill: bool = True) -> pd.DataFrame:
+    """The largest batch size hidden: the tables corrected on the smaller sizes predict each of its
+    speculative cells, with α from the smaller sizes (`speedup_error`) and with the cell's own α and
+    prompts (`speedup_error_at_traffic`): the columns of `fit.held_out`."""
+    from specbench.fit.cells import label_synthetic
+    from specbench.fit.cost import _finished, _predict_cells, _with_side, cost_models, model_alphas
+
+    from specbench.fit.cost import MIN_BATCH_SIZES_FOR_HOLDOUT
+
+    ok = _finished(cells)
+    sizes = sorted(ok["batch_size"].unique().astype(int).tolist()) if not ok.empty else []
+    if len(sizes) < MIN_BATCH_SIZES_FOR_HOLDOUT:  # as the roofline's check: two sizes to fit on, at least
+        return pd.DataFrame()
+    largest = sizes[-1]
+    train_ids, tested = set(ok[ok["batch_size"] < largest]["cell_id"]), ok[ok["batch_size"] == largest]
+    pick = lambda frame, ids: frame[frame["cell_id"].isin(ids)] if not frame.empty else frame  # noqa: E731
+    train = [pick(frame, train_ids) for frame in (cells, steps, requests)]
+    calibration = calibrate(*train, meta, system, backend, correct, shape, correct_prefill)
+    predicted = _predict_cells(label_synthetic(tested), cost_models(*train, meta, times=calibration.times),
+                               model_alphas(train[0], train[1]))
+    if predicted.empty:
+        return predicted
+    own = [pick(frame, set(tested["cell_id"])) for frame in (cells, steps, requests)]
+    at_traffic = _predict_cells(label_synthetic(tested), cost_models(*own, meta, times=calibration.times),
+                                model_alphas(own[0], own[1]))
+    if not at_traffic.empty:
+        predicted = predicted.merge(at_traffic.set_index("cell_id")["speedup_error"].rename("speedup_error_at_traffic"),
+                                    left_on="cell_id", right_index=True, how="left")
+    return _with_side(predicted.assign(held_out_batch_size=largest, trained_on=",".join(map(str, sizes[:-1]))))
+
+
+def median_abs(values) -> float:
+    values = [abs(v) for v in values if v == v]
+    return float(np.median(values)) if values else math.nan

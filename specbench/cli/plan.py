@@ -207,7 +207,6 @@ def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
     import copy
 
     from specbench import fit
-    from specbench.fit.noise import run_noise
 
     gpus = (meta.get("hardware") or {}).get("gpus") or []
     measured = fit.device_key(gpus[0]["name"]) if gpus else None

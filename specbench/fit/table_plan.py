@@ -24,7 +24,6 @@ and K lookahead tokens, plus the tables' NCCL and runtime reserve, against 90 % 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np

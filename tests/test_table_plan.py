@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -250,3 +251,45 @@ def test_corrected_tables_predict_a_held_out_batch_size():
     assert set(corrected["held_out_batch_size"]) == {64} and len(corrected) == 2
     assert corrected["speedup_error"].abs().max() < 0.05 and corrected["same_side"].all()
     assert bare["speedup_error"].abs().median() > 0.1
+
+
+@pytest.fixture()
+def vllm_run_on_an_h100(tmp_path):
+    """The committed vLLM CPU run (closed loop, B = 1 and 4, ngram and a draft model) renamed as if
+    it ran llama3-8b with the 1b on an H100: no GPU vLLM run is committed, and the arithmetic of a
+    served calibration is the same whatever the numbers."""
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "vllm-h100"
+    shutil.copytree("benchmarks/cpu-2026-11-24/balanced/vllm_ray", run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["config"].update(target="llama3-8b", drafts=["ngram", "1b"])
+    meta["hardware"] = {**meta.get("hardware", {}), "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
+    (run / "run.json").write_text(json.dumps(meta))
+    cells = pd.read_parquet(run / "cells.parquet")
+    cells["draft"] = cells["draft"].replace({"smollm2-135m": "1b"})
+    cells.to_parquet(run / "cells.parquet")
+    return run
+
+
+def test_a_vllm_run_corrects_the_tables_per_step(vllm_run_on_an_h100):
+    """From a served run: decode from the baseline's TPOT, the whole speculative step from TPOT x τ
+    against K draft decodes plus the verify on the tables, the prefill from TTFT."""
+    from specbench.fit.calibration import calibrate_served
+    from specbench.results import load_run
+
+    run = load_run(vllm_run_on_an_h100)
+    kinds = calibrate_served(run.cells, run.meta, "h100_sxm").by_kind()
+    assert set(kinds) == {"decode", "step", "prefill"}
+    target = kernel_tables.Forward(shipped_config("llama3-8b")[1], "h100_sxm", "vllm", 1)
+    ok = run.cells[(run.cells["status"] == "ok") & (run.cells["mode"] == "autoregressive") & (run.cells["batch_size"] == 4)]
+    by_hand = [c.tpot_mean_s * 1000 / target.decode_ms(4, int(c.prompt_tokens_mean + c.max_new_tokens / 2))
+               for c in ok.itertuples()]
+    assert float(kinds["decode"](4)) == pytest.approx(float(np.median(by_hand)), rel=1e-6)  # two sizes: the line
+    args = ["--drafts", "1b", "--tp", "2", "--alpha", "0.7", "--k", "2", "--batch-sizes", "4"]
+    bare, corrected = plan_json(*args), plan_json(*args, "--calibrate", str(vllm_run_on_an_h100))
+    sd_bare, sd = row(bare, draft="1b", batch_size=4), row(corrected, draft="1b", batch_size=4)
+    assert sd["step_ms"] == pytest.approx(sd_bare["step_ms"] * float(kinds["step"](4)), rel=1e-9)
+    assert "vLLM at TP1, per step from TPOT × τ" in corrected["corrected_by"][0]

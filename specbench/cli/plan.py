@@ -55,9 +55,9 @@ def plan(
                                       help="tpot=SECONDS: per TP, the batch that meets it with and without "
                                            "speculation, and the cheaper."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
-                                             help="A native run measured on the same GPU kind: its forwards "
-                                                  "correct the tables (decode, verify, draft, prefill), any "
-                                                  "model size."),
+                                             help="A native or vLLM run measured on the same GPU kind: what "
+                                                  "it measured corrects the tables (decode, verify, draft, "
+                                                  "prefill; vLLM: per step), any model size."),
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
     not measured, from the roofline performance model fitted on the run (docs/performance-model.md);

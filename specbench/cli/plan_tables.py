@@ -194,14 +194,23 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]
     if measured is None or system_name(measured) != system:
         raise UsageError(f"--calibrate needs a run measured on the plan's GPU ({system}); {run.path} ran on "
                          f"{gpus[0]['name'] if gpus else 'a CPU'}")
-    if (run.meta.get("engine") or {}).get("name", "native") != "native" or run.steps.empty:
-        raise UsageError(f"--calibrate: {run.path} has no decode step times (a served engine is timed per request); "
-                         f"give a native run")
-    found = calibrate(run.cells, run.steps, run.requests, run.meta, system, backend)
+    engine = (run.meta.get("engine") or {}).get("name", "native")
+    if engine not in ("native", "vllm"):
+        raise UsageError(f"--calibrate: {run.path} measured an endpoint, whose engine and TP specbench does not "
+                         f"know; give a native or vLLM run")
+    if engine == "vllm":
+        from specbench.fit.calibration import calibrate_served
+
+        found = calibrate_served(run.cells, run.meta, system, backend)
+        tp = ((run.meta.get("config") or {}).get("vllm") or {}).get("tensor_parallel_size") or 1
+        how = f"vLLM at TP{tp}, per step from TPOT × τ"
+    else:
+        found = calibrate(run.cells, run.steps, run.requests, run.meta, system, backend)
+        how = "the native engine at TP1"
     kinds = found.by_kind()
     if not kinds:
-        raise UsageError(f"--calibrate: {run.path} has no finished cells with step times to correct the tables by")
-    lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, the native "
-             f"engine at TP1; measured / tables = a + b log2(B) per kind, carried to the plan's models and TP):"]
+        raise UsageError(f"--calibrate: {run.path} has no finished cells to correct the tables by")
+    lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, {how}; "
+             f"measured / tables = a + b log2(B) per kind, carried to the plan's models and TP):"]
     lines += [f"  {kind}: {correction.describe()}" for kind, correction in kinds.items()]
     return kinds, lines

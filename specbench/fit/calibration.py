@@ -119,8 +119,9 @@ class Calibration:
 
     def by_kind(self) -> dict[str, Correction]:
         """What a plan of other models takes from this run: the target's decode, verify and prefill
-        corrections, and its (first) model draft's decode as every draft's."""
-        kinds = {kind: self.corrections[f"{self.target} {kind}"] for kind in ("decode", "verify", "prefill")
+        corrections, and its (first) model draft's decode as every draft's; from a served run, the
+        whole speculative step's (`step`) in place of verify and draft."""
+        kinds = {kind: self.corrections[f"{self.target} {kind}"] for kind in ("decode", "verify", "prefill", "step")
                  if f"{self.target} {kind}" in self.corrections}
         for label in self.drafts:
             if f"{label} decode" in self.corrections:
@@ -201,6 +202,38 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
             drafts.setdefault(label, model)
     times = StepTimes(target, drafts, prefill, draft_prefill)
     return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs))
+
+
+def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str = "vllm") -> Calibration:
+    """A served run (vLLM) against the tables: it times requests, not forwards, so its corrections
+    are per step, from each cell's mean TPOT at its batch size (the mean context: prompt plus half
+    the output): the autoregressive decode step (TPOT), the whole speculative step (TPOT × τ, the
+    tokens a step yields, over K draft decodes plus the verify on the tables; n-gram: the verify)
+    and the prefill (the mean TTFT of a batch sent at once)."""
+    from specbench.fit.cells import AR, ok_closed_loop
+
+    target_name, target_config, draft_configs = run_configs(meta)
+    cells = ok_closed_loop(cells)
+    tp = int(((meta.get("config") or {}).get("vllm") or {}).get("tensor_parallel_size") or 1)
+    target = kernel_tables.Forward(target_config, system, backend, tp, name=target_name)
+    drafts = {label: kernel_tables.Forward(config, system, backend, tp, name=name)  # vLLM's default draft TP
+              for label, (name, config) in draft_configs.items()}
+    rows: dict[str, list[tuple[int, float]]] = {"decode": [], "step": [], "prefill": []}
+    for cell in cells.itertuples():
+        b, k = int(cell.batch_size), int(cell.k or 0)
+        context = int(cell.prompt_tokens_mean + cell.max_new_tokens / 2)
+        if cell.mode == AR:
+            rows["decode"].append((b, cell.tpot_mean_s * 1000 / target.decode_ms(b, context)))
+        elif cell.tau == cell.tau and k > 0 and (cell.draft in drafts or str(cell.draft).startswith("ngram")):
+            tables = target.verify_ms(b, context, k + 1)
+            tables += k * drafts[cell.draft].decode_ms(b, context) if cell.draft in drafts else 0.0
+            rows["step"].append((b, cell.tpot_mean_s * cell.tau * 1000 / tables))
+        if cell.ttft_mean_s == cell.ttft_mean_s:
+            rows["prefill"].append((b, cell.ttft_mean_s * 1000 / target.prefill_ms(b, int(cell.prompt_tokens_mean))))
+    corrections = {f"{target_name} {kind}": Correction.fit(np.array([b for b, _ in points]),
+                                                           np.array([r for _, r in points]))
+                   for kind, points in rows.items() if points}
+    return Calibration(None, corrections, system, backend, target_name, tuple(draft_configs))
 
 
 def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,

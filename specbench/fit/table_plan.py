@@ -122,8 +122,8 @@ def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens
 @dataclass
 class TablePlanner:
     """The tables' forwards for one target on one system and backend, compiled once per TP size;
-    `corrections` (by kind: decode, verify, draft, prefill) scale them as a measured run did
-    (`calibration.Calibration.by_kind`)."""
+    `corrections` (by kind: decode, verify, draft, prefill; from a served run decode, step and
+    prefill) scale them as a measured run did (`calibration.Calibration.by_kind`)."""
 
     target: dict
     target_name: str
@@ -151,12 +151,15 @@ class TablePlanner:
         if drafter.kind == "mtp":
             return self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
                 * self._scale("decode", batch_size)
-        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1) * self._scale("verify", batch_size)
-        if drafter.kind == "ngram":
-            return verify
-        draft_tp = tp if drafter.kind == "eagle" else draft_tp
-        draft = self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
-        return k * draft * self._scale("draft", batch_size) + verify
+        whole = "step" in self.corrections  # a served run corrects the whole step, not its parts
+        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
+        verify *= 1.0 if whole else self._scale("verify", batch_size)
+        draft = 0.0
+        if drafter.kind != "ngram":
+            draft_tp = tp if drafter.kind == "eagle" else draft_tp
+            draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
+            draft *= 1.0 if whole else self._scale("draft", batch_size)
+        return (draft + verify) * (self._scale("step", batch_size) if whole else 1.0)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         total = self.forward(self.target, tp).prefill_ms(batch_size, prompt)

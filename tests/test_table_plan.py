@@ -293,3 +293,17 @@ def test_a_vllm_run_corrects_the_tables_per_step(vllm_run_on_an_h100):
     sd_bare, sd = row(bare, draft="1b", batch_size=4), row(corrected, draft="1b", batch_size=4)
     assert sd["step_ms"] == pytest.approx(sd_bare["step_ms"] * float(kinds["step"](4)), rel=1e-9)
     assert "vLLM at TP1, per step from TPOT × τ" in corrected["corrected_by"][0]
+
+
+def test_k_within_one_percent_of_the_best_is_a_tie_the_smaller_k_wins():
+    import pandas as pd
+
+    from specbench.fit.table_plan import best_k, decisions
+
+    rows = [(8, 2, 1.200), (8, 4, 1.205), (64, 1, 0.995), (64, 2, 1.003)]
+    table = pd.DataFrame([{"tp": 4, "context_length": 1024, "acceptance": "α 0.7", "draft": "1b", "batch_size": b,
+                           "k": k, "speedup": s, "fits": True, "cost_per_1m": 1.0} for b, k, s in rows])
+    chosen = best_k(table).set_index("batch_size")
+    assert chosen.loc[8, "k"] == 2 and chosen.loc[8, "highest_speedup"] == pytest.approx(1.205)
+    assert chosen.loc[64, "k"] == 2  # 0.995x is within 1 % of 1.003x but on the other side of 1x
+    assert decisions(table)["k_schedule"].iloc[0] == "{1+: 2}"

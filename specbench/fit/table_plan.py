@@ -262,14 +262,22 @@ def _tpot(batch_ms: float, output_tokens: int) -> float:
     return batch_ms / max(output_tokens - 1, 1)
 
 
+K_TIE = 0.01  # speed-ups within 1 % of the best are one K apart by the tables' own interpolation
+
+
 def best_k(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (TP, context, acceptance, draft, B): the K with the highest predicted speed-up (of the
-    batches that fit)."""
+    """Per (TP, context, acceptance, draft, B): the smallest K whose predicted speed-up is within
+    1 % of the highest (of the batches that fit). The tables interpolate between measured shapes,
+    so two K within 1 % are a tie; the smaller drafts less, and the schedule does not flip between
+    K = 4 and 6 from one batch size to the next."""
     sd = table[(table["draft"] != AR) & table["fits"] & table["speedup"].notna()]
     if sd.empty:
         return sd
     keys = ["tp", "context_length", "acceptance", "draft", "batch_size"]
-    return sd.loc[sd.groupby(keys)["speedup"].idxmax()].sort_values(keys).reset_index(drop=True)
+    sd = sd.assign(highest_speedup=sd.groupby(keys)["speedup"].transform("max"))
+    near = sd[(sd["speedup"] >= sd["highest_speedup"] * (1 - K_TIE))
+              & ((sd["speedup"] >= 1) | (sd["highest_speedup"] < 1))]  # never a tie across 1x
+    return near.loc[near.groupby(keys)["k"].idxmin()].sort_values(keys).reset_index(drop=True)
 
 
 def decisions(table: pd.DataFrame, bar: float = 1.0) -> pd.DataFrame:
@@ -280,12 +288,12 @@ def decisions(table: pd.DataFrame, bar: float = 1.0) -> pd.DataFrame:
     best = best_k(table)
     rows = []
     for (tp, context, acceptance, draft), group in best.groupby(["tp", "context_length", "acceptance", "draft"]):
-        found = crossover(group["batch_size"].tolist(), group["speedup"].tolist(), bar, sizes="predicted")
+        found = crossover(group["batch_size"].tolist(), group["highest_speedup"].tolist(), bar, sizes="predicted")
         schedule = k_schedule(group["batch_size"].tolist(),
-                              [int(k) if s >= bar else None for k, s in zip(group["k"], group["speedup"])])
+                              [int(k) if s >= bar else None for k, s in zip(group["k"], group["highest_speedup"])])
         rows.append({"tp": tp, "context_length": context, "acceptance": acceptance, "draft": draft,
                      "b_star": found.batch_size, "crossover": found.text, "k_schedule": schedule,
-                     "best_speedup": float(group["speedup"].max()),
+                     "best_speedup": float(group["highest_speedup"].max()),
                      **dict(zip(("ar_cheapest_per_1m", "sd_cheapest_per_1m"), _cheapest(table, group)))})
     return pd.DataFrame(rows)
 

@@ -77,9 +77,9 @@ def system_name(device: str) -> str:
 @functools.cache
 def backend_version(system: str, backend: str) -> str | None:
     """The tables' current version of `backend` on `system`, None where they hold none."""
+    _core()
     from aiconfigurator_core.sdk import perf_database
 
-    _core()
     try:
         found = perf_database.resolve_query_version(system, backend, "current")
     except Exception:  # noqa: BLE001 - "no queryable versions defined": the tables lack it
@@ -95,7 +95,8 @@ def systems(backend: str) -> list[str]:
 
 
 def check_device(device: str, backend: str) -> str:
-    """The system for `device`, or one line naming what the tables hold."""
+    """The system for `device`, or one line naming what the tables hold (or how to install them)."""
+    _core()
     if backend not in BACKENDS:
         raise TablesUnavailable(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     system = system_name(device)
@@ -149,9 +150,9 @@ class Forward:
     """One model at one TP size on one system's tables: forward times in ms."""
 
     def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model"):
+        _core()
         from aiconfigurator_core.sdk.engine import EngineHandle
 
-        _core()
         self.tp, self.nextn, self.name = tp, nextn, name
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
         try:

@@ -81,10 +81,7 @@ def plan(
     from specbench.results import load_run
 
     try:
-        ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
-        contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else []
-        if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
-            raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+        ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
         check_price(gpu_price, gpus)
         if device is not None and device.lower() not in fit.DEVICES:
             raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
@@ -224,8 +221,6 @@ def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
                    f"datasheet bandwidth and FLOP/s; overheads kept")
 
 
-
-
 def _one_alpha(text: str | None) -> float | None:
     """A run's plan takes one i.i.d. α."""
     if text is None:
@@ -243,7 +238,6 @@ def _one_alpha(text: str | None) -> float | None:
 def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
                     max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate) -> None:
     from specbench.cli.plan_tables import plan_from_tables
-    from specbench.fit.kernel_tables import TablesUnavailable
 
     try:
         if run_dir is not None or timings is not None:
@@ -251,12 +245,18 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
                              "--timings (a run's acceptance: --acceptance RUN)")
         if gpus != 1:
             raise UsageError("--gpus: with --target, a replica's GPUs are its --tp")
-        ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
-        contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else [1024]
-        if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
-            raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+        ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
         check_price(gpu_price, 1)
-        plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts,
+        plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts or [1024],
                          max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate)
-    except (TablesUnavailable,) + known_errors() as error:
+    except known_errors() as error:  # TablesUnavailable is a ValueError
         fail(str(error))
+
+
+def _grid(k: str, batch_sizes: str, context_lengths: str | None, max_new_tokens: int | None):
+    """(K, batch sizes, context lengths) asked, each >= 1 (no context lengths: [])."""
+    ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
+    contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else []
+    if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
+        raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+    return ks, sizes, contexts

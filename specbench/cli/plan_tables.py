@@ -181,16 +181,16 @@ def print_slo(slo_table, unit: str) -> None:
 
 
 def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]]:
-    """The tables' corrections by a native run measured on `system`'s GPU, and the lines that say so."""
+    """The tables' corrections by a native or vLLM run measured on `system`'s GPU, and the lines that
+    say so."""
     from specbench.fit import device_key
-    from specbench.fit.calibration import calibrate
+    from specbench.fit.calibration import calibrate, calibrate_served
+    from specbench.fit.kernel_tables import system_name
     from specbench.results import load_run
 
     run = load_run(path)
     gpus = (run.meta.get("hardware") or {}).get("gpus") or []
     measured = device_key(gpus[0]["name"]) if gpus else None
-    from specbench.fit.kernel_tables import system_name
-
     if measured is None or system_name(measured) != system:
         raise UsageError(f"--calibrate needs a run measured on the plan's GPU ({system}); {run.path} ran on "
                          f"{gpus[0]['name'] if gpus else 'a CPU'}")
@@ -199,11 +199,8 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]
         raise UsageError(f"--calibrate: {run.path} measured an endpoint, whose engine and TP specbench does not "
                          f"know; give a native or vLLM run")
     if engine == "vllm":
-        from specbench.fit.calibration import calibrate_served
-
         found = calibrate_served(run.cells, run.meta, system, backend)
-        tp = ((run.meta.get("config") or {}).get("vllm") or {}).get("tensor_parallel_size") or 1
-        how = f"vLLM at TP{tp}, per step from TPOT × τ"
+        how = f"vLLM at TP{found.tp}, per step from TPOT × τ"
     else:
         found = calibrate(run.cells, run.steps, run.requests, run.meta, system, backend)
         how = "the native engine at TP1"

@@ -17,7 +17,6 @@ and the held-out check use exactly the arithmetic the run's own roofline uses.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,16 +105,13 @@ def _table_ms(model: TableForward, rows, positions, context) -> np.ndarray:
 class Calibration:
     """A run's forwards against the tables: the corrected step times, and what each correction is."""
 
-    times: object  # fit.cost.StepTimes
+    times: object  # fit.cost.StepTimes (None from a served run: it has no forwards to model)
     corrections: dict[str, Correction]
     system: str
     backend: str
-
     target: str = ""
     drafts: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        return [f"{what}: {c.describe()}" for what, c in self.corrections.items()]
+    tp: int = 1  # the TP the run measured, and the tables were compiled at
 
     def by_kind(self) -> dict[str, Correction]:
         """What a plan of other models takes from this run: the target's decode, verify and prefill
@@ -157,7 +153,8 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
     correction varies with the batch, `Correction.fit`)."""
     from specbench.fit.cells import AR, ok_closed_loop
-    from specbench.fit.cost import (StepTimes, _points, fit_step_times, forward_table, prefill_forwards)
+    from specbench.fit.cost import (StepTimes, _points, fit_step_times, forward_table, measured_prefills,
+                                    prefill_forwards)
 
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
@@ -185,18 +182,18 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
             corrections[f"{label} decode"] = Correction.fit(per["rows"], per["seconds"] / per["k"] * 1000 / table,
                                                             shape)
             drafts[label] = drafts[label].corrected(corrections[f"{label} decode"])
-        mine = requests[requests["cell_id"].isin(cells["cell_id"])]
-        batches = [(len(g), g["prompt_tokens"].tolist(), float(g["ttft_s"].min()))
-                   for _, g in mine.groupby(["cell_id", "repeat", "batch_index"]) if g["ttft_s"].notna().all()]
+        batches = measured_prefills(cells, requests) if not requests.empty else []
         if batches:
             table = [sum(_table_ms(prefill, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
             corrections[f"{target_name} prefill"] = Correction.fit(
-                np.array([b for b, _, _ in batches]), np.array([s for _, _, s in batches]) * 1000 / np.array(table, float),
-                shape)
+                np.array([len(lengths) for _, lengths, _ in batches]),
+                np.array([s for _, _, s in batches]) * 1000 / np.array(table, float), shape)
             if correct_prefill:
                 prefill = prefill.corrected(corrections[f"{target_name} prefill"])
-    # drafts the tables do not hold (n-gram: a search on the host) keep the run's own fitted time
-    fitted = fit_step_times(cells, steps, requests, meta)
+    # drafts the tables do not hold (n-gram: a search on the host) keep the run's own fitted time;
+    # the roofline is fitted only where the run has one
+    speculative = set(cells.loc[cells["mode"] != AR, "draft"]) if not cells.empty else set()
+    fitted = fit_step_times(cells, steps, requests, meta) if speculative - set(drafts) else None
     if fitted is not None:
         for label, model in fitted.drafts.items():
             drafts.setdefault(label, model)
@@ -233,7 +230,7 @@ def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str 
     corrections = {f"{target_name} {kind}": Correction.fit(np.array([b for b, _ in points]),
                                                            np.array([r for _, r in points]))
                    for kind, points in rows.items() if points}
-    return Calibration(None, corrections, system, backend, target_name, tuple(draft_configs))
+    return Calibration(None, corrections, system, backend, target_name, tuple(draft_configs), tp)
 
 
 def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,
@@ -241,34 +238,17 @@ def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.Da
                        correct_prefill: bool = True) -> pd.DataFrame:
     """The largest batch size hidden: the tables corrected on the smaller sizes predict each of its
     speculative cells, with α from the smaller sizes (`speedup_error`) and with the cell's own α and
-    prompts (`speedup_error_at_traffic`): the columns of `fit.held_out`."""
-    from specbench.fit.cells import label_synthetic
-    from specbench.fit.cost import _finished, _predict_cells, _with_side, cost_models, model_alphas
-
-    from specbench.fit.cost import MIN_BATCH_SIZES_FOR_HOLDOUT
+    prompts (`speedup_error_at_traffic`): the columns of `fit.held_out`, by the same arithmetic."""
+    from specbench.fit.cost import MIN_BATCH_SIZES_FOR_HOLDOUT, _finished, _predict_held_out, _with_side
 
     ok = _finished(cells)
     sizes = sorted(ok["batch_size"].unique().astype(int).tolist()) if not ok.empty else []
     if len(sizes) < MIN_BATCH_SIZES_FOR_HOLDOUT:  # as the roofline's check: two sizes to fit on, at least
         return pd.DataFrame()
     largest = sizes[-1]
-    train_ids, tested = set(ok[ok["batch_size"] < largest]["cell_id"]), ok[ok["batch_size"] == largest]
-    pick = lambda frame, ids: frame[frame["cell_id"].isin(ids)] if not frame.empty else frame  # noqa: E731
-    train = [pick(frame, train_ids) for frame in (cells, steps, requests)]
-    calibration = calibrate(*train, meta, system, backend, correct, shape, correct_prefill)
-    predicted = _predict_cells(label_synthetic(tested), cost_models(*train, meta, times=calibration.times),
-                               model_alphas(train[0], train[1]))
+    corrected = lambda *train: calibrate(*train, meta, system, backend, correct, shape, correct_prefill).times  # noqa: E731
+    predicted = _predict_held_out(cells, steps, requests, meta, set(ok[ok["batch_size"] < largest]["cell_id"]),
+                                  ok[ok["batch_size"] == largest], step_times=corrected)
     if predicted.empty:
         return predicted
-    own = [pick(frame, set(tested["cell_id"])) for frame in (cells, steps, requests)]
-    at_traffic = _predict_cells(label_synthetic(tested), cost_models(*own, meta, times=calibration.times),
-                                model_alphas(own[0], own[1]))
-    if not at_traffic.empty:
-        predicted = predicted.merge(at_traffic.set_index("cell_id")["speedup_error"].rename("speedup_error_at_traffic"),
-                                    left_on="cell_id", right_index=True, how="left")
     return _with_side(predicted.assign(held_out_batch_size=largest, trained_on=",".join(map(str, sizes[:-1]))))
-
-
-def median_abs(values) -> float:
-    values = [abs(v) for v in values if v == v]
-    return float(np.median(values)) if values else math.nan

@@ -288,6 +288,14 @@ def _prefill_points(batches: list[tuple[object, list[int], float]]) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
+def measured_prefills(cells: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[object, list[int], float]]:
+    """Every measured batch of these cells: (its key, its prompt lengths, its prefill's seconds, which
+    end with its first token)."""
+    mine = requests[requests["cell_id"].isin(cells["cell_id"])]
+    return [(key, group["prompt_tokens"].tolist(), float(group["ttft_s"].min()))
+            for key, group in mine.groupby(["cell_id", "repeat", "batch_index"]) if group["ttft_s"].notna().all()]
+
+
 def _fit_prefills(cells: pd.DataFrame, requests: pd.DataFrame, target: Architecture, drafts: dict[str, Architecture],
                   priors: tuple[float | None, float | None]) -> tuple[ForwardTimeModel | None, dict]:
     """The target's prefill from every measured batch (its first token's time is the prefill's
@@ -295,9 +303,7 @@ def _fit_prefills(cells: pd.DataFrame, requests: pd.DataFrame, target: Architect
     if requests.empty:
         return None, {}
     mine = requests[requests["cell_id"].isin(cells["cell_id"])]
-    batches = [(key, group["prompt_tokens"].tolist(), float(group["ttft_s"].min()))
-               for key, group in mine.groupby(["cell_id", "repeat", "batch_index"]) if group["ttft_s"].notna().all()]
-    points = _prefill_points(batches)
+    points = _prefill_points(measured_prefills(cells, requests))
     prefill = fit_forward_time(points, target, *priors) if not points.empty else None
     draft_prefill = {}
     first = mine[(mine["repeat"] == 0) & (mine["batch_index"] == 0)].groupby("cell_id")["prompt_tokens"].apply(list)
@@ -588,14 +594,17 @@ def _finished(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def _predict_held_out(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
-                      train_ids: set, tested: pd.DataFrame, fitted_context: int | None = None) -> pd.DataFrame:
+                      train_ids: set, tested: pd.DataFrame, fitted_context: int | None = None,
+                      step_times=None) -> pd.DataFrame:
     """Fit the whole model (step times, α, coverage) on the `train_ids` cells only, predict `tested`.
     `speedup_error_at_traffic`: the error of the step-time model alone, fitted on the same cells
     but given the tested cells' own traffic (their α, coverage and prompts): what is left of the
-    error when the smaller sizes' prompts are not the larger sizes' (native runs)."""
+    error when the smaller sizes' prompts are not the larger sizes' (native runs). `step_times`,
+    a callable of the training cells, steps and requests, gives the step times instead of the
+    roofline fit (the kernel tables corrected on them: `calibration.held_out_on_tables`)."""
     pick = lambda frame, ids: frame[frame["cell_id"].isin(ids)] if not frame.empty else frame  # noqa: E731
     train = [pick(frame, train_ids) for frame in (cells, steps, requests)]
-    models = cost_models(*train, meta)
+    models = cost_models(*train, meta, times=step_times(*train) if step_times is not None else None)
     predicted = _predict_cells(label_synthetic(tested), models, model_alphas(train[0], train[1]), fitted_context)
     native = [model.times for model in models.values() if not isinstance(model, ServedCostModel)]
     times = native[0] if native and fitted_context is None else None

@@ -234,12 +234,15 @@ def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acce
                  ar: dict[int, tuple[float, float]]) -> list[dict]:
     device = kernel_tables.device(planner.system)
     rows = []
+    prefills: dict[int, float] = {}  # B -> the batch's prefill, the same at every K
     for k in ([drafter.layers] if drafter.kind == "mtp" else ks):
         need = memory(planner.target, drafter, tp, draft_tp, context + output_tokens + k, device)
         for b in batch_sizes:
             fits = need.need(b) <= need.usable and b in ar
             step = planner.step_ms(drafter, k, b, context + output_tokens // 2, tp, draft_tp) if fits else float("nan")
-            prefill = planner.prefill_ms(drafter, b, context, tp, draft_tp) if fits else 0.0
+            if fits and b not in prefills:
+                prefills[b] = planner.prefill_ms(drafter, b, context, tp, draft_tp)
+            prefill = prefills.get(b, 0.0)
             for acceptance in acceptances:
                 tau = acceptance.tokens_per_step(k)
                 row = {"tp": tp, "context_length": context, "acceptance": acceptance.key, "draft": drafter.name,
@@ -420,7 +423,8 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
     from specbench.models import lookup_alias
 
     alphas = alpha_table(cells, steps, include_synthetic=True)
-    run_family = lookup_alias(run_target).family if lookup_alias(run_target) else family
+    run_spec = lookup_alias(run_target)
+    run_family = run_spec.family if run_spec else family
 
     def same(run_label: str, drafter: Drafter) -> bool:
         model = base_draft(run_label).partition("@")[0]

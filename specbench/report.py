@@ -10,7 +10,6 @@ import math
 import shutil
 import tempfile
 import textwrap
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from specbench.fit import (  # noqa: E402
     parse_slo, predictions, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
     MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
 )
+from specbench.fit.acceptance import acceptance_by_position  # noqa: E402
 from specbench.fit.noise import cell_interval, run_noise  # noqa: E402
 from specbench.fit.physics import with_bounds  # noqa: E402
 from specbench.fit.replay import replay_answer, replay_table, send_lag_summary  # noqa: E402
@@ -380,11 +380,7 @@ def chart_acceptance(a: Analysis, path: Path) -> None:
     all_drafts = _drafts(a.cells)
     for draft, group in sd.groupby("draft"):
         n = all_drafts.index(draft)
-        deepest = group[group["k"] == group["k"].max()]
-        with warnings.catch_warnings():  # a position no cell measured stays NaN, unplotted
-            warnings.simplefilter("ignore", RuntimeWarning)
-            rates = np.nanmean(np.stack([np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]]),
-                               axis=0)
+        rates = acceptance_by_position(group)  # a position no cell measured stays NaN, unplotted
         positions = np.arange(1, len(rates) + 1)
         ax.plot(positions, rates, "o-", color=f"C{n}", label=f"{draft} measured")
         fit = a.alphas[a.alphas["draft"] == draft] if not a.alphas.empty else []

@@ -315,3 +315,20 @@ def test_k_within_one_percent_of_the_best_is_a_tie_the_smaller_k_wins():
     assert chosen.loc[8, "k"] == 2 and chosen.loc[8, "highest_speedup"] == pytest.approx(1.205)
     assert chosen.loc[64, "k"] == 2  # 0.995x is within 1 % of 1.003x but on the other side of 1x
     assert decisions(table)["k_schedule"].iloc[0] == "{1+: 2}"
+
+
+def test_a_runs_per_position_acceptance_sets_tau_not_its_iid_alpha():
+    """The run's acceptance_by_position (stored as arrays) at its deepest K sets τ at smaller K:
+    1 + the reach of positions 1 and 2 at K = 2, not the i.i.d. (1 - α³) / (1 - α)."""
+    from specbench.fit.acceptance import acceptance_by_position
+    from specbench.results import load_run
+
+    run = load_run(CPU_RUN)
+    cells = run.cells[(run.cells["status"] == "ok") & (run.cells["draft"] == "ngram")
+                      & (run.cells["workload"] == "chat") & (run.cells["temperature"] == 0)]
+    reach = acceptance_by_position(cells)
+    assert len(reach) == 4 and reach[0] > reach[1] > 0
+    plan = plan_json("--drafts", "ngram", "--tp", "4", "--acceptance", CPU_RUN, "--k", "2", "--batch-sizes", "8")
+    chat = row(plan, draft="ngram", acceptance="chat T=0", batch_size=8)
+    assert chat["tau"] == pytest.approx(1 + reach[0] + reach[1])
+    assert chat["tau"] != pytest.approx((1 - chat["alpha"] ** 3) / (1 - chat["alpha"]), rel=1e-3)

@@ -132,6 +132,24 @@ def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame, include_synthetic: boo
     return pd.DataFrame(rows)
 
 
+def acceptance_by_position(cells: pd.DataFrame) -> np.ndarray:
+    """Per draft position i, the share of tokens drafted at i that were accepted (the chance a
+    step's position i is accepted), averaged over the cells of one draft at their deepest K; NaN at
+    a position no cell measured, empty where the cells recorded none (an endpoint's gauges)."""
+    import warnings
+
+    if cells.empty or "acceptance_by_position" not in cells:
+        return np.array([])
+    deepest = cells[cells["k"] == cells["k"].max()]
+    rates = [np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]
+             if isinstance(r, (list, tuple, np.ndarray)) and len(r) == int(deepest["k"].iloc[0])]
+    if not rates:
+        return np.array([])
+    with warnings.catch_warnings():  # a position no cell measured stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(np.stack(rates), axis=0)
+
+
 def simulated_alpha(label: str, ks) -> float | None:
     """The i.i.d. α a synthetic draft's label (`1b α=0.8`, `1b α=0.9/0.8/0.7`) simulates: the
     profile's expected accepted drafts over accepted plus rejections (the fitted α's own

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from specbench.fit import kernel_tables
@@ -418,7 +417,7 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
     """Each drafter's α per (workload, temperature[, context]) from a run, with its per-position
     acceptance at the deepest K measured; and a line for every drafter the run has no α for (never
     taken from another pair)."""
-    from specbench.fit.acceptance import alpha_table
+    from specbench.fit.acceptance import acceptance_by_position, alpha_table
     from specbench.fit.cells import base_draft, label_synthetic
     from specbench.models import lookup_alias
 
@@ -447,13 +446,8 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
             key = f"{row.workload} T={row.temperature:g}" + (f" {int(context)} tok" if context == context and context else "")
             mine = labelled[(labelled["draft"] == row.draft) & (labelled["workload"] == row.workload)
                             & (labelled["temperature"] == row.temperature)] if not labelled.empty else labelled
-            reach: tuple[float, ...] = ()
-            if "acceptance_by_position" in mine and not mine.empty and row.alpha_source != "simulated":
-                deepest = mine[mine["k"] == mine["k"].max()]["acceptance_by_position"]
-                lists = [np.asarray(v, float) for v in deepest if isinstance(v, (list, tuple)) and len(v)]
-                if lists and len({len(v) for v in lists}) == 1:
-                    reach = tuple(float(x) for x in np.nanmean(np.stack(lists), axis=0))
             simulated = row.alpha_source == "simulated"
+            reach = () if simulated else tuple(float(x) for x in acceptance_by_position(mine))
             if simulated:  # a timing-only run: the α it was asked to simulate
                 key += f" (simulated α {row.alpha_iid:.2f})"
             elif row.draft != drafter.name:

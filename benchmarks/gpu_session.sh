@@ -17,6 +17,11 @@
 #         cells and their lossless check, BATCH_SIZES to change the batch axis). The eager run records
 #         each model's forward profile (CUDA-graph runs do not yet): compare the two runs' `held out:`
 #         lines in `specbench report` to see what the profile does on a GPU.
+# tables: issue 39's held-out runs: synthetic sweeps (random weights, α = 0.8) of pairs the kernel tables price
+#         (PAIRS="target:draft,draft ..."), up to B = 128 on CUDA graphs, so that `plan --calibrate` can hide
+#         each run's largest batch and predict it from the rest. Needs only .gpu/wheels. On an H100
+#         (2026-11-25, benchmarks/gpu/h100-2026-11-25): llama3-8b:1b,3b in about 180 s, qwen2.5-7b with
+#         two drafts in about 200 s, llama3.2-3b:1b in about 100 s.
 # context: the graph tests, then a synthetic llama3-8b + 1b sweep over context lengths (CONTEXTS,
 #         BATCH_SIZES) on CUDA graphs: where long contexts keep decode memory-bound at large batch.
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
@@ -27,7 +32,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|context}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -95,10 +100,11 @@ torch.cuda.is_available() and torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT
     tar czf "$OUT/check_$mode.tgz" "results/gpu_synthetic_$mode"
   done
   ;;
-tests)  # the whole suite but real vLLM (not in the image), on the image's torch and transformers, CUDA tests included
+tests)  # the whole suite but real vLLM and the kernel tables (neither in the image, the tables' wheel is over the carry), on the image's torch and transformers, CUDA tests included
   setup
   nvidia-smi -L 2>&1 | tee "$OUT/tests.log"
-  { limited python3 -m pytest -q -p no:cacheprovider --durations=10 --ignore tests/test_vllm.py 2>&1 | tail -40; } \
+  { limited python3 -m pytest -q -p no:cacheprovider --durations=10 --ignore tests/test_vllm.py \
+    --ignore tests/test_table_plan.py 2>&1 | tail -40; } \
     | tee -a "$OUT/tests.log"
   ;;
 bench)
@@ -123,6 +129,19 @@ sweeps)
     tar czf "$OUT/sweeps_$mode.tgz" "results/gpu_default_$mode"
   done
   ;;
+tables)
+  setup
+  for pair in ${PAIRS:-llama3-8b:1b,3b llama3.2-3b:1b qwen2.5-7b:qwen2.5-0.5b,qwen2.5-1.5b}; do
+    target=${pair%%:*}; drafts=${pair#*:}
+    if [ -n "${QUICK:-}" ]; then grid=(--k 2 --batch-sizes 1,2 --max-new-tokens 8 --num-prompts 2 --repeats 1)
+    else grid=(--k 2,4 --batch-sizes ${BATCH_SIZES:-1,8,32,64,128} --max-new-tokens 64 --num-prompts 8 --repeats 2); fi
+    flag=(); [ "$DEVICE" = cuda ] && flag=(--cuda-graphs)
+    { limited specbench sweep --target "$target" --drafts "$drafts" "${grid[@]}" --weights random --alpha 0.8 \
+      --temperatures 0 --workloads chat --device "$DEVICE" --output "results/gpu_tables_$target" "${flag[@]}" 2>&1 \
+      | tail -30; } | tee -a "$OUT/tables.log"
+    tar czf "$OUT/tables_$target.tgz" "results/gpu_tables_$target"
+  done
+  ;;
 context)  # issue 21: context length as an axis, where decode stays memory-bound at large batch (no GGUF needed)
   setup
   { limited python3 -m pytest -q -p no:cacheprovider -x tests/test_graphs.py 2>&1 | tail -5; } | tee "$OUT/context.log"
@@ -135,7 +154,7 @@ context)  # issue 21: context length as an axis, where decode stays memory-bound
   tar czf "$OUT/context.tgz" results/gpu_context
   ;;
 *)
-  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|context)" >&2
+  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context)" >&2
   exit 2
   ;;
 esac

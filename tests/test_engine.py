@@ -79,6 +79,25 @@ def test_greedy_lossless_on_qwen2():
     assert generate_speculative(target, ModelDrafter(draft), prompts, config, 3).tokens == expected
 
 
+def test_a_draft_with_fewer_padded_rows_shares_the_targets_ids():
+    """Qwen2.5-7B's embedding has 152,064 rows and its 0.5B draft's 151,936 (one tokenizer): random
+    weights of such a pair (H100, 2026-11-25) were refused as a vocabulary mismatch. Both now sample
+    and verify the ids they share, and greedy speculation still reproduces the target's tokens."""
+    from specbench.native.runner import share_vocabulary
+
+    target = CausalLM.from_hf(tiny_model("qwen2", layers=3, seed=3, vocab=101))
+    draft = CausalLM.from_hf(tiny_model("qwen2", layers=1, seed=4, vocab=97))
+    with pytest.raises(VocabMismatchError):
+        ModelDrafter(draft).check_compatible(target)
+    share_vocabulary(target, [draft])
+    assert target.vocab_size == draft.vocab_size == 97
+    prompts = random_prompts([7, 15, 4])
+    config = GenerationConfig(max_new_tokens=20)
+    expected = generate_autoregressive(target, prompts, config).tokens
+    assert max(max(tokens) for tokens in expected) < 97
+    assert generate_speculative(target, ModelDrafter(draft), prompts, config, 3).tokens == expected
+
+
 def test_identical_draft_accepts_everything(llama_target):
     prompts = random_prompts([6, 13, 9])
     k = 4

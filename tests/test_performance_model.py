@@ -189,7 +189,7 @@ def timing_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("perf") / "run"
     args = ["sweep", "--weights", "random", "--alpha", "0.8", "--drafts", "smollm2-135m@bf16,ngram", "--k", "2",
             "--batch-sizes", "1,2,4", "--temperatures", "0", "--workloads", "chat", "--context-lengths", "128,256",
-            "--max-new-tokens", "6", "--num-prompts", "2", "--target-layers", "2", "--output", str(out)]
+            "--max-new-tokens", "6", "--num-prompts", "2", "--target-layers", "2", "--device", "cpu", "--output", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return out

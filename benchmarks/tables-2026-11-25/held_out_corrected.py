@@ -23,7 +23,10 @@ RUNS = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs",
         "benchmarks/gpu/h100-2026-11-22/synthetic-llama3-8b-1b-graphs",
         "benchmarks/gpu/h100-2026-11-23/smollm2-default-graphs",
         "benchmarks/gpu/h100-2026-11-22/smollm2-default-graphs",
-        "benchmarks/gpu/h100-2026-11-22-session2/smollm2-default-graphs-sampled"]
+        "benchmarks/gpu/h100-2026-11-22-session2/smollm2-default-graphs-sampled",
+        "benchmarks/gpu/h100-2026-11-25/synthetic-llama3-8b",
+        "benchmarks/gpu/h100-2026-11-25/synthetic-llama3.2-3b",
+        "benchmarks/gpu/h100-2026-11-25/synthetic-qwen2.5-7b"]
 VARIANTS = {"corrected (log-linear, the default)": dict(shape="loglinear"),
             "corrected, constant": dict(shape="constant"),
             "corrected, the largest size's": dict(shape="last"),

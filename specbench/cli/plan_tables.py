@@ -86,10 +86,16 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
         raise UsageError("no drafter has an acceptance to plan with: " + "; ".join(left_out))
     drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
     alpha_from = " and ".join(sources)
-    corrections, corrected = _corrections(calibrate, system, backend) if calibrate is not None else ({}, [])
+    corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
+        if calibrate is not None else ({}, [], [])
     price, price_note = (gpu_price, "given") if gpu_price is not None else \
         default_gpu_price({"gpus": [{"name": system.replace("_", " ")}]})
-    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models)
+    for drafter in drafters:
+        source = planner.draft_source(drafter)
+        if source is not None:
+            corrected.append(f"  {drafter.name}'s forwards: the corrections of {source.name} "
+                             f"({source.parameters / 1e9:.1f}B parameters), the measured model nearest its size")
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price, draft_tp_size)
     left_out += unpriced
@@ -180,7 +186,7 @@ def print_slo(slo_table, unit: str) -> None:
                       soft_wrap=True)
 
 
-def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]]:
+def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, list[str]]:
     """The tables' corrections by a native or vLLM run measured on `system`'s GPU, and the lines that
     say so."""
     from specbench.fit import device_key
@@ -210,4 +216,4 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list[str]
     lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, {how}; "
              f"measured / tables = a + b log2(B) per kind, carried to the plan's models and TP):"]
     lines += [f"  {kind}: {correction.describe()}" for kind, correction in kinds.items()]
-    return kinds, lines
+    return kinds, found.measured_models(), lines

@@ -7,7 +7,7 @@ gets its own correction, fitted on the run's measured forwards at the same shape
 - the target's decode (one position per row);
 - its verify (K + 1 positions);
 - each draft model's decode;
-- the target's prefill and each draft's.
+- the target's prefill (its first token's time) and each draft's (which follows it).
 
 A correction is measured / tables = a + b log2(rows) (least squares over the run's batch sizes;
 a constant where it measured one size). `TableForward` turns a corrected table into the
@@ -101,6 +101,17 @@ def _table_ms(model: TableForward, rows, positions, context) -> np.ndarray:
     return np.asarray(TableForward(model.forward, prefill=model.prefill).seconds(rows, positions, context)) * 1000
 
 
+@dataclass(frozen=True)
+class MeasuredModel:
+    """One model a native run measured, with its decode and prefill corrections: what a plan's draft
+    of about its size takes (a small model's forwards are launch-bound where a large one's are not)."""
+
+    name: str
+    parameters: int
+    decode: Correction
+    prefill: Correction | None = None
+
+
 @dataclass
 class Calibration:
     """A run's forwards against the tables: the corrected step times, and what each correction is."""
@@ -112,18 +123,37 @@ class Calibration:
     target: str = ""
     drafts: tuple[str, ...] = ()
     tp: int = 1  # the TP the run measured, and the tables were compiled at
+    parameters: dict[str, int] = field(default_factory=dict)  # each measured model's (target, draft labels)
 
     def by_kind(self) -> dict[str, Correction]:
         """What a plan of other models takes from this run: the target's decode, verify and prefill
-        corrections, and its (first) model draft's decode as every draft's; from a served run, the
-        whole speculative step's (`step`) in place of verify and draft."""
+        corrections, and its (first) model draft's decode and prefill as every draft's (`draft`,
+        `draft prefill`); from a served run, the whole speculative step's (`step`) in place of verify
+        and draft."""
         kinds = {kind: self.corrections[f"{self.target} {kind}"] for kind in ("decode", "verify", "prefill", "step")
                  if f"{self.target} {kind}" in self.corrections}
         for label in self.drafts:
             if f"{label} decode" in self.corrections:
                 kinds["draft"] = self.corrections[f"{label} decode"]
+                if f"{label} prefill" in self.corrections:
+                    kinds["draft prefill"] = self.corrections[f"{label} prefill"]
                 break
         return kinds
+
+    def measured_models(self) -> list[MeasuredModel]:
+        """The target and each model draft of a native run, by size (a served run: none, its
+        corrections are per step)."""
+        found = []
+        for name, size in self.parameters.items():
+            if f"{name} decode" in self.corrections:
+                found.append(MeasuredModel(name, size, self.corrections[f"{name} decode"],
+                                           self.corrections.get(f"{name} prefill")))
+        return sorted(found, key=lambda model: model.parameters)
+
+
+def nearest_measured(models: list[MeasuredModel], parameters: float) -> MeasuredModel:
+    """The measured model nearest in size (log parameters) to a model of `parameters`."""
+    return min(models, key=lambda model: abs(np.log(model.parameters / max(parameters, 1.0))))
 
 
 def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
@@ -153,8 +183,7 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
     correction varies with the batch, `Correction.fit`)."""
     from specbench.fit.cells import AR, ok_closed_loop
-    from specbench.fit.cost import (StepTimes, _points, fit_step_times, forward_table, measured_prefills,
-                                    prefill_forwards)
+    from specbench.fit.cost import StepTimes, _points, fit_step_times, forward_table, measured_prefills
 
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
@@ -182,14 +211,16 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
             corrections[f"{label} decode"] = Correction.fit(per["rows"], per["seconds"] / per["k"] * 1000 / table,
                                                             shape)
             drafts[label] = drafts[label].corrected(corrections[f"{label} decode"])
+        # the target's prefill ends with the first token; the draft's prefill comes after it
         batches = measured_prefills(cells, requests) if not requests.empty else []
         if batches:
-            table = [sum(_table_ms(prefill, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
-            corrections[f"{target_name} prefill"] = Correction.fit(
-                np.array([len(lengths) for _, lengths, _ in batches]),
-                np.array([s for _, _, s in batches]) * 1000 / np.array(table, float), shape)
+            corrections[f"{target_name} prefill"] = _prefill_correction(prefill, batches, shape)
             if correct_prefill:
                 prefill = prefill.corrected(corrections[f"{target_name} prefill"])
+        for label, batches in _draft_prefills(cells, requests, set(draft_prefill)).items():
+            corrections[f"{label} prefill"] = _prefill_correction(draft_prefill[label], batches, shape)
+            if correct_prefill:
+                draft_prefill[label] = draft_prefill[label].corrected(corrections[f"{label} prefill"])
     # drafts the tables do not hold (n-gram: a search on the host) keep the run's own fitted time;
     # the roofline is fitted only where the run has one
     speculative = set(cells.loc[cells["mode"] != AR, "draft"]) if not cells.empty else set()
@@ -198,7 +229,38 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
         for label, model in fitted.drafts.items():
             drafts.setdefault(label, model)
     times = StepTimes(target, drafts, prefill, draft_prefill)
-    return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs))
+    from specbench.synthetic import config_parameters
+
+    sizes = {target_name: config_parameters(target_config),
+             **{label: config_parameters(config) for label, (_, config) in draft_configs.items()}}
+    return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs), 1, sizes)
+
+
+def _prefill_correction(model: TableForward, batches: list[tuple[object, list[int], float]],
+                        shape: str) -> Correction:
+    """measured / tables for whole batches' prefills (chunked as the engine chunks them), by rows."""
+    from specbench.fit.cost import prefill_forwards
+
+    table = [sum(_table_ms(model, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
+    return Correction.fit(np.array([len(lengths) for _, lengths, _ in batches]),
+                          np.array([s for _, _, s in batches]) * 1000 / np.array(table, float), shape)
+
+
+def _draft_prefills(cells: pd.DataFrame, requests: pd.DataFrame,
+                    labels: set[str]) -> dict[str, list[tuple[object, list[int], float]]]:
+    """Each model draft's measured prefills: a cell's draft prefill time with its first batch's
+    prompts (what the run's own roofline fits the draft's prefill on)."""
+    from specbench.fit.cells import AR
+
+    if requests.empty or "draft_prefill_s" not in cells:
+        return {}
+    first = requests[(requests["repeat"] == 0) & (requests["batch_index"] == 0)]
+    first = first.groupby("cell_id")["prompt_tokens"].apply(list)
+    found: dict[str, list] = {}
+    for row in cells[(cells["mode"] != AR) & cells["draft"].isin(list(labels))].itertuples():
+        if row.cell_id in first.index and row.draft_prefill_s > 0:
+            found.setdefault(row.draft, []).append((row.cell_id, first[row.cell_id], float(row.draft_prefill_s)))
+    return found
 
 
 def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str = "vllm") -> Calibration:

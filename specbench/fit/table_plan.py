@@ -121,7 +121,7 @@ def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens
 @dataclass
 class TablePlanner:
     """The tables' forwards for one target on one system and backend, compiled once per TP size;
-    `corrections` (by kind: decode, verify, draft, prefill; from a served run decode, step and
+    `corrections` (by kind: decode, verify, draft, prefill, draft prefill; from a served run decode, step and
     prefill) scale them as a measured run did (`calibration.Calibration.by_kind`)."""
 
     target: dict
@@ -129,6 +129,9 @@ class TablePlanner:
     system: str
     backend: str
     corrections: dict = field(default_factory=dict)
+    # a native run's measured models (calibration.MeasuredModel): each draft takes the decode and
+    # prefill corrections of the one nearest its size, not the run's draft's whatever its size
+    measured_models: list = field(default_factory=list)
     _forwards: dict = field(default_factory=dict)
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "") -> kernel_tables.Forward:
@@ -141,6 +144,24 @@ class TablePlanner:
     def _scale(self, kind: str, batch_size: int) -> float:
         correction = self.corrections.get(kind)
         return float(correction(batch_size)) if correction is not None else 1.0
+
+    def draft_source(self, drafter: Drafter):
+        """The measured model whose corrections `drafter`'s forwards take, or None."""
+        from specbench.fit.calibration import nearest_measured
+        from specbench.synthetic import config_parameters
+
+        if not self.measured_models or drafter.config is None:
+            return None
+        return nearest_measured(self.measured_models, config_parameters(drafter.config))
+
+    def _draft_scale(self, drafter: Drafter, kind: str, batch_size: int) -> float:
+        """`draft` (decode) or `draft prefill`: the nearest measured model's correction, else the
+        run's draft's (`by_kind`), else, for the prefill, the target's."""
+        source = self.draft_source(drafter)
+        correction = None if source is None else source.decode if kind == "draft" else source.prefill
+        if correction is not None:
+            return float(correction(batch_size))
+        return self._scale(kind if kind in self.corrections or kind == "draft" else "prefill", batch_size)
 
     def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
         return self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
@@ -157,14 +178,16 @@ class TablePlanner:
         if drafter.kind != "ngram":
             draft_tp = tp if drafter.kind == "eagle" else draft_tp
             draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
-            draft *= 1.0 if whole else self._scale("draft", batch_size)
+            draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return (draft + verify) * (self._scale("step", batch_size) if whole else 1.0)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
-        total = self.forward(self.target, tp).prefill_ms(batch_size, prompt)
+        """The batch's prefill: the target's, then a draft model's."""
+        total = self.forward(self.target, tp).prefill_ms(batch_size, prompt) * self._scale("prefill", batch_size)
         if drafter is not None and drafter.kind == "model":
-            total += self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
-        return total * self._scale("prefill", batch_size)
+            draft = self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
+            total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
+        return total
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:

@@ -206,6 +206,17 @@ def measured_bandwidth(device: torch.device) -> float:
         return float("nan")
 
 
+def share_vocabulary(target: CausalLM, drafts: list[CausalLM]) -> None:
+    """Same-family models whose embedding matrices are padded to different sizes (Qwen2.5-7B has
+    152,064 rows, Qwen2.5-0.5B 151,936, one tokenizer) sample and verify only the ids they all have,
+    as check_tokenizers_compatible arranges for real weights. Random weights have no tokenizer to
+    compare, and the shipped configs of one family share one."""
+    sizes = {model.vocab_size for model in [target, *drafts]}
+    if len(sizes) > 1:
+        for model in [target, *drafts]:
+            model.vocab_limit = min(sizes)
+
+
 def load_random_models(config: SweepConfig) -> Models:
     """Targets and drafts from the shipped configs with random weights; when the target does not
     fit, only its first layers (timings scaled to full depth by a LayerScaler)."""
@@ -253,6 +264,7 @@ def load_random_models(config: SweepConfig) -> Models:
             draft_scalers[label] = LayerScaler(built.model, built.full_layers, context)
         draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
                                                                                  "random weights"), 0.0)
+    share_vocabulary(target.model, [loaded.model for loaded in draft_models.values()])
     loaded = LoadedModel(target.model, tokenizer,
                          ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
                          time.perf_counter() - started)

@@ -35,7 +35,8 @@ from specbench.native.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative  # noqa: E402
 from specbench.fit import expected_tau, fit_alpha, leviathan_speedup  # noqa: E402
 from specbench.native.measure import copy_bandwidth, decode_step_bytes, roofline_tokens_per_s, time_forward  # noqa: E402
-from specbench.models import load_model, parse_dtype  # noqa: E402
+from specbench.models import parse_dtype  # noqa: E402
+from specbench.native.loading import load_model  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
 from specbench.native.random_models import build_random_model  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload  # noqa: E402

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specbench.models import DEFAULT_TARGET
 
@@ -171,9 +172,9 @@ class SweepConfig:
         return self.weights == "random"
 
     def validate(self) -> None:
-        """One-line errors for bad input, before anything loads."""
-        from specbench.models import parse_draft_spec, parse_dtype
-        from specbench.native.sampling import SamplingParams
+        """One-line errors for bad grid values, before anything loads. The engine's, the executor's
+        and the SLO's own checks are the sweep's (`sweep.check_config`): the plan knows no engine."""
+        from specbench.models import dtype_name, parse_draft_spec
         from specbench.synthetic import parse_alpha
 
         if self.engine not in ENGINES:
@@ -208,10 +209,6 @@ class SweepConfig:
                              f"question), got {self.context_lengths}")
         if not self.burstiness > 0:
             raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
-        if self.slo:
-            from specbench.fit import parse_slo
-
-            parse_slo(self.slo)
         if any(t < 0 or not math.isfinite(t) for t in self.temperatures):
             raise ValueError(f"temperatures must be finite and >= 0, got {self.temperatures}")
         for name, value in (("--max-new-tokens", self.max_new_tokens), ("--num-prompts", self.num_prompts),
@@ -229,9 +226,12 @@ class SweepConfig:
             if self.max_repeats < max(2, self.repeats):
                 raise ValueError(f"--max-repeats must be at least 2 and --repeats ({self.repeats}), got "
                                  f"{self.max_repeats}")
-        SamplingParams(temperature=1.0, top_p=self.top_p, top_k=self.top_k)
+        if not 0 < self.top_p <= 1:  # as native.sampling.SamplingParams and vLLM's own check
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.dtype:
-            parse_dtype(self.dtype)
+            dtype_name(self.dtype)
         for draft in self.drafts:
             base, schedule = split_schedule(draft)
             if schedule is not None and self.engine not in SERVED_ENGINES:
@@ -250,21 +250,28 @@ class SweepConfig:
             parse_alpha(alpha)
         if self.target_layers is not None and (self.target_layers < 1 or not self.synthetic):
             raise ValueError("--target-layers must be >= 1 and needs --weights random")
-        from specbench.executors import validate_executor
 
-        validate_executor(self)
-        if self.engine == "native":
-            from specbench.native.runner import validate_native
 
-            validate_native(self)
-        elif self.engine == "endpoint":
-            from specbench.served.endpoint import validate_endpoint
+def target_shape(config: SweepConfig) -> dict | None:
+    """The target's config (layers, context length) without loading it: shipped for registry
+    models, else a local model's config.json; None when neither is at hand."""
+    from specbench.models import resolve_model
+    from specbench.synthetic import shipped_config
 
-            validate_endpoint(self)
-        else:
-            from specbench.served.vllm_engine import validate_vllm
+    try:
+        return shipped_config(config.target)[1]
+    except Exception:
+        pass
+    if config.synthetic or config.engine == "endpoint":
+        return None
+    try:
+        import json
 
-            validate_vllm(self)
+        target = resolve_model(config.target, allow_download=False)
+        path = Path(target.path) / "config.json"
+        return json.loads(path.read_text()) if path.exists() else None
+    except Exception:
+        return None  # resolving it again later says why, in one line
 
 
 @dataclass(frozen=True)

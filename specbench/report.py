@@ -22,11 +22,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specbench.fit import (  # noqa: E402
-    AR, Slo, alpha_table, closed_loop, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
+    AR, Slo, alpha_table, b_star_rule, best_k_by_batch, capacity_ratio, capacity_text, cost_per_million, crossover_table,
     baseline_note, baseline_speed, default_gpu_price, drifted_keys, expected_tau, label_cells, label_context, load_column,
     load_label, measurement_warnings, slow_baseline_warning,
-    parse_slo, predictions, slo_capacity, slo_table, held_out, held_out_context, held_out_summary,
-    MIN_BATCH_SIZES_FOR_HOLDOUT, fit_step_times, step_time_notes,
+    parse_slo, predictions, slo_capacity, slo_table, held_out, held_out_context,
+    trust_lines,
 )
 from specbench.fit.acceptance import acceptance_by_position  # noqa: E402
 from specbench.fit.noise import cell_interval, run_noise  # noqa: E402
@@ -115,27 +115,6 @@ NOT_DRAWN_SECTION = "charts not drawn"
 
 class NothingToDraw(Exception):
     """A chart's quantity was not measured in this run (why: the message)."""
-
-
-def trust_lines(run: Run, predicted: pd.DataFrame, validation: pd.DataFrame,
-                by_context: pd.DataFrame | None = None) -> list[str]:
-    """What a reader should know before trusting a prediction: the held-out error (the largest
-    batch sizes predicted from the smaller ones, the whole model refitted), and the in-sample fit."""
-    lines = []
-    if by_context is not None and not by_context.empty:
-        lines += ["held out: " + line for line in held_out_summary(pd.DataFrame(), by_context)]
-    if validation is not None and not validation.empty:
-        lines += ["held out: " + line for line in held_out_summary(validation)]
-    else:
-        sizes = closed_loop(run.cells[run.cells["status"] == "ok"])["batch_size"].nunique() if not run.cells.empty else 0
-        lines.append(f"held out: not measured (needs {MIN_BATCH_SIZES_FOR_HOLDOUT} or more batch sizes; the run has "
-                     f"{sizes}): predictions beyond the measured sizes are untested")
-    lines += step_time_notes(fit_step_times(run.cells, run.steps, run.requests, run.meta)) if not run.steps.empty else []
-    if not predicted.empty:
-        errors = predicted["speedup_error"].abs()
-        lines.append(f"in-sample (fitted on the same cells): median |error| {errors.median() * 100:.1f}%, "
-                     f"max {errors.max() * 100:.0f}% over {len(predicted)} cells")
-    return lines
 
 
 def engine_label(meta: dict) -> str:

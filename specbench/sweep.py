@@ -20,7 +20,7 @@ from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, Stage
 from specbench.executors.where import where_columns
 from specbench.fit.noise import BRACKETED, SIDE_BY_SIDE, runs_list
 from specbench.grid import (  # noqa: F401
-    AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule,
+    AR, Cell, SweepConfig, VllmOptions, describe_plan, plan_cells, requests_per_cell, split_schedule, target_shape,
 )
 from specbench.lossless import PROBE_MIN_TOKENS, PROBE_TOKENS, sampled_check
 from specbench.models import lookup_alias, parse_draft_spec, resolve_model
@@ -31,10 +31,33 @@ from specbench.synthetic import shipped_config
 from specbench.workloads import Workload, load_workload, long_context_records, trace_records
 
 
+# Each engine's own checks of a sweep's configuration, imported only for the engine that runs (the
+# native engine's module loads torch; vLLM's and an endpoint's do not need it).
+ENGINE_CHECKS = {"native": ("specbench.native.runner", "validate_native"),
+                 "endpoint": ("specbench.served.endpoint", "validate_endpoint"),
+                 "vllm": ("specbench.served.vllm_engine", "validate_vllm")}
+
+
+def check_config(config: SweepConfig) -> None:
+    """One-line errors for bad input, before anything loads: the grid's values (`SweepConfig.validate`),
+    the SLO, where the cells run (the executor) and what the chosen engine can run."""
+    import importlib
+
+    from specbench.executors import validate_executor
+    from specbench.fit.slo import parse_slo
+
+    config.validate()
+    if config.slo:
+        parse_slo(config.slo)
+    validate_executor(config)
+    module, function = ENGINE_CHECKS[config.engine]
+    getattr(importlib.import_module(module), function)(config)
+
+
 def preflight(config: SweepConfig) -> dict[str, Workload]:
     """Everything checkable without loading weights: grid values, model references, workloads,
     and what must fit the target (its context, its layers). Returns the loaded workloads."""
-    config.validate()
+    check_config(config)
     shape = target_shape(config)
     check_context_limit(config, shape)
     check_self_drafts(config, shape)
@@ -65,25 +88,6 @@ def preflight(config: SweepConfig) -> dict[str, Workload]:
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
     return workloads
-
-
-def target_shape(config: SweepConfig) -> dict | None:
-    """The target's config (layers, context length) without loading it: shipped for registry
-    models, else a local model's config.json; None when neither is at hand."""
-    try:
-        return shipped_config(config.target)[1]
-    except Exception:
-        pass
-    if config.synthetic or config.engine == "endpoint":
-        return None
-    try:
-        import json
-
-        target = resolve_model(config.target, allow_download=False)
-        path = Path(target.path) / "config.json"
-        return json.loads(path.read_text()) if path.exists() else None
-    except Exception:
-        return None  # resolving it again later says why, in one line
 
 
 def _positions_needed(config: SweepConfig, prompt_tokens: int) -> int:

@@ -320,7 +320,7 @@ def replay_for(config) -> Replay:
     key = (config.trace, config.trace_window, config.trace_speedup, config.trace_max_requests, config.target,
            config.vllm.max_model_len, max(config.ks, default=0))
     if key not in _REPLAYS:
-        from specbench.sweep import target_shape
+        from specbench.grid import target_shape
 
         limit = config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0
         room = max(0, limit - 2 * max(config.ks, default=0) - 8) if limit else 0

@@ -113,10 +113,10 @@ def test_capture_needs_cuda(llama_target):
 
 
 def test_cuda_graphs_flag_needs_cuda():
-    from specbench.sweep import SweepConfig
+    from specbench.sweep import SweepConfig, check_config
 
     with pytest.raises(ValueError, match="--cuda-graphs needs"):
-        SweepConfig(cuda_graphs=True).validate()
+        check_config(SweepConfig(cuda_graphs=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

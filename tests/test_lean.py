@@ -66,7 +66,7 @@ def test_sampled_generation_runs_on_packed_weights():
 
 
 def test_prefill_groups_rows_of_similar_length():
-    from specbench.native.forward import prefill_groups
+    from specbench.shapes import prefill_groups
 
     assert prefill_groups([7]) == [slice(0, 1)]
     assert prefill_groups([3, 3, 3, 3]) == [slice(0, 4)]

@@ -4,9 +4,9 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.models import (
-    IncompatibleModels, ModelNotAvailable, check_tokenizers_compatible, load_model, lookup_alias,
-    parse_draft_spec, resolve_model, smollm2_package_gguf,
+    IncompatibleModels, ModelNotAvailable, lookup_alias, parse_draft_spec, resolve_model, smollm2_package_gguf,
 )
+from specbench.native.loading import check_tokenizers_compatible, load_model
 from specbench.workloads import WorkloadError, available_workloads, encode_prompt, load_workload
 
 runner = CliRunner()

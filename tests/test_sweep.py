@@ -398,8 +398,10 @@ def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
 
     from specbench.sweep import SweepConfig, run_sweep
 
-    validate = SweepConfig.validate
-    monkeypatch.setattr(SweepConfig, "validate", lambda self: validate(replace(self, cuda_graphs=False)))
+    import specbench.native.runner as native_runner
+
+    validate = native_runner.validate_native  # the native engine's check refuses --cuda-graphs on a CPU
+    monkeypatch.setattr(native_runner, "validate_native", lambda config: validate(replace(config, cuda_graphs=False)))
     config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
                          batch_sizes=[3], temperatures=[0.0], workloads=["chat"], max_new_tokens=10, num_prompts=3,
                          repeats=2, dtype="fp64", cuda_graphs=True)

@@ -14,6 +14,7 @@ of the same code.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tempfile
@@ -53,14 +54,15 @@ def snapshot(out: Path) -> None:
     from specbench.cli import app
 
     runner = CliRunner()
-    answers: dict[str, dict] = {}
+    os.chdir(ROOT)  # runs named relative to the checkout, as a user names them: the text then
+    answers: dict[str, dict] = {}  # holds no absolute path, and two checkouts compare
     started = time.perf_counter()
     for run in committed_runs():
         name = str(run.relative_to(ROOT))
         with tempfile.TemporaryDirectory() as scratch:
-            check = runner.invoke(app, ["check", str(run)])
-            report = runner.invoke(app, ["report", str(run), "--output", str(Path(scratch) / "report")])
-            plan = runner.invoke(app, ["plan", str(run), "--json"])
+            check = runner.invoke(app, ["check", name])
+            report = runner.invoke(app, ["report", name, "--output", str(Path(scratch) / "report")])
+            plan = runner.invoke(app, ["plan", name, "--json"])
         answers[name] = {
             "check": {"exit": check.exit_code, "text": _clean(check.output)},
             "report": {"exit": report.exit_code, "text": _clean(report.output)},

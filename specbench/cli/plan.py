@@ -129,10 +129,8 @@ def plan(
         table = fit.attach_measured(table, timings.cells) if comparable else table.assign(speedup_measured=float("nan"))
     except known_errors() as error:
         fail(str(error))
-    from specbench.report import trust_lines
-
     unit = "$/1M tok" if price is not None else "device-h/1M tok"
-    trust = trust_lines(timings, pd.DataFrame(), fit.held_out(timings.cells, timings.steps, timings.requests,
+    trust = fit.trust_lines(timings, pd.DataFrame(), fit.held_out(timings.cells, timings.steps, timings.requests,
                                                               timings.meta))
     stopped = fit.completeness(timings.meta, timings.cells).describe()
     warnings = ([stopped] if stopped else []) + fit.measurement_warnings(

@@ -118,7 +118,7 @@ def sweep(
                                                     "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
-    from specbench.sweep import SweepConfig, VllmOptions
+    from specbench.sweep import SweepConfig, VllmOptions, check_config
 
     try:
         if batch_sizes is not None and request_rates is not None:
@@ -163,7 +163,7 @@ def sweep(
             min_speedup=min_speedup, executor=executor, trace=trace or "", trace_window=trace_window,
             trace_speedup=trace_speedup, trace_max_requests=trace_max_requests,
             ray_address=ray_address or "")
-        config.validate()
+        check_config(config)
     except known_errors() as error:
         fail(str(error))
     _run_sweep(config, output, resume, dry_run, _given_fields(ctx))

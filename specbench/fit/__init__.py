@@ -28,7 +28,7 @@ from specbench.fit.cells import (  # noqa: F401
 from specbench.fit.cost import (  # noqa: F401
     MIN_BATCH_SIZES_FOR_HOLDOUT, CostModel, ServedCostModel, StepTimes, architectures, cost_models, device_priors, fit_step_times, forward_table,
     held_out, held_out_context, held_out_summary, model_alphas, plan_table, predictions, step_time_notes,
-    attach_measured, with_output_tokens,
+    attach_measured, trust_lines, with_output_tokens,
 )
 from specbench.fit.decisions import (  # noqa: F401
     WORST_CASE, Crossover, b_star_rule, best_draft_rule, best_k_by_batch, crossover, crossover_table, k_schedule,

@@ -32,6 +32,7 @@ from scipy.optimize import nnls
 from specbench.fit.acceptance import expected_max_normal, expected_tau, tokens_per_step_moments
 from specbench.fit.cells import AR, TRAFFIC, base_draft, closed_loop, label_synthetic, ok_closed_loop, with_context
 from specbench.fit.prices import cost_per_million
+from specbench.shapes import DENSE_MAX_ROWS, LENGTH_QUANTUM, prefill_groups
 from specbench.fit.roofline import (
     DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
@@ -203,8 +204,7 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
     if target_arch is None or forwards.empty:
         return None
     full = forwards[forwards["rows"] == forwards["batch_size"]]
-    from specbench.native.graphs import LENGTH_QUANTUM  # CUDA-graph steps attend over whole length buckets
-
+    # CUDA-graph steps attend over whole length buckets (shapes.LENGTH_QUANTUM)
     graphs = "cuda_graphs" in cells and cells["cuda_graphs"].fillna(False).astype(bool).any()
     quantum = LENGTH_QUANTUM if graphs else 1
     dtype = run_dtype(cells)
@@ -262,21 +262,17 @@ def small_rows(cells: pd.DataFrame, meta: dict) -> tuple[int, bool]:
     """(rows x positions up to which the native engine's products run other kernels, whether those
     forwards scale like the others): matrix-vector at one row on a GPU (apart); on a CPU dense
     weights up to the crossover the sweep measured, chosen only where faster (alike), or in runs
-    from before it was measured up to Projection.DENSE_MAX_ROWS, however slow (apart)."""
-    from specbench.native.lean import Projection
-
+    from before it was measured up to shapes.DENSE_MAX_ROWS, however slow (apart)."""
     devices = cells["device"].dropna().astype(str) if "device" in cells else pd.Series(dtype=str)
     if not devices.empty and not devices.str.startswith("cpu").any():
         return 1, False
     measured = (meta.get("hardware") or {}).get("dense_max_rows")
-    return (int(measured), True) if measured is not None else (Projection.DENSE_MAX_ROWS, False)
+    return (int(measured), True) if measured is not None else (DENSE_MAX_ROWS, False)
 
 
 def prefill_forwards(lengths) -> list[tuple[int, int]]:
     """(rows, positions) of each forward a batch's prefill runs: rows ordered by length and
     grouped as the native engine groups them (`prefill_groups`), each group padded to its longest."""
-    from specbench.native.forward import prefill_groups
-
     ordered = sorted(int(x) for x in lengths)
     return [(len(ordered[g]), max(ordered[g])) for g in prefill_groups(ordered)]
 
@@ -749,3 +745,24 @@ def plan_table(models: dict, alphas: pd.DataFrame, drafts: list[str], ks: list[i
         table["cost_per_1m"] = cost_per_million(table["tokens_per_s"], price_per_hour, devices)
         table["predicted"] = True
     return table
+
+
+def trust_lines(run, predicted: pd.DataFrame, validation: pd.DataFrame,
+                by_context: pd.DataFrame | None = None) -> list[str]:
+    """What a reader should know before trusting a prediction: the held-out error (the largest
+    batch sizes predicted from the smaller ones, the whole model refitted), and the in-sample fit."""
+    lines = []
+    if by_context is not None and not by_context.empty:
+        lines += ["held out: " + line for line in held_out_summary(pd.DataFrame(), by_context)]
+    if validation is not None and not validation.empty:
+        lines += ["held out: " + line for line in held_out_summary(validation)]
+    else:
+        sizes = closed_loop(run.cells[run.cells["status"] == "ok"])["batch_size"].nunique() if not run.cells.empty else 0
+        lines.append(f"held out: not measured (needs {MIN_BATCH_SIZES_FOR_HOLDOUT} or more batch sizes; the run has "
+                     f"{sizes}): predictions beyond the measured sizes are untested")
+    lines += step_time_notes(fit_step_times(run.cells, run.steps, run.requests, run.meta)) if not run.steps.empty else []
+    if not predicted.empty:
+        errors = predicted["speedup_error"].abs()
+        lines.append(f"in-sample (fitted on the same cells): median |error| {errors.median() * 100:.1f}%, "
+                     f"max {errors.max() * 100:.0f}% over {len(predicted)} cells")
+    return lines

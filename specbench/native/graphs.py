@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from specbench.native.kvcache import RaggedKVCache
+from specbench.shapes import LENGTH_QUANTUM
 
 if TYPE_CHECKING:
     from specbench.native.forward import CausalLM
 
-LENGTH_QUANTUM = 256  # cache columns are allocated in multiples of this, so batches share a cache
 LOWER_BUCKETS = 2  # length buckets captured below the first one a batch needs (other batches start near it)
 
 

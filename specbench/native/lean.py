@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specbench.shapes import DENSE_MAX_ROWS
+
 LEAN_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
@@ -96,7 +98,7 @@ class Projection:
     copy costs as much memory as the weight (the measured peak includes it)."""
 
     PACK_HINT = 32  # rows oneDNN tunes the layout for; measured flat from 8 to 32 rows
-    DENSE_MAX_ROWS = 3  # the most rows the dense product is ever chosen for
+    DENSE_MAX_ROWS = DENSE_MAX_ROWS  # the most rows the dense product is ever chosen for (specbench.shapes)
     _dense_limits: dict = {}  # (shape, dtype) -> rows up to which the dense product was faster here
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:

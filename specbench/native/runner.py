@@ -16,13 +16,11 @@ from specbench.engines import CellOutcome, Engine, Stage
 from specbench.grid import AR, Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import OwnCpu, chunk_gaps, percentiles
-from specbench.models import (
-    DEFAULT_TARGET, DraftSpec, LoadedModel, check_tokenizers_compatible, family_of, load_model, lookup_alias,
-    parse_draft_spec, parse_dtype,
-)
+from specbench.models import DEFAULT_TARGET, DraftSpec, lookup_alias, parse_draft_spec, parse_dtype
 from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM
+from specbench.native.loading import LoadedModel, check_tokenizers_compatible, family_of, load_model
 from specbench.native.measure import (
     PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, forward_profile, matmul_rate, phase_times,
     request_rows, step_rows,

@@ -274,6 +274,87 @@ def target_shape(config: SweepConfig) -> dict | None:
         return None  # resolving it again later says why, in one line
 
 
+# --- a draft as vLLM's --speculative-config (what the sweep serves and the gate recommends) ---
+
+
+def synthetic_rates(profile: tuple[float, ...], k: int) -> list[float]:
+    """vLLM's synthetic_acceptance_rates (position i: probability that the first i+1 drafts are
+    all accepted) from specbench's per-position profile (position i accepted given the ones
+    before were; the last value repeats)."""
+    rates, reach = [], 1.0
+    for position in range(k):
+        reach *= profile[min(position, len(profile) - 1)]
+        rates.append(reach)
+    return rates
+
+
+def speculative_config(spec, k: int, draft_model: str | None = None, alpha: str = "") -> dict:
+    """The `--speculative-config` of a draft (a models.DraftSpec) at K."""
+    import json
+
+    from specbench.synthetic import parse_alpha
+
+    if spec.kind == "json":
+        config = json.loads(spec.json)
+        config.setdefault("num_speculative_tokens", k)
+    elif spec.kind == "ngram":
+        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": spec.ngram,
+                  "prompt_lookup_min": 1}
+    elif spec.kind == "model":
+        config = {"method": "draft_model", "model": draft_model or spec.model, "num_speculative_tokens": k}
+    elif spec.kind in ("eagle", "eagle3"):
+        config = {"method": spec.kind, "model": spec.model, "num_speculative_tokens": k}
+    elif spec.kind == "mtp":
+        config = {"method": "mtp", "num_speculative_tokens": k}
+    else:
+        raise ValueError(f"draft {spec.text!r} does not run on vLLM")
+    if alpha:
+        config["rejection_sample_method"] = "synthetic"
+        config["synthetic_acceptance_rates"] = synthetic_rates(parse_alpha(alpha), int(config["num_speculative_tokens"]))
+    return config
+
+
+def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
+    """Each draft's `--speculative-config` as a run used it: read from the command of a server
+    the vLLM engine started for it, else (a native run) built from the draft's name, with a
+    registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out;
+    `drafts` may hold the autoregressive label (a cells table's draft column) and repeats."""
+    import json
+
+    from specbench.models import lookup_alias, parse_draft_spec
+
+    drafts = sorted(set(drafts) - {AR})
+    found: dict[str, dict] = {}
+    for server in (meta.get("engine") or {}).get("servers") or []:
+        command = server.get("command") or []
+        if "--speculative-config" not in command:
+            continue
+        config = json.loads(command[command.index("--speculative-config") + 1])
+        label = server.get("label", "")
+        for draft in drafts:
+            if draft not in found and (label == draft or label.startswith(f"{draft} K=")):
+                found[draft] = {key: value for key, value in config.items()
+                                if key not in ("num_speculative_tokens_per_batch_size", "rejection_sample_method",
+                                               "synthetic_acceptance_rates")}
+    if (meta.get("engine") or {}).get("name", "native") != "native":
+        return found
+    for draft in drafts:
+        base, _ = split_schedule(draft)
+        try:
+            spec = parse_draft_spec(base, allow_served=True)
+        except ValueError:
+            continue
+        if spec.kind == "self" or draft in found:
+            continue
+        model = None
+        if spec.kind == "model":
+            target = lookup_alias(str((meta.get("config") or {}).get("target", "")))
+            entry = lookup_alias(spec.model, target.family if target else None)
+            model = entry.hub_id if entry else spec.model
+        found[draft] = speculative_config(spec, 1, model)
+    return found
+
+
 @dataclass(frozen=True)
 class Cell:
     workload: str

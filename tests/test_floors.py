@@ -1,6 +1,6 @@
 """The floors (plan -> measure -> judge): the judge's commands load no engine. `specbench --help`,
 `check` and `plan` on a committed run, each in a fresh process, import neither torch nor
-matplotlib (benchmarks/floors/startup.py measures what that saves); a sweep's engine checks run
+matplotlib nor any engine or executor module (benchmarks/floors/startup.py measures what that saves); a sweep's engine checks run
 only for the engine chosen."""
 
 import subprocess
@@ -14,7 +14,8 @@ RUN = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
 PROBE = ("import sys, runpy; sys.argv = ['specbench', *sys.argv[1:]]\n"
          "try:\n    runpy.run_module('specbench.cli', run_name='__main__')\n"
          "except SystemExit:\n    pass\n"
-         "print('LOADED', sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules))")
+         "print('LOADED', sorted(m for m in sys.modules if m in ('torch', 'matplotlib', 'transformers')\n"
+         "      or m.startswith(('specbench.native', 'specbench.served', 'specbench.executors'))))")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["check", RUN], ["plan", RUN], ["plan", "--target", "llama3-70b",

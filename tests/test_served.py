@@ -22,7 +22,7 @@ from specbench.results import load_run
 from specbench.served.client import run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerProcess, free_port
-from specbench.served.vllm_engine import speculative_config, synthetic_rates
+from specbench.grid import speculative_config, synthetic_rates
 from tests.conftest import as_if_idle
 
 runner = CliRunner()

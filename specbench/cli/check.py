@@ -39,7 +39,7 @@ def check(
     from specbench.fit import completeness, open_loop, parse_slo
     from specbench.gate import INTERNAL_ERROR, UNANSWERABLE, evaluate, evaluate_slo
     from specbench.results import load_run
-    from specbench.served.vllm_engine import base_speculative_configs
+    from specbench.grid import base_speculative_configs
 
     slo_result = None
     bar_given, min_speedup = min_speedup is not None, 1.0 if min_speedup is None else min_speedup

@@ -30,7 +30,7 @@ def report(
     from specbench.gate import evaluate, evaluate_slo
     from specbench.report import write_report
     from specbench.results import load_run
-    from specbench.served.vllm_engine import base_speculative_configs
+    from specbench.grid import base_speculative_configs
 
     try:
         check_price(gpu_price, gpus)

@@ -38,11 +38,11 @@ from specbench.engines import CellOutcome, Engine, Stage, StageFailed
 from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from specbench.fit.replay import LARGE_BATCH
 from specbench.fit.trust import SEND_LAG_GOAL_S, stalled_by_machine
-from specbench.grid import AR, Cell, SweepConfig, split_schedule, vllm_schedule
+from specbench.grid import AR, Cell, SweepConfig, speculative_config, split_schedule, vllm_schedule
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import OwnCpu, PeakSampler, PeriodicSampler, WakeProbe, chunk_gaps, percentiles
 from specbench.models import (
-    DEFAULT_TARGET, DraftSpec, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
+    DEFAULT_TARGET, ModelNotAvailable, cache_dir, lookup_alias, parse_draft_spec, parse_dtype,
     resolve_model,
 )
 from specbench.served.client import LoadRun, arrival_times, run_closed_loop, run_open_loop
@@ -126,17 +126,6 @@ def _torch_dtypes():
     return (torch.float32, torch.bfloat16, torch.float16)
 
 
-def synthetic_rates(profile: tuple[float, ...], k: int) -> list[float]:
-    """vLLM's synthetic_acceptance_rates (position i: probability that the first i+1 drafts are
-    all accepted) from specbench's per-position profile (position i accepted given the ones
-    before were; the last value repeats)."""
-    rates, reach = [], 1.0
-    for position in range(k):
-        reach *= profile[min(position, len(profile) - 1)]
-        rates.append(reach)
-    return rates
-
-
 def server_k(draft: str, k: int) -> int:
     """The K a server is started with: a scheduled draft's largest (vLLM clamps the schedule to it)."""
     _, schedule = split_schedule(draft)
@@ -150,28 +139,6 @@ def draft_speculative_config(draft: str, k: int, draft_model: str | None = None,
     config = speculative_config(parse_draft_spec(base, allow_served=True), server_k(draft, k), draft_model, alpha)
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = vllm_schedule(schedule)
-    return config
-
-
-def speculative_config(spec: DraftSpec, k: int, draft_model: str | None = None, alpha: str = "") -> dict:
-    """The `--speculative-config` of a draft at K."""
-    if spec.kind == "json":
-        config = json.loads(spec.json)
-        config.setdefault("num_speculative_tokens", k)
-    elif spec.kind == "ngram":
-        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": spec.ngram,
-                  "prompt_lookup_min": 1}
-    elif spec.kind == "model":
-        config = {"method": "draft_model", "model": draft_model or spec.model, "num_speculative_tokens": k}
-    elif spec.kind in ("eagle", "eagle3"):
-        config = {"method": spec.kind, "model": spec.model, "num_speculative_tokens": k}
-    elif spec.kind == "mtp":
-        config = {"method": "mtp", "num_speculative_tokens": k}
-    else:
-        raise ValueError(f"draft {spec.text!r} does not run on vLLM")
-    if alpha:
-        config["rejection_sample_method"] = "synthetic"
-        config["synthetic_acceptance_rates"] = synthetic_rates(parse_alpha(alpha), int(config["num_speculative_tokens"]))
     return config
 
 
@@ -945,42 +912,3 @@ def _schedule_text(draft: str) -> str:
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return statistics.fmean(finite) if finite else float("nan")
-
-
-def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
-    """Each draft's `--speculative-config` as a run used it: read from the command of a server
-    the vLLM engine started for it, else (a native run) built from the draft's name, with a
-    registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out;
-    `drafts` may hold the autoregressive label (a cells table's draft column) and repeats."""
-    from specbench.models import lookup_alias
-
-    drafts = sorted(set(drafts) - {AR})
-    found: dict[str, dict] = {}
-    for server in (meta.get("engine") or {}).get("servers") or []:
-        command = server.get("command") or []
-        if "--speculative-config" not in command:
-            continue
-        config = json.loads(command[command.index("--speculative-config") + 1])
-        label = server.get("label", "")
-        for draft in drafts:
-            if draft not in found and (label == draft or label.startswith(f"{draft} K=")):
-                found[draft] = {key: value for key, value in config.items()
-                                if key not in ("num_speculative_tokens_per_batch_size", "rejection_sample_method",
-                                               "synthetic_acceptance_rates")}
-    if (meta.get("engine") or {}).get("name", "native") != "native":
-        return found
-    for draft in drafts:
-        base, _ = split_schedule(draft)
-        try:
-            spec = parse_draft_spec(base, allow_served=True)
-        except ValueError:
-            continue
-        if spec.kind == "self" or draft in found:
-            continue
-        model = None
-        if spec.kind == "model":
-            target = lookup_alias(str((meta.get("config") or {}).get("target", "")))
-            entry = lookup_alias(spec.model, target.family if target else None)
-            model = entry.hub_id if entry else spec.model
-        found[draft] = speculative_config(spec, 1, model)
-    return found

@@ -226,10 +226,7 @@ class SweepConfig:
             if self.max_repeats < max(2, self.repeats):
                 raise ValueError(f"--max-repeats must be at least 2 and --repeats ({self.repeats}), got "
                                  f"{self.max_repeats}")
-        if not 0 < self.top_p <= 1:  # as native.sampling.SamplingParams and vLLM's own check
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        check_sampling(1.0, self.top_p, self.top_k)
         if self.dtype:
             dtype_name(self.dtype)
         for draft in self.drafts:
@@ -250,6 +247,16 @@ class SweepConfig:
             parse_alpha(alpha)
         if self.target_layers is not None and (self.target_layers < 1 or not self.synthetic):
             raise ValueError("--target-layers must be >= 1 and needs --weights random")
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
+    """Sampling settings any engine can run (native.sampling.SamplingParams checks the same)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
 
 
 def target_shape(config: SweepConfig) -> dict | None:

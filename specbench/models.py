@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 class ModelNotAvailable(RuntimeError):
     """A model that cannot be loaded here; the message says how to get it."""
 
@@ -261,16 +260,15 @@ def resolve_model(reference: str, family: str | None = None, allow_download: boo
     raise ModelNotAvailable(f"model {reference} ({hub_id}) is not available offline; {_fetch_hint(reference, spec)}")
 
 
-# --- loading -----------------------------------------------------------------------------------
+# --- the offline default's one conversion, and tokenizers (torch and transformers when called) ---
 
 def _convert_smollm2_gguf(gguf: Path) -> Path:
     """Dequantise the shipped GGUF once into safetensors; later loads take a fraction of a second."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = converted_smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    import torch
-
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers marks GGUF-loaded models as quantised and refuses to save them, but the
     # weights are already dequantised to float32 at this point.

@@ -83,7 +83,7 @@ def test_a_draft_with_fewer_padded_rows_shares_the_targets_ids():
     """Qwen2.5-7B's embedding has 152,064 rows and its 0.5B draft's 151,936 (one tokenizer): random
     weights of such a pair (H100, 2026-11-25) were refused as a vocabulary mismatch. Both now sample
     and verify the ids they share, and greedy speculation still reproduces the target's tokens."""
-    from specbench.native.runner import share_vocabulary
+    from specbench.native.loading import share_vocabulary
 
     target = CausalLM.from_hf(tiny_model("qwen2", layers=3, seed=3, vocab=101))
     draft = CausalLM.from_hf(tiny_model("qwen2", layers=1, seed=4, vocab=97))

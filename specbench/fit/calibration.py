@@ -183,7 +183,10 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
     correction varies with the batch, `Correction.fit`)."""
     from specbench.fit.cells import AR, ok_closed_loop
-    from specbench.fit.cost import StepTimes, _points, fit_step_times, forward_table, measured_prefills
+    from specbench.fit.cost import (
+        StepTimes, _points, fit_step_times, forward_table, measured_draft_prefills, measured_prefills,
+    )
+    from specbench.synthetic import config_parameters
 
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
@@ -217,7 +220,7 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
             corrections[f"{target_name} prefill"] = _prefill_correction(prefill, batches, shape)
             if correct_prefill:
                 prefill = prefill.corrected(corrections[f"{target_name} prefill"])
-        for label, batches in _draft_prefills(cells, requests, set(draft_prefill)).items():
+        for label, batches in measured_draft_prefills(cells, requests, draft_prefill).items():
             corrections[f"{label} prefill"] = _prefill_correction(draft_prefill[label], batches, shape)
             if correct_prefill:
                 draft_prefill[label] = draft_prefill[label].corrected(corrections[f"{label} prefill"])
@@ -229,8 +232,6 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
         for label, model in fitted.drafts.items():
             drafts.setdefault(label, model)
     times = StepTimes(target, drafts, prefill, draft_prefill)
-    from specbench.synthetic import config_parameters
-
     sizes = {target_name: config_parameters(target_config),
              **{label: config_parameters(config) for label, (_, config) in draft_configs.items()}}
     return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs), 1, sizes)
@@ -244,23 +245,6 @@ def _prefill_correction(model: TableForward, batches: list[tuple[object, list[in
     table = [sum(_table_ms(model, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
     return Correction.fit(np.array([len(lengths) for _, lengths, _ in batches]),
                           np.array([s for _, _, s in batches]) * 1000 / np.array(table, float), shape)
-
-
-def _draft_prefills(cells: pd.DataFrame, requests: pd.DataFrame,
-                    labels: set[str]) -> dict[str, list[tuple[object, list[int], float]]]:
-    """Each model draft's measured prefills: a cell's draft prefill time with its first batch's
-    prompts (what the run's own roofline fits the draft's prefill on)."""
-    from specbench.fit.cells import AR
-
-    if requests.empty or "draft_prefill_s" not in cells:
-        return {}
-    first = requests[(requests["repeat"] == 0) & (requests["batch_index"] == 0)]
-    first = first.groupby("cell_id")["prompt_tokens"].apply(list)
-    found: dict[str, list] = {}
-    for row in cells[(cells["mode"] != AR) & cells["draft"].isin(list(labels))].itertuples():
-        if row.cell_id in first.index and row.draft_prefill_s > 0:
-            found.setdefault(row.draft, []).append((row.cell_id, first[row.cell_id], float(row.draft_prefill_s)))
-    return found
 
 
 def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str = "vllm") -> Calibration:

@@ -292,24 +292,34 @@ def measured_prefills(cells: pd.DataFrame, requests: pd.DataFrame) -> list[tuple
             for key, group in mine.groupby(["cell_id", "repeat", "batch_index"]) if group["ttft_s"].notna().all()]
 
 
+def measured_draft_prefills(cells: pd.DataFrame, requests: pd.DataFrame,
+                            drafts) -> dict[str, list[tuple[object, list[int], float]]]:
+    """Each of `drafts`' measured prefills: a cell's draft prefill (the median of its batches) with
+    its first batch's prompt lengths, as `measured_prefills` gives the target's."""
+    if requests.empty or "draft_prefill_s" not in cells:
+        return {}
+    mine = requests[requests["cell_id"].isin(cells["cell_id"])]
+    first = mine[(mine["repeat"] == 0) & (mine["batch_index"] == 0)].groupby("cell_id")["prompt_tokens"].apply(list)
+    found: dict[str, list] = {}
+    for row in cells[(cells["mode"] != AR) & cells["draft"].isin(list(drafts))].itertuples():
+        if row.cell_id in first.index and row.draft_prefill_s > 0:
+            found.setdefault(row.draft, []).append((row.cell_id, first[row.cell_id], float(row.draft_prefill_s)))
+    return found
+
+
 def _fit_prefills(cells: pd.DataFrame, requests: pd.DataFrame, target: Architecture, drafts: dict[str, Architecture],
                   priors: tuple[float | None, float | None]) -> tuple[ForwardTimeModel | None, dict]:
     """The target's prefill from every measured batch (its first token's time is the prefill's
     end), the drafts' from each cell's median draft prefill and its first batch's prompts."""
     if requests.empty:
         return None, {}
-    mine = requests[requests["cell_id"].isin(cells["cell_id"])]
     points = _prefill_points(measured_prefills(cells, requests))
     prefill = fit_forward_time(points, target, *priors) if not points.empty else None
     draft_prefill = {}
-    first = mine[(mine["repeat"] == 0) & (mine["batch_index"] == 0)].groupby("cell_id")["prompt_tokens"].apply(list)
-    if "draft_prefill_s" in cells:
-        for draft, group in cells[(cells["mode"] != AR) & cells["draft"].isin(list(drafts))].groupby("draft"):
-            batches = [(row.cell_id, first[row.cell_id], float(row.draft_prefill_s)) for row in group.itertuples()
-                       if row.cell_id in first.index and row.draft_prefill_s > 0]
-            points = _prefill_points(batches)
-            if not points.empty:
-                draft_prefill[draft] = fit_forward_time(points, drafts[draft], *priors)
+    for draft, batches in measured_draft_prefills(cells, requests, drafts).items():
+        points = _prefill_points(batches)
+        if not points.empty:
+            draft_prefill[draft] = fit_forward_time(points, drafts[draft], *priors)
     return prefill, draft_prefill
 
 

@@ -161,7 +161,9 @@ class TablePlanner:
         correction = None if source is None else source.decode if kind == "draft" else source.prefill
         if correction is not None:
             return float(correction(batch_size))
-        return self._scale(kind if kind in self.corrections or kind == "draft" else "prefill", batch_size)
+        if kind == "draft prefill" and kind not in self.corrections:
+            kind = "prefill"
+        return self._scale(kind, batch_size)
 
     def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
         return self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)

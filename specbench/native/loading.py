@@ -91,9 +91,19 @@ def check_tokenizers_compatible(target: LoadedModel, draft: LoadedModel) -> None
     if draft.model.vocab_size != target.model.vocab_size:
         # Same tokenizer, differently padded embedding matrices (Qwen2.5 0.5B vs 7B): compare
         # only the ids the tokenizer can produce.
-        shared = min(draft.model.vocab_size, target.model.vocab_size)
-        if len(target_vocab) > shared:
+        if len(target_vocab) > min(draft.model.vocab_size, target.model.vocab_size):
             raise IncompatibleModels(
                 f"draft {draft.name} has {draft.model.vocab_size} output rows, target {target.name} "
                 f"{target.model.vocab_size}, but the tokenizer has {len(target_vocab)} tokens")
-        draft.model.vocab_limit = target.model.vocab_limit = shared
+        share_vocabulary(target.model, [draft.model])
+
+
+def share_vocabulary(target: CausalLM, drafts: list[CausalLM]) -> None:
+    """Models of one tokenizer whose embedding matrices are padded to different sizes (Qwen2.5-7B has
+    152,064 rows, Qwen2.5-0.5B 151,936) sample and verify only the ids they all have. Real weights
+    come here after check_tokenizers_compatible; random weights (the shipped configs of one family,
+    no tokenizer to compare) directly."""
+    sizes = {model.vocab_size for model in [target, *drafts]}
+    if len(sizes) > 1:
+        for model in [target, *drafts]:
+            model.vocab_limit = min(sizes)

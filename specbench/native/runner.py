@@ -20,7 +20,7 @@ from specbench.models import DEFAULT_TARGET, DraftSpec, lookup_alias, parse_draf
 from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM
-from specbench.native.loading import LoadedModel, check_tokenizers_compatible, family_of, load_model
+from specbench.native.loading import LoadedModel, check_tokenizers_compatible, family_of, load_model, share_vocabulary
 from specbench.native.measure import (
     PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, forward_profile, matmul_rate, phase_times,
     request_rows, step_rows,
@@ -202,17 +202,6 @@ def measured_bandwidth(device: torch.device) -> float:
         return copy_bandwidth(device, int(min(budget, 2 << 30)) // 4 * 4)
     except (RuntimeError, MemoryError):
         return float("nan")
-
-
-def share_vocabulary(target: CausalLM, drafts: list[CausalLM]) -> None:
-    """Same-family models whose embedding matrices are padded to different sizes (Qwen2.5-7B has
-    152,064 rows, Qwen2.5-0.5B 151,936, one tokenizer) sample and verify only the ids they all have,
-    as check_tokenizers_compatible arranges for real weights. Random weights have no tokenizer to
-    compare, and the shipped configs of one family share one."""
-    sizes = {model.vocab_size for model in [target, *drafts]}
-    if len(sizes) > 1:
-        for model in [target, *drafts]:
-            model.vocab_limit = min(sizes)
 
 
 def load_random_models(config: SweepConfig) -> Models:

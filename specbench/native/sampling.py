@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.grid import check_sampling
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -14,12 +16,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        check_sampling(self.temperature, self.top_p, self.top_k)
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from specbench.grid import Cell, SweepConfig
 from specbench.lossless import ScoredToken
+from specbench.traces import Replay
 
 
 @dataclass
@@ -77,9 +78,10 @@ class Engine(ABC):
     scores_samples = True  # the sampled check can score outputs with the target
     scores_samples_note = ""  # why not, when it cannot
 
-    def __init__(self, config: SweepConfig, run_dir: Path) -> None:
+    def __init__(self, config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> None:
         self.config = config
         self.run_dir = run_dir  # where the run's tables (and a served engine's server logs) go
+        self.replay = replay  # a trace sweep's requests (grid.build_replay), None otherwise
 
     @abstractmethod
     def open(self) -> str:
@@ -117,17 +119,3 @@ class Engine(ABC):
         """"oom" (the sweep skips larger batches of that configuration) or "failed"."""
         text = str(error).lower()
         return "oom" if "out of memory" in text or "can't allocate memory" in text else "failed"
-
-
-def open_engine(config: SweepConfig, run_dir: Path) -> Engine:
-    if config.engine == "vllm":
-        from specbench.served.vllm_engine import VllmEngine
-
-        return VllmEngine(config, run_dir)
-    if config.engine == "endpoint":
-        from specbench.served.endpoint import EndpointEngine
-
-        return EndpointEngine(config, run_dir)
-    from specbench.native.runner import NativeEngine
-
-    return NativeEngine(config, run_dir)

@@ -23,9 +23,10 @@ from specbench.fit import (
     vllm_speculative_config, worst_case_by_batch,
 )
 from specbench.fit.evidence import FAIL as FAILS, INCONCLUSIVE as UNDECIDED, PASS as PASSES
-from specbench.fit.noise import SIDE_BY_SIDE, TURNS, RunNoise, cell_interval, pairing, repeats_behind, run_noise
+from specbench.fit.noise import RunNoise, cell_interval, pairing, repeats_behind, run_noise
 from specbench.fit.physics import tokens_per_forward, with_bounds
 from specbench.grid import format_schedule
+from specbench.schema import SIDE_BY_SIDE, TURNS
 
 PASS, FAIL, UNANSWERABLE, INCONCLUSIVE, INTERNAL_ERROR = 0, 1, 2, 3, 4
 EXIT_CODES = {
@@ -400,6 +401,46 @@ def _slo_decision(ours: tuple, theirs: tuple) -> str:
     return FAILS if low(ours[1]) < low(theirs[0]) else UNDECIDED
 
 
+def slo_verdicts(capacity: pd.DataFrame, name: str) -> list[SloVerdict]:
+    """A draft's verdict per (workload, temperature): its capacity under the SLO against the
+    baseline's (`slo_capacity` rows), each within the noise of its requests."""
+    baseline = capacity[capacity["mode"] == AR]
+    out = []
+    for row in capacity[(capacity["mode"] != AR) & (capacity["draft"] == name)].itertuples():
+        base = baseline[(baseline["workload"] == row.workload) & (baseline["temperature"] == row.temperature)]
+        if base.empty:
+            continue
+        b = base.iloc[0]
+        ours = None if pd.isna(row.max_load) else float(row.max_load)
+        theirs = None if pd.isna(b["max_load"]) else float(b["max_load"])
+        passes = None if ours is None and theirs is None else (theirs is None or (ours or 0) >= theirs)
+        bounds = (_or_none(row.max_load_low), _or_none(row.max_load_high))
+        baseline_bounds = (_or_none(b["max_load_low"]), _or_none(b["max_load_high"]))
+        out.append(SloVerdict(row.workload, float(row.temperature), theirs, ours,
+                              None if pd.isna(row.k) else int(row.k), float(row.max_measured_load), passes,
+                              float(b["tokens_per_s"]), float(row.tokens_per_s), baseline_bounds, bounds,
+                              # n/a only when both miss the SLO beyond doubt from the lowest load on
+                              "" if bounds[1] is None and baseline_bounds[1] is None
+                              else _slo_decision(bounds, baseline_bounds)))
+    return out
+
+
+def slo_judged_draft(capacity: pd.DataFrame, by_draft: dict[str, list[SloVerdict]] | None = None) -> str | None:
+    """The draft `check --slo` judges when none is named: the one whose least favourable capacity
+    ratio (over the workloads and temperatures it decides) is highest. The report's answer names
+    the same one. None without speculative rows."""
+    drafts = sorted(capacity[capacity["mode"] != AR]["draft"].unique()) if not capacity.empty else []
+    if not drafts:
+        return None
+    by_draft = by_draft or {name: slo_verdicts(capacity, name) for name in drafts}
+
+    def score(name: str) -> float:
+        ratios = [capacity_ratio(v.capacity, v.baseline_capacity) for v in by_draft[name] if v.decision]
+        return min(ratios) if ratios else -1.0
+
+    return max(drafts, key=score)
+
+
 def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: str | None = None,
                  workloads: list[str] | None = None, temperatures: list[float] | None = None,
                  state: Completeness | None = None, allow_incomplete: bool = False) -> SloGateResult:
@@ -434,33 +475,8 @@ def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: s
     if draft is not None and draft not in drafts:
         return unanswerable(f"draft {draft!r} is not in this run (drafts: {', '.join(drafts)})")
 
-    def verdicts_for(name: str) -> list[SloVerdict]:
-        out = []
-        for row in speculative[speculative["draft"] == name].itertuples():
-            base = baseline[(baseline["workload"] == row.workload) & (baseline["temperature"] == row.temperature)]
-            if base.empty:
-                continue
-            b = base.iloc[0]
-            ours = None if pd.isna(row.max_load) else float(row.max_load)
-            theirs = None if pd.isna(b["max_load"]) else float(b["max_load"])
-            passes = None if ours is None and theirs is None else (theirs is None or (ours or 0) >= theirs)
-            bounds = (_or_none(row.max_load_low), _or_none(row.max_load_high))
-            baseline_bounds = (_or_none(b["max_load_low"]), _or_none(b["max_load_high"]))
-            out.append(SloVerdict(row.workload, float(row.temperature), theirs, ours,
-                                  None if pd.isna(row.k) else int(row.k), float(row.max_measured_load), passes,
-                                  float(b["tokens_per_s"]), float(row.tokens_per_s), baseline_bounds, bounds,
-                                  # n/a only when both miss the SLO beyond doubt from the lowest load on
-                                  "" if bounds[1] is None and baseline_bounds[1] is None
-                                  else _slo_decision(bounds, baseline_bounds)))
-        return out
-
-    by_draft = {name: verdicts_for(name) for name in drafts}
-
-    def score(name: str) -> float:
-        ratios = [capacity_ratio(v.capacity, v.baseline_capacity) for v in by_draft[name] if v.decision]
-        return min(ratios) if ratios else -1.0
-
-    name = draft or max(drafts, key=score)
+    by_draft = {name: slo_verdicts(capacity, name) for name in drafts}
+    name = draft or slo_judged_draft(capacity, by_draft)
     verdicts = by_draft[name]
     if not verdicts or all(not v.decision for v in verdicts):
         return unanswerable(f"no measured load meets {slo.describe()}, with or without speculation: measure "

@@ -14,10 +14,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from specbench.models import DEFAULT_TARGET
+from specbench.models import (
+    DEFAULT_TARGET, default_dtype, dtype_name, lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
+)
+from specbench.schema import AR
+from specbench.synthetic import parse_alpha, shipped_config
 
-AR = "autoregressive"
 ENGINES = ("native", "vllm", "endpoint")
 SERVED_ENGINES = ("vllm", "endpoint")
 SCHEDULE_MARK = "@schedule:"
@@ -163,8 +167,6 @@ class SweepConfig:
     @property
     def torch_dtype(self):
         """The target's dtype: --dtype, else the device's default."""
-        from specbench.models import default_dtype, parse_dtype
-
         return parse_dtype(self.dtype) if self.dtype else default_dtype(self.device)
 
     @property
@@ -174,9 +176,6 @@ class SweepConfig:
     def validate(self) -> None:
         """One-line errors for bad grid values, before anything loads. The engine's, the executor's
         and the SLO's own checks are the sweep's (`sweep.check_config`): the plan knows no engine."""
-        from specbench.models import dtype_name, parse_draft_spec
-        from specbench.synthetic import parse_alpha
-
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.trace:
@@ -259,12 +258,34 @@ def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
         raise ValueError(f"top_k must be >= 0, got {top_k}")
 
 
+def draft_headroom(k: int) -> int:
+    """Positions past a row's prompt and output that a speculative step may write: K drafted
+    tokens, the verify's K + 1, and spare. Every check of what fits a context uses it (the sweep's
+    context limit, a trace's rows); the native engine sizes its KV cache with it."""
+    return 2 * k + 8
+
+
+def positions_needed(config: SweepConfig, prompt_tokens: int) -> int:
+    """The positions a row of `prompt_tokens` needs at the sweep's output length and largest K."""
+    return prompt_tokens + config.max_new_tokens + draft_headroom(max(config.ks, default=0))
+
+
+def check_context_limit(config: SweepConfig, shape: dict | None = None) -> None:
+    """A one-line error, before anything loads, when the longest prompt asked for plus the new
+    tokens (and a step's drafts) would not fit the target's context."""
+    limit = (shape or {}).get("max_position_embeddings")
+    longest = max(config.context_lengths, default=0)
+    needed = positions_needed(config, longest)
+    if limit and needed > limit:
+        asked = f"--context-lengths {longest} + " if longest else ""
+        raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; "
+                         f"{config.target} has a {limit}-token context")
+
+
+
 def target_shape(config: SweepConfig) -> dict | None:
     """The target's config (layers, context length) without loading it: shipped for registry
     models, else a local model's config.json; None when neither is at hand."""
-    from specbench.models import resolve_model
-    from specbench.synthetic import shipped_config
-
     try:
         return shipped_config(config.target)[1]
     except Exception:
@@ -299,8 +320,6 @@ def speculative_config(spec, k: int, draft_model: str | None = None, alpha: str 
     """The `--speculative-config` of a draft (a models.DraftSpec) at K."""
     import json
 
-    from specbench.synthetic import parse_alpha
-
     if spec.kind == "json":
         config = json.loads(spec.json)
         config.setdefault("num_speculative_tokens", k)
@@ -327,8 +346,6 @@ def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
     registry alias as its hub id. Drafts vLLM cannot run (self:N) and endpoints are left out;
     `drafts` may hold the autoregressive label (a cells table's draft column) and repeats."""
     import json
-
-    from specbench.models import lookup_alias, parse_draft_spec
 
     drafts = sorted(set(drafts) - {AR})
     found: dict[str, dict] = {}
@@ -403,16 +420,39 @@ class Cell:
         return self.draft != AR
 
 
-def plan_cells(config: SweepConfig) -> list[Cell]:
+class ReplayShape(Protocol):
+    """What planning a trace sweep needs of its replay (traces.Replay, or the ReplayRecord run.json
+    keeps): the mean rate the cells are labelled with, the requests, their mean output length."""
+    rate: float
+    request_count: int
+    output_tokens_mean: float
+
+
+def _needs(replay: ReplayShape | None, config: SweepConfig) -> ReplayShape:
+    if replay is None:
+        raise ValueError(f"--trace {config.trace}: a trace sweep is planned with its replay (grid.build_replay)")
+    return replay
+
+
+def build_replay(config: SweepConfig):
+    """The trace's replay for this sweep, read once (a bad trace file fails here, in one line): rows
+    that would not fit the target's context with a step's drafts are left out. None without --trace."""
+    if not config.trace:
+        return None
+    from specbench.traces import sweep_replay
+
+    limit = config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0
+    return sweep_replay(config, max(0, limit - draft_headroom(max(config.ks, default=0))) if limit else 0)
+
+
+def plan_cells(config: SweepConfig, replay: ReplayShape | None = None) -> list[Cell]:
     """Run order: workload, context length, temperature, load ascending (so an out-of-memory skips the larger
     batches), baseline first, then draft x K. (A served engine regroups them by server.) An
     endpoint run without --baseline-endpoint has no baseline cells."""
     loads = [(0, rate) for rate in sorted(config.request_rates)] if config.request_rates \
         else [(b, 0.0) for b in sorted(config.batch_sizes)]
     if config.trace:  # one load: the trace replayed, labelled with its mean rate
-        from specbench.traces import replay_for
-
-        loads = [(0, round(replay_for(config).rate, 4))]
+        loads = [(0, round(_needs(replay, config).rate, 4))]
     with_baseline = config.engine != "endpoint" or bool(config.baseline_endpoint)
     cells = []
     for workload in config.workloads:
@@ -434,26 +474,21 @@ def plan_cells(config: SweepConfig) -> list[Cell]:
     return cells
 
 
-def requests_per_cell(config: SweepConfig, batch_size: int) -> int:
+def requests_per_cell(config: SweepConfig, batch_size: int, replay: ReplayShape | None = None) -> int:
     """At least --num-prompts, rounded up to whole batches (exactly --num-prompts open-loop)."""
     if config.trace:
-        from specbench.traces import replay_for
-
-        return len(replay_for(config).requests)
+        return _needs(replay, config).request_count
     if batch_size == 0:
         return config.num_prompts
     return math.ceil(max(config.num_prompts, batch_size) / batch_size) * batch_size
 
 
-def describe_plan(config: SweepConfig) -> dict:
-    cells = plan_cells(config)
-    requests = sum(requests_per_cell(config, c.batch_size) for c in cells) * config.repeats
+def describe_plan(config: SweepConfig, replay: ReplayShape | None = None) -> dict:
+    cells = plan_cells(config, replay)
+    requests = sum(requests_per_cell(config, c.batch_size, replay) for c in cells) * config.repeats
     per_request = config.max_new_tokens
     if config.trace:
-        from specbench.traces import replay_for
-
-        replay = replay_for(config)
-        per_request = sum(r.output_tokens for r in replay.requests) / max(1, len(replay.requests))
+        per_request = _needs(replay, config).output_tokens_mean
     return {"cells": len(cells), "baseline_cells": sum(not c.is_speculative for c in cells),
             "speculative_cells": sum(c.is_speculative for c in cells), "requests": requests,
             "output_tokens": round(requests * per_request)}

@@ -22,27 +22,6 @@ import threading
 import time
 from typing import Callable
 
-import numpy as np
-
-PERCENTILES = (50, 90, 99)
-
-
-def percentiles(values, prefix: str) -> dict[str, float]:
-    if len(values) == 0:
-        return {f"{prefix}_p{p}_s": float("nan") for p in PERCENTILES} | {f"{prefix}_mean_s": float("nan")}
-    array = np.asarray(values, dtype=float)
-    out = {f"{prefix}_p{p}_s": float(np.percentile(array, p)) for p in PERCENTILES}
-    out[f"{prefix}_mean_s"] = float(array.mean())
-    return out
-
-
-def chunk_gaps(gaps) -> list[float]:
-    """Inter-token gaps as `vllm bench serve` counts ITL: one per chunk of tokens that arrive
-    together (a speculative step's accepted tokens), where specbench's `itl_*` counts one per
-    token, the chunk's zeros included. Its mean is therefore larger on speculative cells."""
-    return [gap for gap in gaps if gap > 0]
-
-
 RAY_TASK_TITLE = "ray::measure_group"  # a Ray worker's process title while it runs a pairing group
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.schema import EVERY_ROW, REQUIRED_CELL_COLUMNS, TABLE_COLUMNS
+
 TABLES = ("cells", "requests", "steps")
 # a cluster run: each baseline measured again on every other node that measured its speculative
 # cells (their speed-ups pair with that node's copy); the cells table holds the first
@@ -36,9 +38,6 @@ class DamagedRun(ValueError):
     """A run directory whose files are not as a sweep writes them: bad input, named by file."""
 
 
-# What every command reads from the cells table, and the columns that must hold numbers.
-REQUIRED_CELL_COLUMNS = ("cell_id", "mode", "status", "workload", "batch_size", "temperature", "draft", "k")
-NUMERIC_CELL_COLUMNS = ("batch_size", "temperature", "k", "speedup", "tokens_per_s", "alpha", "tau")
 
 
 class OutputError(ValueError):
@@ -200,6 +199,8 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     except (OSError, ValueError) as error:  # pyarrow's errors are both
         raise DamagedRun(f"{path}: a table cannot be read as Parquet ({(str(error).splitlines() or [''])[0]})") from None
     check_cells(tables["cells"], path / "cells.parquet")
+    for name in ("requests", "steps"):
+        check_table(tables[name], name, path / f"{name}.parquet")
     return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], copies)
 
 
@@ -223,11 +224,30 @@ def check_cells(cells: pd.DataFrame, where: Path) -> None:
     if missing:
         raise DamagedRun(f"{where} lacks column(s) {', '.join(missing)}: not a cells table specbench wrote "
                          "(damaged, or edited)")
-    for column in NUMERIC_CELL_COLUMNS:
-        if column in cells and not (pd.api.types.is_numeric_dtype(cells[column])
-                                    or cells[column].isna().all()):
-            shown = next((v for v in cells[column] if not isinstance(v, (int, float)) and v is not None), "?")
-            raise DamagedRun(f"{where}: column {column} holds {type(shown).__name__} values ({shown!r}), not "
+    _check_numbers(cells, "cells", where)
+
+
+def check_table(frame: pd.DataFrame, name: str, where: Path) -> None:
+    """A requests or steps table against the contract (schema.py): the columns every row has, and
+    numbers where numbers belong; else bad input naming the file and the column. Empty is fine (an
+    engine without step-level detail writes no steps)."""
+    if frame.empty:
+        return
+    missing = [c.name for c in TABLE_COLUMNS[name] if c.written_by == EVERY_ROW and c.name not in frame]
+    if missing:
+        raise DamagedRun(f"{where} lacks column(s) {', '.join(missing)}: not a {name} table specbench wrote "
+                         "(damaged, or edited)")
+    _check_numbers(frame, name, where)
+
+
+def _check_numbers(frame: pd.DataFrame, name: str, where: Path) -> None:
+    """Every column the contract types as a number holds numbers (or nothing at all)."""
+    for column in TABLE_COLUMNS[name]:
+        if column.numeric and column.name in frame and not (pd.api.types.is_numeric_dtype(frame[column.name])
+                                                            or frame[column.name].isna().all()):
+            values = frame[column.name]
+            shown = next((v for v in values if not isinstance(v, (int, float)) and v is not None), "?")
+            raise DamagedRun(f"{where}: column {column.name} holds {type(shown).__name__} values ({shown!r}), not "
                              "numbers: the run directory is damaged")
 
 

@@ -85,6 +85,14 @@ class Replay:
 
 
     @property
+    def request_count(self) -> int:
+        return len(self.requests)
+
+    @property
+    def output_tokens_mean(self) -> float:
+        return sum(r.output_tokens for r in self.requests) / max(1, len(self.requests))
+
+    @property
     def rate(self) -> float:
         """Mean requests per second as replayed (the cells' `request_rate`)."""
         span = self.duration_s
@@ -107,7 +115,7 @@ class Replay:
     def to_dict(self) -> dict:
         return {"trace": self.trace, "window": list(self.window), "speedup": self.speedup,
                 "workload": self.workload, "requests": len(self.requests), "duration_s": self.duration_s,
-                "rate": self.rate, "out_of_order": self.out_of_order, "skipped": dict(self.skipped),
+                "rate": self.rate, "output_tokens_mean": self.output_tokens_mean, "out_of_order": self.out_of_order, "skipped": dict(self.skipped),
                 "in_window": self.in_window, "span": list(self.span) if self.span else None, "cut": self.cut,
                 "describe": self.describe()}
 
@@ -298,11 +306,34 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
 # --- a sweep's trace -------------------------------------------------------------------------------
 
 MIN_TRACE_INPUT = 64  # tokens: a chat template and a short question need about this many
-_REPLAYS: dict[tuple, Replay] = {}
+
+
+def sweep_replay(config, context_limit: int) -> Replay:
+    """The replay a sweep's config asks for, read from its trace: built once by the sweep's
+    preflight and carried to everything that plans or measures its cells (and into run.json). Rows
+    that would not fit `context_limit` (input, output and a step's drafts, grid.draft_headroom
+    already taken off; 0: no limit) are skipped, as are inputs below MIN_TRACE_INPUT tokens."""
+    return replay(load_trace(config.trace), config.trace_window, config.trace_speedup, config.trace_max_requests,
+                  context_limit, MIN_TRACE_INPUT)
+
+
+@dataclass
+class ReplayRecord:
+    """What the plan needs of a replay, as run.json keeps it (`Replay.to_dict`): a run's cells are
+    planned again from it without reading the trace."""
+
+    rate: float
+    request_count: int
+    output_tokens_mean: float
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "ReplayRecord":
+        return cls(float(record["rate"]), int(record["requests"]), float(record.get("output_tokens_mean") or 0.0))
 
 
 def check_trace_config(config) -> None:
-    """One-line errors for --trace and its options, and the trace read once (a bad file fails here)."""
+    """One-line errors for --trace and the options beside it. The trace itself is read by the
+    sweep's preflight, which builds the replay once (`grid.build_replay`)."""
     if config.engine not in ("vllm", "endpoint"):
         raise TraceError("--trace replays a trace's arrivals on a served engine (--engine vllm or --endpoint); the "
                          "native engine runs static batches")
@@ -310,20 +341,3 @@ def check_trace_config(config) -> None:
         raise TraceError("--trace replays the trace's own arrivals: leave out --request-rates")
     if config.until_decided:
         raise TraceError("--until-decided adds repeats to batch-size cells; a trace replay is judged with --slo")
-    replay_for(config)
-
-
-def replay_for(config) -> Replay:
-    """The replay a sweep's config asks for (cached: every cell, and every place that plans them,
-    gets the same requests). Rows that would not fit the target's context (input, output and a
-    step's drafts) are skipped, as are inputs below MIN_TRACE_INPUT tokens."""
-    key = (config.trace, config.trace_window, config.trace_speedup, config.trace_max_requests, config.target,
-           config.vllm.max_model_len, max(config.ks, default=0))
-    if key not in _REPLAYS:
-        from specbench.grid import target_shape
-
-        limit = config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0
-        room = max(0, limit - 2 * max(config.ks, default=0) - 8) if limit else 0
-        _REPLAYS[key] = replay(load_trace(config.trace), config.trace_window, config.trace_speedup,
-                               config.trace_max_requests, room, MIN_TRACE_INPUT)
-    return _REPLAYS[key]

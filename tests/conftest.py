@@ -113,3 +113,15 @@ def as_if_idle(run_dir) -> None:
         if column in cells:
             cells[column] = 0.0
     write_table(run_dir, "cells", cells)
+
+
+def assert_in_contract(run) -> None:
+    """Every column a run wrote is in the run tables' contract (specbench/schema.py), and the cells
+    table has every column the contract says every measured row has."""
+    from specbench.schema import EVERY_ROW, MEASURED, TABLE_COLUMNS, unknown_columns
+
+    for name in ("cells", "requests", "steps"):
+        frame = getattr(run, name)
+        assert not unknown_columns(name, frame.columns), (name, unknown_columns(name, frame.columns))
+    shared = {c.name for c in TABLE_COLUMNS["cells"] if c.written_by in (EVERY_ROW, MEASURED)}
+    assert shared <= set(run.cells.columns), sorted(shared - set(run.cells.columns))

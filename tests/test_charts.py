@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from specbench.report import pareto_front, place_labels
+from specbench.report.charts import pareto_front, place_labels
 
 
 def test_the_pareto_front_keeps_only_points_nothing_beats_on_both_axes():
@@ -44,13 +44,14 @@ def test_b_star_stands_where_the_drawn_best_k_line_crosses_1x(tmp_path, monkeypa
     chart draws that envelope, so that the B* line never contradicts what is drawn."""
     from pathlib import Path
 
-    import specbench.report as report
+    import specbench.report.charts as report
+    from specbench.report import analyse
     from specbench.results import load_run
 
     run = load_run(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3")
     figures = []
     monkeypatch.setattr(report, "_finish", lambda fig, path, title, fontsize=12: figures.append(fig))
-    report.chart_speedup(report.analyse(run), tmp_path / "speedup.png")
+    report.chart_speedup(analyse(run), tmp_path / "speedup.png")
     checked = 0
     for ax in figures[0].axes:
         envelope = [line for line in ax.get_lines() if line.get_label() == "best K (B* is read on it)"]
@@ -81,11 +82,12 @@ def test_help_text_keeps_its_brackets():
 def test_memory_chart_labels_do_not_overlap(tmp_path, monkeypatch):
     from pathlib import Path
 
-    import specbench.report as report
+    import specbench.report.charts as report
+    from specbench.report import analyse
     from specbench.results import load_run
 
     run = load_run(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3")
-    analysis = report.analyse(run)
+    analysis = analyse(run)
     longer = analysis.cells.copy()  # long draft names, as a user's own model paths are
     longer["draft"] = longer["draft"].replace({"smollm2-135m@bf16": "/models/SmolLM2-135M-Instruct-draft@bf16",
                                                "ngram": "ngram:4-prompt-lookup"})

@@ -117,3 +117,32 @@ def test_a_broken_command_is_caught():
         arguments = _arguments(bad)
         with pytest.raises(Exception):
             group.commands[arguments[0]].make_context(arguments[0], arguments[1:])
+
+
+def _names_in(text: str) -> set[str]:
+    return set(re.findall(r"`([a-z][a-z0-9_]*\*?)`", text))
+
+
+def _documented_columns() -> dict[str, set[str]]:
+    """The column names docs/results.md gives per table: the first cell of each row of the cells
+    table, and the names in the requests and steps paragraphs."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    cells = text[text.index("**cells**"):text.index("**baseline_copies**")]
+    first_cells = [line.split("|")[1] for line in cells.splitlines() if line.startswith("| `")]
+    return {"cells": set().union(*map(_names_in, first_cells)),
+            "requests": _names_in(text[text.index("**requests**"):text.index("**steps**")]),
+            "steps": _names_in(text[text.index("**steps**"):text.index("Definitions:")])}
+
+
+@pytest.mark.parametrize("table", ["cells", "requests", "steps"])
+def test_the_results_page_documents_the_contract_and_nothing_else(table):
+    """docs/results.md against specbench/schema.py, both ways: every column of the contract is on
+    the page (by name, or by a prefix: `ttft_*`), and every name the page gives is a column."""
+    from specbench.schema import TABLE_COLUMNS
+
+    contract = {column.name for column in TABLE_COLUMNS[table]}
+    documented = _documented_columns()[table]
+    prefixes = [name[:-1] for name in documented if name.endswith("*")]
+    assert not [name for name in contract if name not in documented and not name.startswith(tuple(prefixes))]
+    assert not [name for name in documented if not name.endswith("*") and name not in contract]
+    assert all(any(name.startswith(prefix) for name in contract) for prefix in prefixes)

@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from conftest import random_prompts, tiny_model
+
 from specbench.native.drafters import ModelDrafter, NGramDrafter, SelfDrafter, VocabMismatchError
 from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM, check_forward_matches
@@ -64,7 +64,7 @@ def test_greedy_speculative_equals_autoregressive(llama_target, llama_draft, dra
     config = GenerationConfig(max_new_tokens=25)
     autoregressive = generate_autoregressive(llama_target, prompts, config)
     drafter = make_drafter(drafter_kind, llama_target, llama_draft)
-    speculative = generate_speculative(llama_target, drafter, prompts, config, num_draft_tokens=k)
+    speculative = generate_speculative(llama_target, drafter, prompts, config, k=k)
     assert speculative.tokens == autoregressive.tokens
     assert all(len(t) == 25 for t in speculative.tokens)
     for step in speculative.steps:
@@ -102,7 +102,7 @@ def test_identical_draft_accepts_everything(llama_target):
     prompts = random_prompts([6, 13, 9])
     k = 4
     result = generate_speculative(llama_target, ModelDrafter(llama_target), prompts,
-                                  GenerationConfig(max_new_tokens=31), num_draft_tokens=k)
+                                  GenerationConfig(max_new_tokens=31), k=k)
     for step in result.steps:
         assert step.accepted == [k] * len(step.request_ids)  # tau = K + 1 on every step
     # 1 token from the prefill, then 30 more in steps of K + 1 = 5.
@@ -112,7 +112,7 @@ def test_identical_draft_accepts_everything(llama_target):
 def test_different_draft_accepts_fewer(llama_target, llama_draft):
     prompts = random_prompts([6, 13, 9])
     result = generate_speculative(llama_target, ModelDrafter(llama_draft), prompts,
-                                  GenerationConfig(max_new_tokens=30), num_draft_tokens=4)
+                                  GenerationConfig(max_new_tokens=30), k=4)
     accepted = sum(sum(s.accepted) for s in result.steps)
     drafted = sum(sum(s.drafted) for s in result.steps)
     assert accepted < drafted

@@ -16,10 +16,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.fit.noise import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE, cell_interval, run_noise, unpaired_interval
+from specbench.fit.noise import cell_interval, run_noise, unpaired_interval
 from specbench.fit.physics import speedup_bound, tokens_per_forward
-from specbench.fit.trust import busy_machine, late_sends, measurement_warnings, trace_lengths
+from specbench.fit.trust import busy_machine, late_sends, trace_lengths
+from specbench.fit.warnings import measurement_warnings
 from specbench.results import load_run, write_table
+from specbench.schema import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from tests.test_served import fake_vllm, target_dir  # noqa: F401 (fixtures)
 
 runner = CliRunner()
@@ -175,7 +177,7 @@ def test_the_bound_warning_flags_only_what_lies_above_beyond_noise_and_names_a_s
 
 def test_the_gate_and_the_warning_share_one_rule():
     from specbench.fit.evidence import judge
-    from specbench.fit.physics import lies_above
+    from specbench.fit.evidence import lies_above
 
     for point in (0.9, 1.05, 1.1, 1.2, 1.5):
         for half in (0.02, 0.1, 0.3):

@@ -233,7 +233,7 @@ def test_an_incomplete_run_cannot_pass(tmp_path):
 
 def test_speedup_chart_bars_are_the_intervals_check_decides_with():
     from specbench.fit.noise import cell_interval
-    from specbench.report import _interval_bars
+    from specbench.report.charts import _interval_bars
 
     paired = {"x": 4.0, "speedup": 1.0, "speedup_runs": [0.9, 1.1, 1.0], "pairing": "turns"}
     one = {"x": 8.0, "speedup": 1.2, "speedup_runs": [1.2], "pairing": "turns"}

@@ -28,13 +28,14 @@ def test_the_judges_commands_load_no_engine(args):
 
 def test_the_grid_checks_its_values_and_the_sweep_checks_the_engine():
     """SweepConfig.validate knows no engine; sweep.check_config adds the chosen engine's checks."""
-    from specbench.sweep import ENGINE_CHECKS, check_config
+    from specbench.measuring import ENGINES as IMPLEMENTATIONS
+    from specbench.sweep import check_config
 
     config = SweepConfig(cuda_graphs=True)  # the native engine refuses CUDA graphs without CUDA
     config.validate()
     with pytest.raises(ValueError, match="--cuda-graphs needs"):
         check_config(config)
-    assert set(ENGINE_CHECKS) == set(ENGINES)
+    assert set(IMPLEMENTATIONS) == set(ENGINES)
     with pytest.raises(ValueError, match="top_p must be in"):
         SweepConfig(top_p=0).validate()
     with pytest.raises(ValueError, match="SLO|slo"):
@@ -51,3 +52,26 @@ def test_the_walls_hold():
     done = subprocess.run([linter], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout[-3000:] + done.stderr[-1000:]
+
+
+def test_the_walls_see_imports_inside_functions():
+    """The graph the contracts are checked on (grimp's, as import-linter builds it) holds imports
+    made inside functions: grid reaches traces only from inside `build_replay` and `validate`."""
+    import inspect
+
+    import grimp
+
+    import specbench.grid as grid
+
+    top_level = [line for line in inspect.getsource(grid).splitlines() if line.startswith(("from ", "import "))]
+    assert not any("specbench.traces" in line for line in top_level)
+    graph = grimp.build_graph("specbench")
+    assert "specbench.traces" in graph.find_modules_directly_imported_by("specbench.grid")
+
+
+def test_the_clis_exit_codes_are_the_gates():
+    """main() knows two of the gate's exit codes without importing the gate (which loads pandas)."""
+    from specbench import gate
+    from specbench.cli import common
+
+    assert (common.UNANSWERABLE, common.INTERNAL_ERROR) == (gate.UNANSWERABLE, gate.INTERNAL_ERROR)

@@ -345,7 +345,7 @@ def test_a_report_stopped_half_way_leaves_the_earlier_report_and_no_partial_one(
     import shutil
     from pathlib import Path
 
-    import specbench.report as report
+    import specbench.report.charts as report
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3",

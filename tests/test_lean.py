@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import random_prompts, tiny_model
+
 from specbench.native.drafters import ModelDrafter, SelfDrafter
 from specbench.native.engine import GenerationConfig, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM, check_forward_matches
@@ -52,7 +52,7 @@ def test_float32_speculative_decoding_stays_lossless_with_packed_weights(drafter
     config = GenerationConfig(max_new_tokens=20)
     for batch in ([prompts[0]], prompts):
         baseline = generate_autoregressive(target, batch, config)
-        speculative = generate_speculative(target, draft, batch, config, num_draft_tokens=3)
+        speculative = generate_speculative(target, draft, batch, config, k=3)
         status, detail = lossless_check(target, batch, baseline.tokens, speculative.tokens)
         assert status in ("exact", "near-tie"), detail
 
@@ -91,4 +91,4 @@ def test_grouped_prefill_gives_each_row_what_it_gets_alone():
     for prompt, tokens in zip(prompts, batched.tokens):
         assert generate_autoregressive(target, [prompt], config).tokens[0] == tokens
     draft = ModelDrafter(tiny_model("llama", layers=1, seed=3))
-    assert generate_speculative(target, draft, prompts, config, num_draft_tokens=2).tokens == batched.tokens
+    assert generate_speculative(target, draft, prompts, config, k=2).tokens == batched.tokens

@@ -20,6 +20,7 @@ from specbench.grid import OPEN_ENDED, SweepConfig, format_schedule, parse_sched
 from specbench.results import load_run
 from specbench.served.client import arrival_times
 from specbench.served.server import ServerProcess, free_port
+from tests.conftest import assert_in_contract
 from tests.test_served import SERVER_MARK, fake_vllm, target_dir  # noqa: F401 (fixtures)
 
 runner = CliRunner()
@@ -240,6 +241,7 @@ def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_writ
     assert (sd["acceptance_source"] == "vllm:spec_decode counters").all() and (sd["lossless"] == "exact").all()
     assert sd["speedup"].notna().all()
     assert run.meta["engine"]["api_key_sent"] is True
+    assert_in_contract(run)
     # report: the memory an endpoint's server uses is not visible here, so that chart is skipped, and said so
     report = runner.invoke(app, ["report", str(run_dir)])
     assert report.exit_code == 0, report.output
@@ -327,6 +329,7 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
         "input + output beyond the target's context (1012 tokens)": 1}  # 9000 + 14 tokens on a 1024 context
     cells = run.cells.set_index("cell_id")
     assert len(cells) == 2 and (cells["lossless"].dropna() == "exact").all()
+    assert_in_contract(run)
     requests = run.requests
     assert (requests["output_tokens"] == requests["trace_output_tokens"]).all()
     error = (requests["prompt_tokens"] - requests["trace_input_tokens"]).abs()

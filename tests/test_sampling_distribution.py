@@ -10,11 +10,11 @@ import itertools
 
 import pytest
 import torch
+from conftest import tiny_model
 from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import specbench.native.rejection as rejection
-from conftest import tiny_model
 from specbench.native.drafters import ModelDrafter, NGramDrafter
 from specbench.native.engine import GenerationConfig, generate_speculative
 from specbench.native.sampling import SamplingParams, logits_to_probs
@@ -111,7 +111,7 @@ def exact_joint(target, params, new_tokens=3):
 
 def empirical_joint(target, drafter, params, k, rows=8000, seed=0):
     config = GenerationConfig(max_new_tokens=3, sampling=params, seed=seed)
-    result = generate_speculative(target, drafter, [PROMPT] * rows, config, num_draft_tokens=k)
+    result = generate_speculative(target, drafter, [PROMPT] * rows, config, k=k)
     tokens = torch.tensor(result.tokens)
     index = tokens[:, 0] * VOCAB * VOCAB + tokens[:, 1] * VOCAB + tokens[:, 2]
     return torch.bincount(index, minlength=VOCAB**3)

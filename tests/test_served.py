@@ -23,7 +23,7 @@ from specbench.served.client import run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerProcess, free_port
 from specbench.grid import speculative_config, synthetic_rates
-from tests.conftest import as_if_idle
+from tests.conftest import as_if_idle, assert_in_contract
 
 runner = CliRunner()
 FAKE = Path(__file__).parent / "fake_vllm"
@@ -222,6 +222,7 @@ def test_a_vllm_sweep_writes_the_same_tables(fake_vllm, target_dir, tmp_path):
     assert (cells["kv_cache_tokens"] > 0).all() and (cells["peak_memory_bytes"] > 0).all()
     assert (cells["client_cpu_per_token_s"] < cells["itl_mean_s"].max()).all()
     assert run.steps.empty and set(run.requests["cell_id"]) == set(cells.index)
+    assert_in_contract(run)
     meta = run.meta
     assert meta["engine"]["name"] == "vllm" and len(meta["engine"]["servers"]) == 3
     assert all(SERVER_MARK in " ".join(s["command"]) for s in meta["engine"]["servers"])

@@ -3,44 +3,21 @@ import re
 from pathlib import Path
 
 import numpy as np
-
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import specbench.measuring as measuring_module
 import specbench.native.runner as native_runner
-import specbench.sweep as sweep_module
 from specbench.cli import app
 from specbench.results import load_run
+from specbench.schema import EVERY_ROW, MEASURED, TABLE_COLUMNS, unknown_columns
 
 runner = CliRunner()
 
-# Columns docs/results.md documents; a run must write every one of them (and document every one it writes).
-CELL_COLUMNS = [
-    "cell_id", "status", "message", "mode", "workload", "draft", "k", "batch_size", "temperature", "requests",
-    "repeats", "prompt_tokens_mean", "max_new_tokens", "output_tokens", "tokens_per_s", "tokens_per_s_runs", "wall_s",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s",
-    "itl_chunk_mean_s", "tpot_p50_s", "tpot_p90_s",
-    "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "prefill_share", "draft_share", "verify_share",
-    "overhead_share", "step_draft_s", "step_verify_s", "step_overhead_s", "target_forwards", "prefill_s",
-    "draft_prefill_s", "peak_memory_bytes",
-    "memory_kind", "target_param_bytes", "target_kv_cache_bytes", "draft_param_bytes", "draft_kv_cache_bytes",
-    "draft_memory_bytes", "alpha", "tau", "drafted", "accepted", "acceptance_by_position", "lossless",
-    "lossless_detail", "speedup", "speedup_runs", "baseline_tokens_per_s", "device", "dtype", "synthetic", "load_average",
-    "synthetic_alpha", "estimated", "target_layers_built", "target_layers_full", "cuda_graphs", "graph_captures_timed",
-    "context_length",
-]
-REQUEST_COLUMNS = ["cell_id", "repeat", "batch_index", "request_id", "prompt_tokens", "output_tokens", "ttft_s",
-                   "e2e_s", "tpot_s", "itl_s", "tokens"]
-STEP_COLUMNS = ["cell_id", "repeat", "batch_index", "step", "request_id", "batch_rows", "drafted", "accepted",
-                "emitted", "verify_tokens", "draft_s", "verify_s", "overhead_s", "end_s"]
-
-
-def documented_column(name: str) -> bool:
-    """Whether docs/results.md names the column, literally (`alpha`) or by a prefix (`ttft_*`)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
-    names = set(re.findall(r"`([a-z0-9_*]+)`", text))
-    return name in names or any(n.endswith("_*") and name.startswith(n[:-1]) for n in names)
+def written_by_every_measured_row(table: str) -> set[str]:
+    """The contract's columns (specbench/schema.py) that every measured row of `table` has."""
+    return {c.name for c in TABLE_COLUMNS[table] if c.written_by in (EVERY_ROW, MEASURED)}
 
 
 def sweep_args(dirs, output, extra=()):
@@ -61,11 +38,12 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     output, printed = finished_run
     run = load_run(output)
     assert len(run.cells) == 2 * 2 * (1 + 2 * 2)  # B x T x (AR + drafts x K)
-    assert set(CELL_COLUMNS) <= set(run.cells.columns)
-    assert set(REQUEST_COLUMNS) <= set(run.requests.columns)
-    assert set(STEP_COLUMNS) <= set(run.steps.columns)
-    for frame in (run.cells, run.requests, run.steps):
-        assert not [column for column in frame.columns if not documented_column(column)]
+    native = {c.name for c in TABLE_COLUMNS["cells"] if c.written_by.startswith("native")}
+    assert written_by_every_measured_row("cells") | native <= set(run.cells.columns)
+    assert written_by_every_measured_row("requests") <= set(run.requests.columns)
+    assert written_by_every_measured_row("steps") <= set(run.steps.columns)
+    for name, frame in (("cells", run.cells), ("requests", run.requests), ("steps", run.steps)):
+        assert not unknown_columns(name, frame.columns)  # every column it writes is in the contract
     for name in ("cells", "requests", "steps"):
         assert (output / f"{name}.csv").exists() and (output / f"{name}.parquet").exists()
     assert not (output / "parts").exists()  # merged when the sweep stopped
@@ -313,7 +291,7 @@ def test_a_killed_sweep_keeps_its_parts_and_resume_merges_them(tiny_model_dirs, 
     lossless check finds the baseline's outputs in them."""
     args = sweep_args(tiny_model_dirs, tmp_path / "run", ["--temperatures", "0", "--batch-sizes", "1"])
     ctrl_c_at("chat|B1|T0|ngram:2|K1", monkeypatch)
-    monkeypatch.setattr(sweep_module, "merge_parts", lambda run_dir: None)
+    monkeypatch.setattr(measuring_module, "merge_parts", lambda run_dir: None)
     assert runner.invoke(app, args).exit_code == 130
     assert len(list((tmp_path / "run" / "parts").glob("requests-*.parquet"))) == 3
     run = load_run(tmp_path / "run")
@@ -333,7 +311,7 @@ def test_report_writes_every_chart_and_an_html_page_embedding_them(finished_run)
     import base64
     import re
 
-    from specbench.report import CHARTS
+    from specbench.report.charts import CHARTS
 
     output, _ = finished_run
     result = runner.invoke(app, ["report", str(output), "--slo", "ttft=60,tpot=10"])  # an SLO adds goodput
@@ -396,9 +374,8 @@ def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
     full-length warm-up builds every shape the measured repeats use."""
     from dataclasses import replace
 
-    from specbench.sweep import SweepConfig, run_sweep
-
     import specbench.native.runner as native_runner
+    from specbench.sweep import SweepConfig, run_sweep
 
     validate = native_runner.validate_native  # the native engine's check refuses --cuda-graphs on a CPU
     monkeypatch.setattr(native_runner, "validate_native", lambda config: validate(replace(config, cuda_graphs=False)))
@@ -414,12 +391,14 @@ def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
 
 
 def test_warnings_travel_to_the_report_and_drifted_groups_are_marked(finished_run, tmp_path, monkeypatch):
-    import specbench.report as report_module
+    import specbench.report.analysis as analysis_module
+    import specbench.report.charts as charts_module
+    from specbench.report import write_report
 
     warning = "chat B=1: the same autoregressive decode step took 10.0 ms at T=0 and 20.0 ms at T=0.8 (2.00×)"
-    monkeypatch.setattr(report_module, "measurement_warnings", lambda cells, copies=None, noise=None: [warning])
-    monkeypatch.setattr(report_module, "drifted_keys", lambda cells: {("chat", 1)})
-    out_dir, _ = report_module.write_report(load_run(finished_run[0]), tmp_path / "report")
+    monkeypatch.setattr(analysis_module, "measurement_warnings", lambda cells, copies=None, noise=None: [warning])
+    monkeypatch.setattr(charts_module, "drifted_keys", lambda cells: {("chat", 1)})
+    out_dir, _ = write_report(load_run(finished_run[0]), tmp_path / "report")
     summary, page = (out_dir / "summary.md").read_text(), (out_dir / "report.html").read_text()
     assert "## measurement warnings" in summary and warning in summary
     assert "<pre class=warn>" in page and "(2.00×)" in page

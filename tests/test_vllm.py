@@ -245,14 +245,14 @@ def test_a_k_schedule_runs_as_the_counters_say_and_check_pastes_a_config_vllm_st
 
 def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_path):
     from specbench.fit import parse_slo, slo_table
-    from specbench.served import vllm_engine
+    from specbench.served import measurement
     from specbench.served.client import arrival_times
 
     server = _real_server(tmp_path, "--speculative-config",
                           json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
                                       "prompt_lookup_min": 1}))
     seen: dict[str, dict] = {}
-    original = vllm_engine.VllmCellRun.measure
+    original = measurement.ServedCellRun.measure  # an endpoint's cells measure as every served cell does
 
     def measure(run, repeat):
         before = raw_counters(server.url)
@@ -263,7 +263,7 @@ def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_p
     run_dir = tmp_path / "run"
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(vllm_engine.VllmCellRun, "measure", measure)
+            patch.setattr(measurement.ServedCellRun, "measure", measure)
             result = runner.invoke(app, ["sweep", "--endpoint", server.url, "--drafts", "ngram", "--k", "2",
                                          "--request-rates", "2,8", "--temperatures", "0", "--workloads", "chat",
                                          "--max-new-tokens", "16", "--num-prompts", "6", "--output", str(run_dir),

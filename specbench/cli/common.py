@@ -158,6 +158,9 @@ class Terminated(KeyboardInterrupt):
 
 
 INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them
+# The gate's exit codes for what is not a verdict (specbench.gate holds them all; main() needs these two
+# before any command ran, and importing the gate would load pandas and scipy for `--help`)
+UNANSWERABLE, INTERNAL_ERROR = 2, 4
 
 
 

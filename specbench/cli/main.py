@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from specbench.cli.check import check
-from specbench.cli.common import INTERRUPTED, PIPE_CLOSED, TERMINATED, Terminated, errors
+from specbench.cli.common import INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, TERMINATED, UNANSWERABLE, Terminated, errors
 from specbench.cli.models import models
 from specbench.cli.plan import plan
 from specbench.cli.report import report
@@ -45,8 +45,6 @@ def main(argv: list[str] | None = None) -> None:
             usage_errors += (__import__(module, fromlist=["ClickException"]).ClickException,)
         except ImportError:
             pass
-
-    from specbench.gate import INTERNAL_ERROR, UNANSWERABLE
 
     _signals_received.clear()  # this call's signals only (a notebook or a test calls main() again)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)

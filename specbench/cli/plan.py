@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
-from specbench.cli.common import (UsageError, check_price, console, fail, known_errors, split_list,
-                                  token_counts)
+from specbench.cli.common import UsageError, check_price, console, fail, known_errors, split_list, token_counts
 from specbench.cli.render import print_plan, print_trust, print_warnings
+
 
 def plan(
     run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
@@ -89,7 +89,7 @@ def plan(
         run_tokens = int((timings.meta.get("config") or {}).get("max_new_tokens", 1))
         output_tokens = max_new_tokens or run_tokens
         if contexts or max_new_tokens:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
-            from specbench.sweep import SweepConfig, check_context_limit, target_shape
+            from specbench.grid import SweepConfig, check_context_limit, target_shape
 
             recorded = timings.meta.get("config") or {}
             asked = SweepConfig(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,

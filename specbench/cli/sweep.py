@@ -15,9 +15,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbench.cli.common import (INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail,
-                                  known_errors, quiet_libraries, split_drafts, split_list, token_counts)
+from specbench.cli.common import (
+    INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries, split_drafts,
+    split_list, token_counts,
+)
 from specbench.cli.render import as_text, cells_table, load_text, print_warnings, progress_line
+
 
 def sweep(
     ctx: typer.Context,
@@ -163,10 +166,10 @@ def sweep(
             min_speedup=min_speedup, executor=executor, trace=trace or "", trace_window=trace_window,
             trace_speedup=trace_speedup, trace_max_requests=trace_max_requests,
             ray_address=ray_address or "")
-        check_config(config)
+        replay = check_config(config)  # a trace read here once, into the replay the sweep runs
     except known_errors() as error:
         fail(str(error))
-    _run_sweep(config, output, resume, dry_run, _given_fields(ctx))
+    _run_sweep(config, output, resume, dry_run, _given_fields(ctx), replay)
 
 
 def trace_workload(trace: str) -> str:
@@ -195,39 +198,38 @@ def _given_fields(ctx: typer.Context) -> set[str]:
     return given
 
 
-def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None) -> None:
+def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None,
+               replay=None) -> None:
+    from specbench.grid import describe_plan, plan_cells, requests_per_cell
     from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
-    from specbench.sweep import describe_plan, plan_cells, preflight, requests_per_cell, resumed_config, run_sweep
+    from specbench.sweep import preflight, resumed_config, run_sweep
 
     quiet_libraries(config.allow_download)
     if dry_run:  # what the real run would refuse, refused first: then the plan
         try:
-            preflight(config)
+            _, replay = preflight(config, replay)
             if output is not None and output.exists() and not output.is_dir():
                 raise UsageError(f"--output {output} is a file, not a directory")
             if resume and not ((output or latest_run(finished_only=False)) / "run.json").exists():
                 raise UsageError(f"--resume: {output or 'the latest run'} is not a specbench run")
         except known_errors() as error:
             fail(str(error))
-        plan = describe_plan(config)
+        plan = describe_plan(config, replay)
         table = Table(title="plan", title_justify="left")
         for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
             table.add_column(column, overflow="fold")
         groups: dict = {}
-        for cell in plan_cells(config):
+        for cell in plan_cells(config, replay):
             groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
         per_request = plan["output_tokens"] / max(1, plan["requests"])  # --max-new-tokens, or the trace's mean
         for (workload, batch, rate, temperature), cells in groups.items():
-            requests = requests_per_cell(config, batch) * config.repeats
+            requests = requests_per_cell(config, batch, replay) * config.repeats
             baselines = sum(not c.is_speculative for c in cells)
             table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
                           f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
                           str(requests), str(round(requests * per_request)))
         console.print(table)
-        if config.trace:
-            from specbench.traces import replay_for
-
-            replay = replay_for(config)
+        if replay is not None:
             console.print(f"trace: {replay.describe()}, {len(replay.requests)} requests over {replay.duration_s:.0f} s "
                           f"as replayed" + "".join(f"; {note}" for note in replay.notes()), highlight=False)
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
@@ -248,6 +250,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             check_writable(resume_dir, " (--resume writes into the run)")
             previous = json.loads((resume_dir / "run.json").read_text()).get("config") or {}
             config, notes = resumed_config(previous, config, given)
+            replay = None  # the run's own settings now: its trace replayed as they ask
             for note in notes:
                 console.print(f"--resume: {escape(note)}", highlight=False, soft_wrap=True)
         elif output is not None:
@@ -262,8 +265,9 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
-    total = len(plan_cells(config))
-    task = progress.add_task("loading models", total=total)
+    # the plan's size, told again by the sweep once it has planned (a trace's cells need its replay)
+    total = [len(plan_cells(config)) if not config.trace else None]
+    task = progress.add_task("loading models", total=total[0])
     finished: list[dict] = []
     completed = [0]  # cells finished, earlier runs' included (a served engine runs them out of plan order)
     interactive = console.is_terminal
@@ -273,8 +277,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     def on_event(event) -> None:
         if event.kind == "loaded":
             console.print(escape(event.message), highlight=False, soft_wrap=True)
-            completed[0] = event.index
-            progress.update(task, completed=completed[0])
+            completed[0], total[0] = event.index, event.total
+            progress.update(task, completed=completed[0], total=total[0])
         elif event.kind == "stage":
             if event.message != "native engine":
                 console.print(escape(event.message), highlight=False, soft_wrap=True)
@@ -289,7 +293,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             if interactive:
                 live.update(Group(progress, cells_table(finished, "finished cells", limit=12)))
             else:
-                console.print(escape(progress_line(event.row, completed[0], total, time.monotonic() - started)),
+                console.print(escape(progress_line(event.row, completed[0], total[0], time.monotonic() - started)),
                               highlight=False, soft_wrap=True)
             if event.row.get("lossless") == "MISMATCH":
                 errors.print(f"[bold red]LOSSLESS CHECK FAILED[/] {event.cell.id}: {escape(as_text(event.row.get('lossless_detail')))}")
@@ -297,7 +301,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     run_dir = None
     try:
         with live:
-            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event)
+            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event, replay=replay)
     except KeyboardInterrupt as stop:
         errors.print("[yellow]interrupted:[/] finished cells are saved; continue with --resume")
         raise typer.Exit(TERMINATED if isinstance(stop, Terminated) else INTERRUPTED)
@@ -309,8 +313,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
 
 def print_summary(run_dir: Path) -> None:
     from specbench.fit import measurement_warnings
-    from specbench.fit.noise import run_noise
     from specbench.fit.nodes import node_spread, spread_text
+    from specbench.fit.noise import run_noise
     from specbench.results import load_run
 
     run = load_run(run_dir)

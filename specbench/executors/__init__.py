@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from specbench.grid import SweepConfig
-    from specbench.sweep import SweepWork
+    from specbench.measuring import SweepWork
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = "pip install 'specbench[ray]'"
@@ -36,7 +36,7 @@ class LocalExecutor(Executor):
     """Every cell in this process, as specbench has always measured them."""
 
     def run(self, work: "SweepWork") -> None:
-        from specbench.sweep import measure_here
+        from specbench.measuring import measure_here
 
         measure_here(work)
 

@@ -17,7 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specbench.grid import SCHEDULE_MARK, Cell, SweepConfig, requests_per_cell, split_schedule
+from specbench.grid import SCHEDULE_MARK, Cell, ReplayShape, SweepConfig, requests_per_cell, split_schedule
+from specbench.models import lookup_alias, parse_draft_spec, parse_dtype
+from specbench.synthetic import shipped_config
 
 # Only to place work, never reported: rough costs in target decode steps.
 ASSUMED_ACCEPTANCE = {"ngram": 0.35, "model": 0.7}  # other kinds (self, eagle, mtp): 0.6
@@ -72,16 +74,17 @@ class WorkEstimate:
     config: SweepConfig
     server_start: float = 0.0  # per server a group starts (a configuration, the baseline's)
     draft_cost: Callable[[str], tuple[float, float]] = lambda draft: (0.6, 0.0)  # noqa: E731  (α, forward ratio)
+    replay: ReplayShape | None = None  # a trace sweep's replay: its requests per cell
     _cells: dict[Cell, float] = field(default_factory=dict, repr=False)  # balancing prices each cell many times
 
     @classmethod
-    def of(cls, config: SweepConfig) -> WorkEstimate:
-        return cls(config, SERVER_START_STEPS if config.engine == "vllm" else 0.0, _draft_costs(config))
+    def of(cls, config: SweepConfig, replay: ReplayShape | None = None) -> WorkEstimate:
+        return cls(config, SERVER_START_STEPS if config.engine == "vllm" else 0.0, _draft_costs(config), replay)
 
     def cell(self, cell: Cell) -> float:
         if cell not in self._cells:
             batch = cell.batch_size or 4  # open loop: a few requests in flight
-            requests = requests_per_cell(self.config, cell.batch_size)
+            requests = requests_per_cell(self.config, cell.batch_size, self.replay)
             steps = math.ceil(requests / batch) * self.config.max_new_tokens
             steps *= (1 + STEP_GROWTH_PER_SEQUENCE * (batch - 1)) * (1 + cell.context_length / 8192)
             if cell.is_speculative:
@@ -100,9 +103,6 @@ class WorkEstimate:
 def _draft_costs(config: SweepConfig) -> Callable[[str], tuple[float, float]]:
     """A draft's assumed α, and its forward's cost over the target's: their weights' bytes (a
     decode step reads every weight once) where the registry knows both models' sizes."""
-    from specbench.models import lookup_alias, parse_draft_spec, parse_dtype
-    from specbench.synthetic import shipped_config
-
     target = lookup_alias(config.target)
     try:
         layers = int(shipped_config(config.target)[1]["num_hidden_layers"])

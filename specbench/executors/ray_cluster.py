@@ -28,8 +28,11 @@ from pathlib import Path
 
 from specbench.executors import RAY_INSTALL, Executor
 from specbench.executors.groups import PairingGroup, WorkEstimate, pairing_groups
-from specbench.grid import SweepConfig
-from specbench.sweep import SweepEvent, SweepTables, SweepWork, _failure_row, measure_here, plan_cells
+from specbench.grid import SweepConfig, plan_cells
+from specbench.measuring import SweepEvent, SweepTables, SweepWork, failure_row, measure_here
+from specbench.results import hardware_info, versions
+from specbench.traces import Replay
+from specbench.workloads import load_workload
 
 # what a task inherits from the driver's environment (model caches, offline switches, vLLM's knobs)
 FORWARDED_ENV = ("SPECBENCH_", "VLLM_", "HF_", "TRANSFORMERS_", "FAKE_VLLM", "PYTHONPATH")
@@ -196,13 +199,10 @@ class ForwardedTables(SweepTables):
 
 
 def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, run_name: str,
-                  needs: GroupNeeds) -> dict:
+                  needs: GroupNeeds, replay: Replay | None = None) -> dict:
     """A Ray task: the group's cells measured on this node by the local executor's code, into a
     scratch run directory here; every event goes to the driver through `queue` as it happens."""
     import ray
-
-    from specbench.results import hardware_info, versions
-    from specbench.workloads import load_workload
 
     # ray.cancel interrupts a running task by simulating SIGINT (_thread.interrupt_main), which does
     # nothing unless Python's own handler is installed: a worker started in the background (a
@@ -223,7 +223,7 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
                                                           f"{Path(tempfile.gettempdir()) / 'specbench-cores'} is "
                                                           f"held): it runs unbound, and its timings may include "
                                                           f"other groups' work")))
-        planned = plan_cells(config)
+        planned = plan_cells(config, replay)
         by_id = {cell.id: cell for cell in planned}
         meta = {"versions": versions(), "hardware": hardware_info(), "engine": {"name": config.engine}}
 
@@ -234,7 +234,8 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
 
         tables = ForwardedTables(scratch, send)
         work = SweepWork(config, planned, [by_id[i] for i in cell_ids], tables,
-                         {name: load_workload(name) for name in config.workloads}, send, meta, node_id=node_id)
+                         {name: load_workload(name) for name in config.workloads}, send, meta, node_id=node_id,
+                         replay=replay)
         try:
             measure_here(work)
         finally:
@@ -313,7 +314,7 @@ class RayExecutor(Executor):
         if slots < 1:
             raise ValueError(f"no node of the cluster ({joined}) has what a pairing group asks for "
                              f"({needs.cpus:g} CPU, {needs.gpus:g} GPU)")
-        groups = pairing_groups(work.todo, work.planned, slots, WorkEstimate.of(work.config))
+        groups = pairing_groups(work.todo, work.planned, slots, WorkEstimate.of(work.config, work.replay))
         config, pairing = self.decide_pairing(work.config, max(needs.slots(n["Resources"]) for n in nodes))
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})  # dies with the driver only
@@ -335,7 +336,7 @@ class RayExecutor(Executor):
             if avoid and others:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[0], soft=True)
             ref = remote.options(**options).remote(config, [c.id for c in state.group.cells],
-                                                   state.group.index, self.queue, run_name, needs)
+                                                   state.group.index, self.queue, run_name, needs, work.replay)
             self.tasks[ref] = state
             work.on_event(SweepEvent("stage", message=f"{state.group.describe()}"
                                                       + (f": retried away from {avoid[:8]}" if avoid else "")))
@@ -435,7 +436,7 @@ class RayExecutor(Executor):
             submit(GroupTask(replace(state.group, cells=left), attempt=1), avoid=state.node_id)
             return
         for cell in unfinished:
-            row = {**_failure_row(cell, "failed", f"lost twice: {reason}"), "node_id": state.node_id,
+            row = {**failure_row(cell, "failed", f"lost twice: {reason}"), "node_id": state.node_id,
                    "host": state.host}
             work.tables.add(row, [], [])
             work.on_event(SweepEvent("done", cell, row, work.position[cell.id], len(work.planned)))

@@ -48,5 +48,6 @@ from specbench.fit.slo import (  # noqa: F401
 )
 from specbench.fit.trust import (  # noqa: F401
     BASELINE_KEYS, DRIFT_ADVICE, SLOW_BASELINE, baseline_drift, baseline_note, baseline_speed, busy_machine,
-    drifted_groups, drifted_keys, marked_cells, measurement_warnings, repeat_range, slow_baseline_warning,
+    drifted_groups, drifted_keys, marked_cells, repeat_range, slow_baseline_warning,
 )
+from specbench.fit.warnings import measurement_warnings  # noqa: F401

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench.fit.cells import AR, TRAFFIC, label_synthetic, ok_real, with_context
+from specbench.fit.cells import TRAFFIC, label_synthetic, ok_real, with_context
+from specbench.schema import AR
+from specbench.synthetic import parse_alpha
 
 Z95 = 1.959964
 
@@ -42,12 +44,16 @@ def fit_alpha(drafted: np.ndarray, accepted: np.ndarray) -> AlphaFit:
     """MLE of the i.i.d. acceptance probability from per-step (drafted, accepted) counts."""
     drafted, accepted = np.asarray(drafted), np.asarray(accepted)
     used = drafted > 0
-    successes = int(accepted[used].sum())
-    rejections = int((accepted[used] < drafted[used]).sum())
+    return alpha_from_counts(int(accepted[used].sum()), int((accepted[used] < drafted[used]).sum()))
+
+
+def alpha_from_counts(successes: int, rejections: int) -> AlphaFit:
+    """The i.i.d. MLE and its 95 % Wilson interval from pooled counts: each accepted draft token a
+    success, each step that rejected one a failure (α̂ = accepted / (accepted + rejections)). The
+    one estimator `fit_alpha` (per-step counts) and `alpha_table` (a run's pooled cells) share."""
     trials = successes + rejections
-    alpha = successes / trials if trials else float("nan")
     low, high = wilson_interval(successes, trials)
-    return AlphaFit(alpha, low, high, successes, rejections)
+    return AlphaFit(successes / trials if trials else float("nan"), low, high, successes, rejections)
 
 
 def expected_tau(alpha: float, k: int | np.ndarray) -> float | np.ndarray:
@@ -118,13 +124,11 @@ def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame, include_synthetic: boo
     merged = counts.merge(speculative[["cell_id", "draft", "k"] + TRAFFIC], on="cell_id")
     rows = []
     for (draft, workload, temperature, context), group in merged.groupby(["draft"] + TRAFFIC):
-        successes, rejections = int(group["accepted"].sum()), int(group["rejections"].sum())
-        trials = successes + rejections
-        low, high = wilson_interval(successes, trials)
+        fit = alpha_from_counts(int(group["accepted"].sum()), int(group["rejections"].sum()))
         row = {"draft": draft, "workload": workload, "temperature": temperature, "context_length": context,
-               "alpha_iid": successes / trials if trials else float("nan"),
-               "alpha_low": low, "alpha_high": high, "accepted": successes, "rejections": rejections,
-               "acceptance_rate": successes / max(1, int(group["drafted"].sum())), "alpha_source": "fitted"}
+               "alpha_iid": fit.alpha, "alpha_low": fit.low, "alpha_high": fit.high, "accepted": fit.accepted,
+               "rejections": fit.rejections, "acceptance_rate": fit.accepted / max(1, int(group["drafted"].sum())),
+               "alpha_source": "fitted"}
         simulated = simulated_alpha(draft, group["k"])
         if simulated is not None:  # a timing-only run: the α it was asked to simulate, not its few draws
             row.update(alpha_iid=simulated, alpha_low=simulated, alpha_high=simulated, alpha_source="simulated")
@@ -154,8 +158,6 @@ def simulated_alpha(label: str, ks) -> float | None:
     """The i.i.d. α a synthetic draft's label (`1b α=0.8`, `1b α=0.9/0.8/0.7`) simulates: the
     profile's expected accepted drafts over accepted plus rejections (the fitted α's own
     definition) at the cells' K; None for a real draft."""
-    from specbench.synthetic import parse_alpha
-
     _, mark, text = label.partition(" α=")
     if not mark:
         return None

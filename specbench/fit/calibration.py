@@ -23,6 +23,10 @@ import numpy as np
 import pandas as pd
 
 from specbench.fit import kernel_tables
+from specbench.fit.cells import ok_closed_loop
+from specbench.models import lookup_alias, parse_draft_spec
+from specbench.schema import AR
+from specbench.synthetic import config_parameters, shipped_config
 
 
 @dataclass(frozen=True)
@@ -159,9 +163,6 @@ def nearest_measured(models: list[MeasuredModel], parameters: float) -> Measured
 def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
     """(target name, its config, {draft label: (name, config)}) of a run: the shipped configs of its
     registry aliases (what a timing-only run built, and what a real one loaded)."""
-    from specbench.models import lookup_alias, parse_draft_spec
-    from specbench.synthetic import shipped_config
-
     config = meta.get("config") or {}
     name, target = shipped_config(config.get("target", ""))
     family = lookup_alias(name).family
@@ -182,11 +183,9 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     """The run's step times on the tables of `system` (at TP1, as the native engine runs), each
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
     correction varies with the batch, `Correction.fit`)."""
-    from specbench.fit.cells import AR, ok_closed_loop
     from specbench.fit.cost import (
         StepTimes, _points, fit_step_times, forward_table, measured_draft_prefills, measured_prefills,
     )
-    from specbench.synthetic import config_parameters
 
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
@@ -253,8 +252,6 @@ def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str 
     the output): the autoregressive decode step (TPOT), the whole speculative step (TPOT × τ, the
     tokens a step yields, over K draft decodes plus the verify on the tables; n-gram: the verify)
     and the prefill (the mean TTFT of a batch sent at once)."""
-    from specbench.fit.cells import AR, ok_closed_loop
-
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
     tp = int(((meta.get("config") or {}).get("vllm") or {}).get("tensor_parallel_size") or 1)

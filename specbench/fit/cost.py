@@ -29,13 +29,16 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from specbench.fit.acceptance import expected_max_normal, expected_tau, tokens_per_step_moments
-from specbench.fit.cells import AR, TRAFFIC, base_draft, closed_loop, label_synthetic, ok_closed_loop, with_context
+from specbench.fit.acceptance import alpha_table, expected_max_normal, expected_tau, tokens_per_step_moments
+from specbench.fit.cells import TRAFFIC, base_draft, closed_loop, label_synthetic, ok_closed_loop, with_context
 from specbench.fit.prices import cost_per_million
-from specbench.shapes import DENSE_MAX_ROWS, LENGTH_QUANTUM, prefill_groups
 from specbench.fit.roofline import (
     DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
+from specbench.models import lookup_alias, parse_draft_spec
+from specbench.schema import AR
+from specbench.shapes import prefill_groups, recorded_shapes
+from specbench.synthetic import shipped_config
 
 DECODE_SAMPLES = 16  # points of the decode at which step times are averaged (the context grows)
 MIN_STEPS = 3  # forwards a (cell, positions) median needs to be a point of the fit
@@ -46,9 +49,6 @@ MIN_STEPS = 3  # forwards a (cell, positions) median needs to be a point of the 
 def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None, dict[str, Architecture]]:
     """The target's and each model draft's shapes: recorded in run.json by newer sweeps, else from
     the shipped config of a registry alias."""
-    from specbench.models import lookup_alias, parse_draft_spec
-    from specbench.synthetic import shipped_config
-
     recorded = meta.get("architectures") or {}
     if recorded.get("target"):
         target = Architecture.from_dict(recorded["target"])
@@ -204,9 +204,10 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
     if target_arch is None or forwards.empty:
         return None
     full = forwards[forwards["rows"] == forwards["batch_size"]]
-    # CUDA-graph steps attend over whole length buckets (shapes.LENGTH_QUANTUM)
+    # CUDA-graph steps attend over whole length buckets (the engine's length quantum)
     graphs = "cuda_graphs" in cells and cells["cuda_graphs"].fillna(False).astype(bool).any()
-    quantum = LENGTH_QUANTUM if graphs else 1
+    shapes = recorded_shapes(meta)
+    quantum = int(shapes["length_quantum"]) if graphs else 1
     dtype = run_dtype(cells)
     bandwidth, flops = device_priors(meta, dtype)
     target_points = _points(full, "target_s", ["cell_id", "positions"])
@@ -262,12 +263,12 @@ def small_rows(cells: pd.DataFrame, meta: dict) -> tuple[int, bool]:
     """(rows x positions up to which the native engine's products run other kernels, whether those
     forwards scale like the others): matrix-vector at one row on a GPU (apart); on a CPU dense
     weights up to the crossover the sweep measured, chosen only where faster (alike), or in runs
-    from before it was measured up to shapes.DENSE_MAX_ROWS, however slow (apart)."""
+    from before it was measured up to the engine's dense row limit, however slow (apart)."""
     devices = cells["device"].dropna().astype(str) if "device" in cells else pd.Series(dtype=str)
     if not devices.empty and not devices.str.startswith("cpu").any():
         return 1, False
     measured = (meta.get("hardware") or {}).get("dense_max_rows")
-    return (int(measured), True) if measured is not None else (DENSE_MAX_ROWS, False)
+    return (int(measured), True) if measured is not None else (int(recorded_shapes(meta)["dense_max_rows"]), False)
 
 
 def prefill_forwards(lengths) -> list[tuple[int, int]]:
@@ -538,8 +539,6 @@ def cost_models(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame
 
 def model_alphas(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """α per (draft, traffic) for the model, synthetic cells included as their own drafts."""
-    from specbench.fit.acceptance import alpha_table
-
     return alpha_table(cells, steps, include_synthetic=True)
 
 

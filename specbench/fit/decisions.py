@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specbench.fit.cells import AR, label_cells, ok_closed_loop
+from specbench.fit.cells import label_cells, ok_closed_loop
+from specbench.grid import OPEN_ENDED, format_schedule, vllm_schedule
+from specbench.schema import AR
 
 
 def best_k_by_batch(cells: pd.DataFrame) -> pd.DataFrame:
@@ -118,8 +120,6 @@ def crossover_table(cells: pd.DataFrame, threshold: float = 1.0) -> pd.DataFrame
 
 def k_schedule(batch_sizes: list[int], best_k: list[int | None]) -> str:
     """`{1-8: 5, 9-32: 2, 33+: off}`: each measured B covers the sizes above the previous one."""
-    from specbench.grid import format_schedule
-
     return format_schedule(schedule_ranges(batch_sizes, best_k))
 
 
@@ -154,7 +154,6 @@ def vllm_speculative_config(base: dict, schedule: list[tuple[int, int, int]]) ->
     largest = max((k for _, _, k in schedule), default=0)
     if largest < 1:
         return None
-    from specbench.grid import vllm_schedule
 
     config = {key: value for key, value in base.items() if key != "num_speculative_tokens_per_batch_size"}
     config["num_speculative_tokens"] = largest
@@ -165,8 +164,6 @@ def vllm_speculative_config(base: dict, schedule: list[tuple[int, int, int]]) ->
 def schedule_ranges(batch_sizes: list[int], best_k: list[int | None]) -> list[tuple[int, int, int]]:
     """The K per batch size as (first, last, K) ranges, K 0 (None in `best_k`) for off: each
     measured B covers the sizes above the previous one, and the last range is open-ended."""
-    from specbench.grid import OPEN_ENDED
-
     ranges: list[tuple[int, int, int]] = []
     low = 1
     for b, k in sorted(zip(batch_sizes, best_k)):

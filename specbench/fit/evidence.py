@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from specbench.fit.cells import label_cells
+from specbench.grid import SweepConfig, VllmOptions, plan_cells
+from specbench.schema import grid_columns
+from specbench.traces import ReplayRecord
+
 CONFIDENCE = 0.95
 MAX_REPEATS_SUGGESTED = 100
 
@@ -65,6 +70,27 @@ class Judgement:
     reason: str  # why, in a few words (printed after the point)
 
 
+def cannot_reach(bound: float | None, bar: float, drafted: float) -> bool:
+    """Acceptance alone rules the bar out: the bound is below it, or on it while the drafts cost
+    something (nothing accepted, yet drafts were verified: strictly slower than the bound)."""
+    if bound is None:
+        return False
+    return bound < bar or (bound <= bar and drafted > 0)
+
+
+def lies_above(bound: float | None, interval: tuple[float, float] | None = None,
+               band: tuple[float, float] | None = None) -> bool:
+    """Whether a speed-up's evidence lies above what acceptance allows: its interval (repeats), or
+    for one comparison the run's noise band around it, wholly above `bound`. A point over the bound
+    with neither is not called above it (the gate decides nothing on it anyway: no measure of noise).
+    The gate (`judge`) and the warning (fit.physics.bound_warning) both ask this, so they never
+    disagree."""
+    if bound is None or not math.isfinite(bound):
+        return False
+    evidence = interval if interval is not None else band
+    return evidence is not None and math.isfinite(evidence[0]) and evidence[0] > bound
+
+
 def judge(point: float, interval: tuple[float, float] | None, bar: float, marked: bool = False,
           bound: float | None = None, tokens_per_forward: float | None = None, drafted: float = 0.0,
           band: tuple[float, float] | None = None, band_note: str = "") -> Judgement:
@@ -73,13 +99,11 @@ def judge(point: float, interval: tuple[float, float] | None, bar: float, marked
     - Acceptance alone: when the tokens per target forward (counted, not timed) are below the bar,
       or on it with drafts verified, the point fails whatever was timed.
     - Evidence lying wholly above `bound` (tokens per forward × the step's non-draft share; the
-      interval, or one comparison's noise band: fit.physics.lies_above, the rule the warning uses)
+      interval, or one comparison's noise band: `lies_above`, the rule the warning uses)
       is not explained by acceptance and decides nothing.
     - With repeats the interval (as its pairing allows, fit.noise.cell_interval) decides.
     - One comparison: `band`, the run's noise band around the point, decides; without one, or
       when a measurement warning marks the cell, it is inconclusive."""
-    from specbench.fit.physics import cannot_reach, lies_above
-
     if cannot_reach(tokens_per_forward, bar, drafted):
         return Judgement(FAIL, f"acceptance allows at most {tokens_per_forward:.3f}× ({tokens_per_forward:.3f} "
                                f"tokens per target forward)")
@@ -193,16 +217,11 @@ class Completeness:
 
 def completeness(meta: dict, cells: pd.DataFrame) -> Completeness:
     """Whether a run finished, from its run.json (status, plan) and its cells."""
-    from specbench.fit.cells import label_cells
-
     present = set(cells["cell_id"]) if not cells.empty and "cell_id" in cells else set()
     planned = _planned_cells(meta)
     missing = pd.DataFrame()
     if planned is not None:
-        gone = [{"cell_id": c.id, "mode": "speculative" if c.is_speculative else "autoregressive",
-                 "workload": c.workload, "draft": c.draft, "k": c.k, "batch_size": c.batch_size,
-                 "temperature": c.temperature, "request_rate": c.request_rate, "context_length": c.context_length,
-                 "synthetic_alpha": c.alpha} for c in planned if c.id not in present]
+        gone = [{**grid_columns(c, "not measured"), "synthetic_alpha": c.alpha} for c in planned if c.id not in present]
         missing = label_cells(pd.DataFrame(gone)) if gone else missing
     count = len(planned) if planned is not None else int((meta.get("plan") or {}).get("cells") or len(cells))
     return Completeness(str(meta.get("status") or "unknown"), count, len(cells), missing)
@@ -212,8 +231,6 @@ def _planned_cells(meta: dict):
     """The run's planned cells, rebuilt from its recorded config; None when it cannot be."""
     from dataclasses import fields
 
-    from specbench.grid import SweepConfig, VllmOptions, plan_cells
-
     recorded = meta.get("config")
     if not recorded:
         return None
@@ -221,6 +238,8 @@ def _planned_cells(meta: dict):
         known = {f.name for f in fields(SweepConfig)}
         config = {key: value for key, value in recorded.items() if key in known}
         config["vllm"] = VllmOptions(**(config.get("vllm") or {}))
-        return plan_cells(SweepConfig(**config))
+        # a trace run's cells from the replay run.json kept, not the trace read again
+        replay = ReplayRecord.from_dict(meta["trace"]) if config.get("trace") else None
+        return plan_cells(SweepConfig(**config), replay)
     except Exception:  # a run.json from an older version, or edited by hand
         return None

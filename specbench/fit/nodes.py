@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specbench.fit.noise import CONFIDENCE, runs_list, unpaired_interval
+from specbench.fit.noise import CONFIDENCE, unpaired_interval
+from specbench.schema import runs_list
 
 # without repeats on both sides, two nodes' baselines are judged against this spread (the drift
 # warning's tolerance, fit.trust.baseline_drift)

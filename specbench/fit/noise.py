@@ -29,11 +29,11 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from specbench.fit.cells import AR, label_context, ok_closed_loop
+from specbench.fit.cells import label_context, ok_closed_loop
 from specbench.fit.evidence import CONFIDENCE, _logs, _t, speedup_interval
 from specbench.fit.trust import _baseline_steps
+from specbench.schema import AR, BRACKETED, SEQUENTIAL, SIDE_BY_SIDE, TURNS, runs_list
 
-TURNS, SIDE_BY_SIDE, BRACKETED, SEQUENTIAL = "turns", "side-by-side", "bracketed", "sequential"
 PAIRINGS = {
     TURNS: "repeats take turns (repeat i of a draft and of its baseline ran side by side)",
     SIDE_BY_SIDE: "both servers up, repeats alternating between them",
@@ -48,11 +48,6 @@ def pairing(row: dict) -> str:
     if isinstance(value, str) and value in PAIRINGS:
         return value
     return SEQUENTIAL if row.get("engine") in ("vllm", "endpoint") else TURNS
-
-
-def runs_list(value) -> list[float]:
-    """A runs column's value as a list of floats (a list or an array; anything else: empty)."""
-    return [float(x) for x in value] if isinstance(value, (list, tuple, np.ndarray)) else []
 
 
 def unpaired_interval(ours, theirs, confidence: float = CONFIDENCE) -> tuple[float, float] | None:

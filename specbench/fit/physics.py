@@ -23,8 +23,10 @@ import math
 
 import pandas as pd
 
-from specbench.fit.cells import AR, label_cells, ok_closed_loop
+from specbench.fit.cells import label_cells, ok_closed_loop
+from specbench.fit.evidence import lies_above
 from specbench.fit.noise import baseline_of, cell_interval
+from specbench.schema import AR
 
 COUNTED_ACCEPTANCE = "vllm:spec_decode counters"  # an endpoint's only source of counted tokens
 
@@ -63,27 +65,6 @@ def speedup_bound(row: dict) -> float | None:
     """The most speed-up the cell's acceptance (and draft cost) allows; None where unknown."""
     tokens = tokens_per_forward(row)
     return None if tokens is None else tokens * draft_factor(row)
-
-
-def cannot_reach(bound: float | None, bar: float, drafted: float) -> bool:
-    """Acceptance alone rules the bar out: the bound is below it, or on it while the drafts cost
-    something (nothing accepted, yet drafts were verified: strictly slower than the bound)."""
-    if bound is None:
-        return False
-    return bound < bar or (bound <= bar and drafted > 0)
-
-
-def lies_above(bound: float | None, interval: tuple[float, float] | None = None,
-               band: tuple[float, float] | None = None) -> bool:
-    """Whether a speed-up's evidence lies above what acceptance allows: its interval (repeats), or
-    for one comparison the run's noise band around it, wholly above `bound`. A point over the bound
-    with neither is not called above it (the gate decides nothing on it anyway: no measure of noise).
-    The gate (fit.evidence.judge) and the warning (`bound_warning`) both ask this, so they never
-    disagree."""
-    if bound is None or not math.isfinite(bound):
-        return False
-    evidence = interval if interval is not None else band
-    return evidence is not None and math.isfinite(evidence[0]) and evidence[0] > bound
 
 
 def with_bounds(cells: pd.DataFrame, noise=None) -> pd.DataFrame:

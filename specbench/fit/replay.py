@@ -10,10 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from specbench.fit.cells import AR
 from specbench.fit.evidence import _logs, speedup_interval
-
-LARGE_BATCH = 32  # the mission's question: how much of the time does the server run at B >= 32
+from specbench.schema import AR, LARGE_BATCH, SEND_LAG_GOAL_S, stalled_by_machine
 
 
 def _paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tuple[float, float, float]:
@@ -70,8 +68,6 @@ def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
 def send_lag_summary(cells: pd.DataFrame, requests: pd.DataFrame) -> str:
     """How late the client sent a trace run's requests, over the whole run: p50 and p99 against
     the goal, and how many of those later than the goal the machine itself stalled for."""
-    from specbench.fit.trust import SEND_LAG_GOAL_S, stalled_by_machine
-
     if cells.empty or "trace" not in cells or requests.empty or "send_lag_s" not in requests:
         return ""
     ok = cells[(cells["status"] == "ok") & cells["trace"].notna()]

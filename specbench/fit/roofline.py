@@ -38,11 +38,13 @@ more work (`slower_than_larger`) are left out of every fit.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+
+from specbench.shapes import DTYPE_BYTES, Architecture  # noqa: F401  (the roofline's shapes)
 
 # Datasheet peaks for `plan --device`: HBM bandwidth (bytes/s) and dense (no sparsity) tensor-core
 # FLOP/s at bf16/fp16, and plain fp32 (no TF32). Sources: NVIDIA H100 Tensor Core GPU datasheet
@@ -55,7 +57,6 @@ DEVICES = {
     "a100": {"name": "NVIDIA A100 80GB SXM", "bandwidth": 2.039e12, "bf16": 312e12, "fp32": 19.5e12},
     "l40s": {"name": "NVIDIA L40S", "bandwidth": 0.864e12, "bf16": 362e12, "fp32": 91.6e12},
 }
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8}
 
 RIDGES = np.logspace(0, 5, 101)  # flops per byte searched for the ridge point
 BANDWIDTH_PRIOR_WEIGHT = 1.0  # a 2x miss of the prior costs about as much as one point off by 50%
@@ -77,68 +78,6 @@ def device_key(name: str) -> str | None:
 def peak_flops(device: str, dtype: str) -> float:
     entry = DEVICES[device]
     return entry["fp32"] if DTYPE_BYTES.get(dtype, 2) >= 4 else entry["bf16"]
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What a decoder's forward reads and computes, from its config."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
-    bytes_per_parameter: int
-
-    @classmethod
-    def from_config(cls, config: dict, dtype: str) -> "Architecture":
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
-                   kv_heads=int(config.get("num_key_value_heads") or heads),
-                   head_dim=int(config.get("head_dim") or hidden // heads),
-                   intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-                   tied_embeddings=bool(config.get("tie_word_embeddings")),
-                   bytes_per_parameter=DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2))
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Architecture":
-        return cls(**{key: values[key] for key in cls.__dataclass_fields__})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def layer_parameters(self) -> int:
-        attention = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
-        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
-
-    @property
-    def linear_parameters(self) -> int:
-        """Parameters every position multiplies: the layers and the output head."""
-        return self.layers * self.layer_parameters + self.vocab * self.hidden
-
-    @property
-    def weight_bytes(self) -> int:
-        """Read once per forward: the layers, the head and the final norm (the input embedding
-        only at the batch's rows, unless it is the head too)."""
-        return (self.linear_parameters + self.hidden) * self.bytes_per_parameter
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_parameter
-
-    def linear_flops(self, rows, positions):
-        return 2.0 * self.linear_parameters * np.asarray(rows, float) * np.asarray(positions, float)
-
-    def kv_bytes(self, rows, context):
-        return np.asarray(rows, float) * np.asarray(context, float) * self.kv_bytes_per_token
-
-    def attention_flops(self, rows, positions, context):
-        return (4.0 * self.layers * self.heads * self.head_dim * np.asarray(rows, float)
-                * np.asarray(positions, float) * np.asarray(context, float))
 
 
 def visible_context(context, positions, quantum: int = 1):

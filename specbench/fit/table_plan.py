@@ -29,8 +29,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from specbench.fit import kernel_tables
-from specbench.fit.cells import AR
+from specbench.fit.acceptance import acceptance_by_position, alpha_table
+from specbench.fit.cells import base_draft, label_synthetic
 from specbench.fit.prices import cost_per_million
+from specbench.models import REGISTRY, lookup_alias
+from specbench.schema import AR
+from specbench.synthetic import config_parameters, shipped_config
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache, as the tables price them
@@ -90,7 +94,6 @@ class Memory:
 
 
 def parameters(config: dict, layers: int | None = None) -> int:
-    from specbench.synthetic import config_parameters
 
     return config_parameters(config, layers)
 
@@ -148,7 +151,6 @@ class TablePlanner:
     def draft_source(self, drafter: Drafter):
         """The measured model whose corrections `drafter`'s forwards take, or None."""
         from specbench.fit.calibration import nearest_measured
-        from specbench.synthetic import config_parameters
 
         if not self.measured_models or drafter.config is None:
             return None
@@ -369,9 +371,6 @@ def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
     import json
     from pathlib import Path
 
-    from specbench.models import REGISTRY, lookup_alias
-    from specbench.synthetic import shipped_config
-
     if lookup_alias(reference, family) is not None:
         return shipped_config(reference, family)
     path = Path(reference).expanduser()
@@ -409,7 +408,6 @@ def parse_drafters(names: list[str], target_name: str, target: dict, family: str
                 raise ValueError(f"draft {name!r}: MTP needs at least 1 layer (mtp:N)")
             drafters.append(Drafter(name, "mtp", label=f"MTP: {layers} layer(s) of {target_name}", layers=layers))
         else:
-            from specbench.models import lookup_alias
 
             label, config = model_config(name.partition("@")[0], family)
             spec = lookup_alias(name.partition("@")[0], family)
@@ -442,10 +440,6 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
     """Each drafter's α per (workload, temperature[, context]) from a run, with its per-position
     acceptance at the deepest K measured; and a line for every drafter the run has no α for (never
     taken from another pair)."""
-    from specbench.fit.acceptance import acceptance_by_position, alpha_table
-    from specbench.fit.cells import base_draft, label_synthetic
-    from specbench.models import lookup_alias
-
     alphas = alpha_table(cells, steps, include_synthetic=True)
     run_spec = lookup_alias(run_target)
     run_family = run_spec.family if run_spec else family

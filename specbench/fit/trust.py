@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specbench.fit.cells import AR, closed_loop, label_context, ok_closed_loop, ok_real
+from specbench.fit.cells import closed_loop, label_context, ok_closed_loop, ok_real
+from specbench.schema import AR, SEND_LAG_GOAL_S
+from specbench.workloads import LENGTH_TOLERANCE
 
 
 def repeat_range(runs) -> tuple[float, float] | None:
@@ -109,13 +111,6 @@ def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
             f"{len(busy)} cell(s); their timings include the other work{endpoint}")
 
 
-SEND_LAG_GOAL_S = 0.005  # a trace replay's p99 send lag above this: arrivals not kept
-
-
-def stalled_by_machine(machine_stall_s, send_lag_s):
-    """Whether a late request was the machine's delay: the machine itself stalled (measure.WakeProbe)
-    for at least half of its lateness while it was due. Scalars or pandas Series alike."""
-    return machine_stall_s >= send_lag_s / 2
 
 
 def late_sends(cells: pd.DataFrame, goal_s: float = SEND_LAG_GOAL_S) -> str | None:
@@ -149,8 +144,6 @@ def trace_lengths(cells: pd.DataFrame) -> str | None:
     length (a server that ignores `min_tokens` or `ignore_eos`), or prompts further than
     LENGTH_TOLERANCE (or 8 tokens) from the trace's input lengths. Their latencies are then of other
     work."""
-    from specbench.workloads import LENGTH_TOLERANCE
-
     if cells.empty or "trace_output_mismatches" not in cells:
         return None
     ok = cells[cells["status"] == "ok"]
@@ -235,23 +228,6 @@ def slow_baseline_warning(table: pd.DataFrame, reference_engine: str = "the refe
     return (f"the autoregressive baseline is far slower than {reference_engine} ({cells} of its tokens/s; below "
             f"{SLOW_BASELINE:g}×): every speed-up here is measured against a slow baseline, which flatters "
             f"speculation; measure the rollout on the deployed engine (--engine vllm)")
-
-
-def measurement_warnings(cells: pd.DataFrame, copies: pd.DataFrame | None = None, noise=None) -> list[str]:
-    """Every warning about how far a run's timings can be trusted, for the console, plan, summary and
-    HTML. `copies`: a cluster run's baselines measured again on other nodes (fit.nodes). `noise`:
-    the run's fit.noise.RunNoise, as the gate measures it (run_noise with the run's requests and
-    steps), so that the bound warning flags exactly the cells the gate leaves undecided for it;
-    None: measured from the cells alone."""
-    from specbench.fit.nodes import node_warnings
-    from specbench.fit.noise import run_noise
-    from specbench.fit.physics import bound_warning
-
-    noise = noise if noise is not None else run_noise(cells)
-    warnings = [message for message in [busy_machine(cells), late_sends(cells), trace_lengths(cells),
-                                        bound_warning(cells, noise)] if message]
-    drift = baseline_drift(cells)
-    return warnings + drift + ([DRIFT_ADVICE] if drift else []) + node_warnings(cells, copies)
 
 
 def drifted_keys(cells: pd.DataFrame) -> set[tuple[str, int]]:

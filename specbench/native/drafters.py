@@ -82,7 +82,7 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(
-        self, batch: SequenceBatch, num_tokens: int, params: SamplingParams, generator: torch.Generator | None
+        self, batch: SequenceBatch, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal: ...
 
     def commit(self, accepted_counts: list[int]) -> None:
@@ -124,7 +124,7 @@ class ModelDrafter(Drafter):
         self.model.prefill(self.cache, batch.tokens, [n - 1 for n in batch.lengths])
 
     def propose(
-        self, batch: SequenceBatch, num_tokens: int, params: SamplingParams, generator: torch.Generator | None
+        self, batch: SequenceBatch, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
         cache = self.cache
         # Tokens committed since the draft last ran: 1, or 2 when the previous step kept every
@@ -138,7 +138,7 @@ class ModelDrafter(Drafter):
         self._lengths_at_proposal = list(batch.lengths)
 
         drafted, drafted_probs = [], []
-        for position in range(num_tokens):
+        for position in range(k):
             logits = self.model.step(cache, step_input, logits_at="last", num_valid=num_valid)
             cache.set_lengths([n + v for n, v in zip(cache.lengths, pending)])
             if params.greedy:
@@ -153,8 +153,8 @@ class ModelDrafter(Drafter):
             num_valid = None
         tokens = torch.stack(drafted, dim=1)
         probs = torch.stack(drafted_probs, dim=1) if drafted_probs else None
-        lengths = torch.full((batch.size,), num_tokens, device=batch.device, dtype=torch.long)
-        return Proposal(tokens, lengths, [num_tokens] * batch.size, probs)
+        lengths = torch.full((batch.size,), k, device=batch.device, dtype=torch.long)
+        return Proposal(tokens, lengths, [k] * batch.size, probs)
 
     def commit(self, accepted_counts: list[int]) -> None:
         # The cache holds each row's committed prefix plus drafts 1..K-1 (draft K is sampled,
@@ -192,7 +192,7 @@ class NGramDrafter(Drafter):
         self.earliest = earliest
         self.name = f"ngram:{max_ngram}" + (" (earliest match)" if earliest else "")
 
-    def _lookup(self, sequence: np.ndarray, num_tokens: int) -> np.ndarray:
+    def _lookup(self, sequence: np.ndarray, k: int) -> np.ndarray:
         length = len(sequence)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             pattern = sequence[length - n :]
@@ -201,16 +201,16 @@ class NGramDrafter(Drafter):
             matches = np.flatnonzero((windows == pattern).all(axis=1))
             if len(matches):
                 start = (matches[0] if self.earliest else matches[-1]) + n
-                return sequence[start : start + num_tokens]
+                return sequence[start : start + k]
         return sequence[:0]
 
     def propose(
-        self, batch: SequenceBatch, num_tokens: int, params: SamplingParams, generator: torch.Generator | None
+        self, batch: SequenceBatch, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
-        drafted = np.zeros((batch.size, num_tokens), dtype=np.int64)
+        drafted = np.zeros((batch.size, k), dtype=np.int64)
         lengths = []
         for row in range(batch.size):
-            continuation = self._lookup(batch.host_tokens[row, : batch.lengths[row]], num_tokens)
+            continuation = self._lookup(batch.host_tokens[row, : batch.lengths[row]], k)
             drafted[row, : len(continuation)] = continuation
             lengths.append(len(continuation))
         return Proposal(to_device(drafted, batch.device), to_device(lengths, batch.device), lengths, None)

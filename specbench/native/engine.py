@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from specbench.grid import draft_headroom
 from specbench.native.drafters import Drafter, Proposal, SequenceBatch
 from specbench.native.forward import CausalLM
 from specbench.native.rejection import Acceptance, accept_greedy, accept_rejection_sampling
@@ -59,7 +60,7 @@ class GenerationResult:
     prefill_s: float  # target prefill, ends with the first token
     draft_prefill_s: float
     total_s: float
-    num_draft_tokens: int = 0  # K; 0 for autoregressive
+    k: int = 0  # K; 0 for autoregressive
     drafter: str = ""
     kv_cache_bytes: int = 0  # the target's preallocated cache
     draft_kv_cache_bytes: int = 0
@@ -213,14 +214,14 @@ def generate_speculative(
     drafter: Drafter,
     prompts: Sequence[Sequence[int]],
     config: GenerationConfig,
-    num_draft_tokens: int,
+    k: int,
     accept: AcceptFn = exact_acceptance,
 ) -> GenerationResult:
-    if num_draft_tokens < 1:
-        raise ValueError(f"K (draft tokens per step) must be >= 1, got {num_draft_tokens}")
+    if k < 1:
+        raise ValueError(f"K (draft tokens per step) must be >= 1, got {k}")
     target = CausalLM.wrap(target)
     drafter.check_compatible(target)
-    run = _Run(target, prompts, config, extra=2 * num_draft_tokens + 4)
+    run = _Run(target, prompts, config, extra=draft_headroom(k))
     clock = Clock(target.device)
     batch = run.batch
 
@@ -229,7 +230,7 @@ def generate_speculative(
     prefill_s = clock.now()
     emitted, active = run.emit([[t] for t in host_next], prefill_s)
     batch.append(next_tokens[:, None], [[t] for t in host_next])
-    drafter.prefill(batch, run.capacity + num_draft_tokens)
+    drafter.prefill(batch, run.capacity + k)
     draft_prefill_s = clock.now() - prefill_s
 
     steps: list[StepRecord] = []
@@ -240,7 +241,7 @@ def generate_speculative(
             drafter.select_rows(active)
         started = clock.now()
         start_mark = clock.mark()
-        proposal = drafter.propose(batch, num_draft_tokens, config.sampling, run.generator)
+        proposal = drafter.propose(batch, k, config.sampling, run.generator)
         drafted_mark = clock.mark()  # no synchronisation: the verify pass queues behind the drafts
 
         # Verify: the pending last token and the drafts in one target forward. Only as many
@@ -269,4 +270,4 @@ def generate_speculative(
         draft_s = clock.between(start_mark, drafted_mark)
         steps.append(StepRecord(len(steps), request_ids, list(proposal.host_lengths), accepted, emitted, width + 1,
                                 draft_s, verified - started - draft_s, ended - verified, ended))
-    return run.result(steps, prefill_s, draft_prefill_s, clock.now(), num_draft_tokens, drafter)
+    return run.result(steps, prefill_s, draft_prefill_s, clock.now(), k, drafter)

@@ -70,11 +70,11 @@ class AcceptanceSummary:
         return 1 + self.accepted / self.verify_rows if self.verify_rows else float("nan")
 
 
-def acceptance_summary(results: list[GenerationResult], num_draft_tokens: int) -> AcceptanceSummary:
-    drafted_at = np.zeros(num_draft_tokens)
-    accepted_at = np.zeros(num_draft_tokens)
+def acceptance_summary(results: list[GenerationResult], k: int) -> AcceptanceSummary:
+    drafted_at = np.zeros(k)
+    accepted_at = np.zeros(k)
     drafted = accepted = verify_rows = rejections = 0
-    positions = np.arange(1, num_draft_tokens + 1)
+    positions = np.arange(1, k + 1)
     for result in results:
         for step in result.steps:
             for d, a in zip(step.drafted, step.accepted):

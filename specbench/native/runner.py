@@ -8,18 +8,19 @@ import math
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
 import torch
 
 from specbench.engines import CellOutcome, Engine, Stage
-from specbench.grid import AR, Cell, SweepConfig
+from specbench.grid import Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
-from specbench.measure import OwnCpu, chunk_gaps, percentiles
-from specbench.models import DEFAULT_TARGET, DraftSpec, lookup_alias, parse_draft_spec, parse_dtype
+from specbench.measure import OwnCpu
+from specbench.models import (
+    DEFAULT_TARGET, DraftSpec, ResolvedModel, load_tokenizer, lookup_alias, parse_draft_spec, parse_dtype,
+)
 from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
 from specbench.native.forward import CausalLM
+from specbench.native.lean import Projection
 from specbench.native.loading import LoadedModel, check_tokenizers_compatible, family_of, load_model, share_vocabulary
 from specbench.native.measure import (
     PeakMemory, acceptance_summary, copy_bandwidth, decode_step_bytes, forward_profile, matmul_rate, phase_times,
@@ -30,6 +31,8 @@ from specbench.native.random_models import (
     LayerScaler, build_random_model, layers_that_fit, rescale_result, synthetic_acceptance,
 )
 from specbench.native.sampling import SamplingParams
+from specbench.schema import TURNS, measured_columns
+from specbench.shapes import Architecture, engine_shapes
 from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
 from specbench.workloads import encode_prompt
 
@@ -49,8 +52,8 @@ def validate_native(config: SweepConfig) -> None:
 class NativeEngine(Engine):
     name = "native"
 
-    def __init__(self, config: SweepConfig, run_dir) -> None:
-        super().__init__(config, run_dir)
+    def __init__(self, config: SweepConfig, run_dir, replay=None) -> None:
+        super().__init__(config, run_dir, replay)
         self.models: Models | None = None
 
     def open(self) -> str:
@@ -83,9 +86,9 @@ class NativeEngine(Engine):
             meta["hardware"]["matmul_dtype"] = target_dtype
             meta["hardware"]["matmul_flops_per_s_by_dtype"] = self.models.matmul_rates
             meta["architectures"] = self.models.architectures()
+            meta["engine"]["forward_shapes"] = engine_shapes()  # what the judge prices the forwards with
             if self.models.profiles:
                 meta["profiles"] = self.models.profiles
-            from specbench.native.lean import Projection
 
             if Projection._dense_limits:  # the CPU's measured crossover from dense to packed products
                 meta["hardware"]["dense_max_rows"] = max(Projection._dense_limits.values())
@@ -149,8 +152,6 @@ class Models:
 
     def architectures(self) -> dict:
         """The shapes the performance model reads (specbench.fit.roofline), at full depth."""
-        from specbench.fit.roofline import Architecture
-
         def shape(model: CausalLM, scaler: LayerScaler | None) -> dict:
             config = model.config.to_dict()
             if scaler is not None:
@@ -208,8 +209,6 @@ def load_random_models(config: SweepConfig) -> Models:
     """Targets and drafts from the shipped configs with random weights; when the target does not
     fit, only its first layers (timings scaled to full depth by a LayerScaler)."""
     import time
-
-    from specbench.models import ResolvedModel, load_tokenizer
 
     started = time.perf_counter()
     dtype = config.torch_dtype
@@ -416,24 +415,10 @@ class CellRun:
         models, cell, config, drafter = self.models, self.cell, self.config, self.drafter
         prompts, results, request_table = self.prompts, self.results, self.request_table
         throughput_per_repeat, device = self.throughput_per_repeat, self.models.target.model.device
-        frame = pd.DataFrame(request_table)
-        itl = [gap for gaps in frame["itl_s"] for gap in gaps]
         phases = phase_times(results)
-        interrupted = len(throughput_per_repeat) < config.repeats  # Ctrl-C during the group's repeats
         row = {
-            "cell_id": cell.id, "status": "ok", "engine": "native",
-            "message": f"interrupted: {len(throughput_per_repeat)} of {config.repeats} repeats" if interrupted else "",
-            "mode": "speculative" if drafter else AR,
-            "workload": cell.workload, "draft": cell.draft, "k": cell.k, "batch_size": cell.batch_size,
-            "temperature": cell.temperature, "requests": len(prompts), "repeats": len(throughput_per_repeat),
-            "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
-            "max_new_tokens": config.max_new_tokens, "output_tokens": int(frame["output_tokens"].sum()),
-            "tokens_per_s": float(np.median(throughput_per_repeat)),
-            "tokens_per_s_runs": [float(x) for x in throughput_per_repeat],
-            "wall_s": float(sum(r.total_s for r in results)),
-            **percentiles(frame["ttft_s"], "ttft"), **percentiles(itl, "itl"),
-            **percentiles(chunk_gaps(itl), "itl_chunk"),
-            **percentiles(frame["tpot_s"].dropna(), "tpot"), **percentiles(frame["e2e_s"], "e2e"),
+            **measured_columns(cell, "native", request_table, [len(p) for p in prompts], throughput_per_repeat,
+                               sum(r.total_s for r in results), config.max_new_tokens, config.repeats),
             **phases,
             # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
             # for the sweep; the analytic parts below separate the target from the draft.
@@ -467,7 +452,7 @@ class CellRun:
             row.update({
                 "alpha": summary.alpha, "tau": summary.tau, "drafted": summary.drafted, "accepted": summary.accepted,
                 "num_drafts": summary.verify_rows, "rejections": summary.rejections,
-                "pairing": "turns",  # fit.noise: a group's cells take turns repeat by repeat
+                "pairing": TURNS,  # fit.noise: a group's cells take turns repeat by repeat
                 "acceptance_by_position": summary.by_position,
                 "draft_param_bytes": drafter.parameter_bytes(), "draft_kv_cache_bytes": draft_kv,
                 "draft_memory_bytes": drafter.parameter_bytes() + draft_kv,

@@ -2,8 +2,8 @@
 and `--baseline-endpoint URL` (the same model without it), started and configured by the user
 (vLLM, SGLang, TGI, llama.cpp: anything that streams /v1/completions).
 
-The load, the requests table and the lossless checks are the vLLM engine's. What differs is what
-the server tells: acceptance comes from vLLM's spec-decode counters (deltas around each repeat),
+The load, the requests table and the lossless checks are the served measurement's
+(served/measurement.py), as for the vLLM engine, its sibling. What differs is what the server tells: acceptance comes from vLLM's spec-decode counters (deltas around each repeat),
 else SGLang's `sglang:spec_accept_length` / `sglang:spec_accept_rate` gauges or its /server_info's
 `avg_spec_accept_length`; a server that exposes none leaves α and τ unknown (NaN, and the cell
 says so). Memory is not seen from outside. An API key is read from the environment variable
@@ -20,12 +20,14 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from specbench.engines import CellOutcome, Stage
-from specbench.fit.noise import SIDE_BY_SIDE
-from specbench.grid import AR, Cell, SweepConfig, split_schedule
-from specbench.models import ModelNotAvailable
+from specbench.engines import Stage
+from specbench.grid import Cell, SweepConfig, split_schedule
+from specbench.models import ModelNotAvailable, load_tokenizer
+from specbench.schema import AR, SIDE_BY_SIDE
+from specbench.served.measurement import COUNTERS, ServedCellRun, ServedEngine
 from specbench.served.prometheus import Snapshot
-from specbench.served.vllm_engine import COUNTERS, VllmCellRun, VllmEngine, model_path
+from specbench.served.vllm_engine import model_path
+from specbench.traces import Replay
 
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
@@ -119,18 +121,19 @@ class RemoteServer:
         return {}
 
 
-class EndpointEngine(VllmEngine):
+class EndpointEngine(ServedEngine):
+    """Servers the user runs: asked, never started or stopped."""
+
     name = "endpoint"
 
-    def __init__(self, config: SweepConfig, run_dir: Path) -> None:
-        super().__init__(config, run_dir)
+    def __init__(self, config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> None:
+        super().__init__(config, run_dir, replay)
         self.headers = api_headers(config)
         self.endpoint = RemoteServer(config.endpoint, self.headers)
         self.baseline = RemoteServer(config.baseline_endpoint, self.headers) if config.baseline_endpoint else None
         self.served_names: dict[str, str] = {}
 
     def open(self) -> str:
-        from specbench.models import load_tokenizer
 
         config = self.config
         for server in filter(None, (self.endpoint, self.baseline)):
@@ -221,41 +224,40 @@ class EndpointStage(Stage):
         return run
 
 
-class EndpointCellRun(VllmCellRun):
+class EndpointCellRun(ServedCellRun):
+    """A cell on a running server: the served measurement, with the endpoint it measured; memory
+    is not seen from outside (NaN), and acceptance comes from whichever metrics the server has."""
+
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         payload = super().payload(prompt, index, repeat, max_tokens)
         payload["stream_options"] = {"include_usage": True}  # token counts from servers that stream only text
         return payload
 
-    def finish(self) -> CellOutcome:
-        outcome = super().finish()
-        row = outcome.row
-        row.update({"engine": "endpoint", "endpoint": self.stage.server.url, "peak_memory_bytes": float("nan"),
-                    "memory_kind": "", "target_param_bytes": float("nan"), "draft_param_bytes": float("nan"),
-                    "draft_memory_bytes": float("nan")})
-        if not self.cell.is_speculative:
-            return outcome
+    def engine_columns(self) -> dict:
+        unseen = float("nan")  # the server's processes are on another machine, or not specbench's
+        return {"endpoint": self.stage.server.url, "peak_memory_bytes": unseen, "memory_kind": "",
+                "target_param_bytes": unseen, "target_kv_cache_bytes": unseen, "draft_param_bytes": unseen,
+                "draft_kv_cache_bytes": unseen, "draft_memory_bytes": unseen}
+
+    def acceptance_columns(self) -> dict:
+        """vLLM's spec-decode counters where the server has them, else SGLang's gauges or its
+        /server_info, else unknown; `acceptance_source` says which."""
         if self.counters.get(COUNTERS[0], 0.0) > 0:
-            row["acceptance_source"] = "vllm:spec_decode counters"
-            return outcome
-        row.update({"alpha": float("nan"), "tau": float("nan"), "drafted": 0, "accepted": 0, "num_drafts": 0,
-                    "rejections": 0, "acceptance_by_position": [], "k_drafted_mean": float("nan")})
+            return {**super().acceptance_columns(), "acceptance_source": "vllm:spec_decode counters"}
+        columns = {"alpha": float("nan"), "tau": float("nan"), "drafted": 0, "accepted": 0, "num_drafts": 0,
+                   "rejections": 0, "acceptance_by_position": [], "k_drafted_mean": float("nan")}
         after = self.stage.scrape()
         length = after.find(SGLANG_ACCEPT_LENGTH)
         rate = after.find(SGLANG_ACCEPT_RATE)
         if length or rate:
-            row["tau"] = length[0].value if length else float("nan")
-            row["alpha"] = rate[0].value if rate else float("nan")
-            row["acceptance_source"] = "sglang gauges (the server's recent window, not this cell alone)"
-            return outcome
-        info = self.stage.server.server_info()
-        found = _find_key(info, "avg_spec_accept_length")
+            return columns | {"tau": length[0].value if length else float("nan"),
+                              "alpha": rate[0].value if rate else float("nan"),
+                              "acceptance_source": "sglang gauges (the server's recent window, not this cell alone)"}
+        found = _find_key(self.stage.server.server_info(), "avg_spec_accept_length")
         if found is not None and math.isfinite(found):
-            row["tau"] = found
-            row["acceptance_source"] = "sglang /server_info avg_spec_accept_length (over the server's life)"
-            return outcome
-        row["acceptance_source"] = "unknown: the server exposes no speculative-decoding metrics"
-        return outcome
+            return columns | {"tau": found, "acceptance_source": "sglang /server_info avg_spec_accept_length (over "
+                                                                 "the server's life)"}
+        return columns | {"acceptance_source": "unknown: the server exposes no speculative-decoding metrics"}
 
 
 def _find_key(data, key: str) -> float | None:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 import socket
 
+from specbench import __version__
+from specbench.results import cpu_name
+
+
 def visible_gpus() -> tuple[list[tuple[str, str]], str]:
     """([(model, uuid)] of the GPUs this process may use (CUDA_VISIBLE_DEVICES: indices or UUIDs),
     the driver version); ([], "") without NVML."""
@@ -49,9 +53,6 @@ def used_gpus(engine_name: str, device: str) -> tuple[list[tuple[str, str]], str
 def where_columns(engine, node_id: str = "local") -> dict:
     """The placement columns of the rows `engine` measures in this process."""
     import torch
-
-    from specbench import __version__
-    from specbench.results import cpu_name
 
     name = getattr(engine, "name", "")
     gpus, driver = used_gpus(name, engine.config.device)

@@ -54,6 +54,16 @@ def plan(
     slo: Optional[str] = typer.Option(None, "--slo", rich_help_panel="On kernel tables, no run",
                                       help="tpot=SECONDS: per TP, the batch that meets it with and without "
                                            "speculation, and the cheaper."),
+    concurrency: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                              help="With --target: simulate one vLLM-like replica step by step, "
+                                                   "these many clients each sending its next request when the last "
+                                                   "finished (4,16,64), with and without speculation."),
+    input_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
+                                  help="--concurrency: prompt tokens per request."),
+    output_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
+                                   help="--concurrency: output tokens per request."),
+    dtype: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                        help="--concurrency: the target's GEMMs: bf16 (default), fp8 or fp4."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                              help="A native or vLLM run measured on the same GPU kind: what "
                                                   "it measured corrects the tables (decode, verify, draft, "
@@ -64,6 +74,12 @@ def plan(
     with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
     import pandas as pd
 
+    if target is not None and concurrency is not None:
+        _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
+                    alpha, acceptance, dtype, json_output, slo, calibrate)
+        return
+    if concurrency is not None or dtype is not None:
+        fail("--concurrency and --dtype simulate a served replica on the kernel tables: give --target MODEL")
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
@@ -248,6 +264,25 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
         plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts or [1024],
                          max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate)
     except known_errors() as error:  # TablesUnavailable is a ValueError
+        fail(str(error))
+
+
+def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
+                acceptance, dtype, json_output, slo, calibrate) -> None:
+    from specbench.cli.plan_fleet import plan_fleet
+
+    try:
+        if run_dir is not None:
+            raise UsageError("--target --concurrency simulates on the kernel tables, without a run: drop RUN_DIR")
+        if slo is not None or calibrate is not None:
+            raise UsageError("--slo and --calibrate are not simulated yet: leave them out with --concurrency")
+        ks = split_list(k, int, "--k")
+        if any(x < 1 for x in ks):
+            raise UsageError("--k must be >= 1")
+        plan_fleet(target, drafts, device or "h100", backend, tp, draft_tp, ks,
+                   split_list(concurrency, int, "--concurrency"), input_len, output_len, alpha, acceptance, dtype,
+                   json_output)
+    except known_errors() as error:
         fail(str(error))
 
 

@@ -58,34 +58,8 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
         if bad:
             raise UsageError(f"--draft-tp must be 1 or the target's TP (vLLM's rule), got {draft_tp_size} with "
                              f"--tp {bad[0]}")
-    left_out: list[str] = []
-    transferred = ""
-    accepted, sources = [], []
-    if alpha is not None:
-        priced = [d for d in drafters if d.kind != "ngram"]
-        accepted += tp_plan.given_acceptance(priced, parse_alphas(alpha))
-        sources.append(f"--alpha {alpha}")
-        if acceptance is None:
-            left_out += [f"{d.name}: n-gram acceptance depends on the text, so it must come from a run "
-                         f"(--acceptance RUN)" for d in drafters if d.kind == "ngram"]
-    if acceptance is not None:
-        from specbench.results import load_run
-
-        run = load_run(acceptance)
-        run_target = (run.meta.get("config") or {}).get("target", "?")
-        measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path))
-        accepted += measured
-        left_out += missing if alpha is None else [line.replace(" (give --alpha to plan it)", " (planned at --alpha only)")
-                                                   for line in missing]
-        sources.append(str(run.path))
-        theirs = lookup_alias(run_target)
-        if measured and (theirs.alias if theirs else run_target) != target_name:
-            transferred = (f"the α was measured with target {run_target} ({run.path}) and is applied to "
-                           f"{target_name}; a draft accepted by one target is not always accepted as often by another")
-    if not accepted:
-        raise UsageError("no drafter has an acceptance to plan with: " + "; ".join(left_out))
-    drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
-    alpha_from = " and ".join(sources)
+    drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(drafters, alpha, acceptance, target_name,
+                                                                              family)
     corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
         if calibrate is not None else ({}, [], [])
     price, price_note = (gpu_price, "given") if gpu_price is not None else \
@@ -127,6 +101,45 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     if slo_table is not None:
         print_slo(slo_table, unit)
     console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
+
+
+def gather_acceptance(drafters: list, alpha: str | None, acceptance: Path | None, target_name: str,
+                      family: str | None) -> tuple[list, list, list[str], str, str]:
+    """What each drafter accepts, from --alpha and/or a run (--acceptance): (the drafters that have
+    an acceptance, their Acceptance rows, left-out lines, the transferred-acceptance warning, where
+    the α came from). A drafter without one is named in a left-out line, never planned silently."""
+    from specbench.fit import table_plan as tp_plan
+    from specbench.models import lookup_alias
+
+    left_out: list[str] = []
+    transferred = ""
+    accepted, sources = [], []
+    if alpha is not None:
+        priced = [d for d in drafters if d.kind != "ngram"]
+        accepted += tp_plan.given_acceptance(priced, parse_alphas(alpha))
+        sources.append(f"--alpha {alpha}")
+        if acceptance is None:
+            left_out += [f"{d.name}: n-gram acceptance depends on the text, so it must come from a run "
+                         f"(--acceptance RUN)" for d in drafters if d.kind == "ngram"]
+    if acceptance is not None:
+        from specbench.results import load_run
+
+        run = load_run(acceptance)
+        run_target = (run.meta.get("config") or {}).get("target", "?")
+        measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path))
+        accepted += measured
+        left_out += missing if alpha is None else [line.replace(" (give --alpha to plan it)", " (planned at --alpha only)")
+                                                   for line in missing]
+        sources.append(str(run.path))
+        theirs = lookup_alias(run_target)
+        if measured and (theirs.alias if theirs else run_target) != target_name:
+            transferred = (f"the α was measured with target {run_target} ({run.path}) and is applied to "
+                           f"{target_name}; a draft accepted by one target is not always accepted as often by another")
+    if not accepted:
+        raise UsageError("no drafter has an acceptance to plan with: " + "; ".join(left_out))
+    drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
+    alpha_from = " and ".join(sources)
+    return drafters, accepted, left_out, transferred, alpha_from
 
 
 def print_table_plan(table, decided, unit: str) -> None:

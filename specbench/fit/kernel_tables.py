@@ -135,6 +135,19 @@ def device(system: str) -> Device:
                   {tp: other + nccl.get(tp, max(nccl.values(), default=0)) for tp in (1, 2, 4, 8, 16, 32, 64)})
 
 
+def shipped_model_config(name: str) -> dict | None:
+    """A Hugging Face config the tables' package ships (its `model_configs`: `meta-llama/Meta-Llama-3.1-70B`
+    and the like), None where it has none."""
+    path = Path(_core().__file__).parent / "model_configs" / f"{name.replace('/', '--')}_config.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def silicon_rows_path() -> Path:
+    """NVIDIA's measured serving results the package ships (TTFT and TPOT per model, GPU, TP,
+    precision, concurrency and lengths): the fleet simulator's ground truth at GPU scale."""
+    return _systems_dir() / "silicon_sample.csv"
+
+
 def _config_dir(config: dict) -> str:
     """A directory holding `config` as config.json (aiconfigurator reads a model path), one per
     distinct config, kept for the process."""
@@ -149,14 +162,17 @@ def _config_dir(config: dict) -> str:
 class Forward:
     """One model at one TP size on one system's tables: forward times in ms."""
 
-    def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model"):
+    def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model",
+                 gemm_quant: str | None = None):
         _core()
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         self.tp, self.nextn, self.name = tp, nextn, name
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
+        quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
         try:
-            self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn)
+            self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn,
+                                                **quant)
         except Exception as error:  # noqa: BLE001 - its errors name the config field it could not use
             raise self._unavailable(error) from None
         self._logits_cache: dict[int, float] = {}
@@ -189,6 +205,14 @@ class Forward:
                 raise self._unavailable(error) from None
             self._logits_cache[tokens] = sum(float(op[1]) for op in ops if op[0] == "generation_logits_gemm")
         return self._logits_cache[tokens]
+
+    def mixed_ms(self, prefill_tokens: int, decode_rows: int, isl: int, osl: int) -> float:
+        """One continuous-batching step: `prefill_tokens` prompt tokens (chunks of requests of `isl`
+        tokens) beside `decode_rows` decodes (requests of `isl` in, `osl` out, priced at their mean
+        context), as aiconfigurator prices its aggregated serving's steps."""
+        if prefill_tokens <= 0:
+            return self._ms(self._engine.decode_step_latency, decode_rows, max(isl, 1), max(osl, 2))
+        return self._ms(self._engine.mixed_step_latency, prefill_tokens, decode_rows, max(isl, 1), max(osl, 2))
 
     def verify_ms(self, batch_size: int, context: int, positions: int) -> float:
         """`positions` new tokens per row over `context` cached ones, with logits at every position."""

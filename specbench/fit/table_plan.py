@@ -70,12 +70,17 @@ class Acceptance:
     def tokens_per_step(self, k: int) -> float:
         """E[tokens per verify] at K: 1 + the expected accepted drafts (measured positions first,
         then each further position at α times the last one's reach)."""
+        return 1.0 + sum(self.reach_at(k))
+
+    def reach_at(self, k: int) -> tuple[float, ...]:
+        """P(draft position i accepted) for i = 1..K: the measured reach first, then each further
+        position at α times the last one's."""
         reach = [r for r in self.reach if r == r]
-        total, last = 1.0, 1.0
+        out, last = [], 1.0
         for position in range(k):
             last = reach[position] if position < len(reach) else last * self.alpha
-            total += last
-        return total
+            out.append(last)
+        return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,70 @@
+"""A replica's steps priced from NVIDIA's kernel tables (fit/kernel_tables.py), and the replica a
+vLLM server on that GPU would be: its default token budget and sequence limit, and the KV cache
+its memory leaves at a tensor-parallel size."""
+
+from __future__ import annotations
+
+from specbench.fit import kernel_tables
+from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, kv_bytes_per_token, parameters
+from specbench.fleet.replica import ReplicaSpec, StepCost
+
+GIB = 1024 ** 3
+# Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
+# vLLM keeps it unless --kv-cache-dtype says otherwise.
+WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
+                "int4_wo": 0.5, "int8_wo": 1}
+
+
+def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,
+              draft: kernel_tables.Forward | None = None) -> StepCost:
+    """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
+    tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
+    speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
+    `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
+    less its one-token decode)."""
+    cache: dict[tuple[int, int, int], float] = {}
+    context = isl + osl // 2
+
+    def cost(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
+        key = (prefill_tokens, decode_rows, k)
+        if key not in cache:
+            ms = forward.mixed_ms(prefill_tokens, decode_rows, isl, osl)
+            if k > 0 and decode_rows > 0:
+                ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
+                if draft is not None:
+                    ms += k * draft.mixed_ms(0, decode_rows, isl, osl)
+            cache[key] = ms / 1e3
+        return cache[key]
+
+    return cost
+
+
+def vllm_defaults(system: str) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) a vLLM API server picks on this GPU (vLLM 0.32's
+    arg_utils: 16384 and 1024 from 160 GiB of memory, 8192 and 1024 from 70 GiB except A100s,
+    2048 and 256 below)."""
+    memory = kernel_tables.device(system).memory_bytes
+    if memory >= 160 * GIB:
+        return 16384, 1024
+    if memory >= 70 * GIB and "a100" not in system:
+        return 8192, 1024
+    return 2048, 256
+
+
+def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
+                 draft_tp: int | None = None) -> ReplicaSpec:
+    """The replica vLLM would run: its default budget and sequence limit, and the KV cache in
+    tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
+    too, at `draft_tp`) and the tables' runtime reserve (a draft's KV shares every token's slot)."""
+    device = kernel_tables.device(system)
+    weights = parameters(config) * WEIGHT_BYTES.get(gemm_quant, 2) / tp
+    per_token = kv_bytes_per_token(config, tp)
+    if draft is not None:
+        weights += parameters(draft) * 2 / (draft_tp or tp)
+        per_token += kv_bytes_per_token(draft, draft_tp or tp)
+    reserve = device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))
+    free = GPU_MEMORY_UTILIZATION * device.memory_bytes - weights - reserve
+    if free <= 0:
+        raise ValueError(f"the weights do not fit {system} at TP{tp}")
+    budget, seqs = vllm_defaults(system)
+    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=int(free // per_token))

@@ -182,7 +182,6 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "4"], "--concurrency and --dtype simulate a served replica on the kernel tables"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
-    (["--target", "llama3-8b", "--concurrency", "4"], "needs an acceptance"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=0.05"], "not simulated yet"),
 ])
@@ -194,3 +193,23 @@ def test_bad_fleet_input_is_one_line(args, message):
     result = CliRunner().invoke(app, ["plan", *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_without_an_acceptance_the_baseline_alone_is_simulated():
+    """The issue's own example names no drafter's acceptance: the baseline is simulated, the drafts
+    are named as left out, never simulated at an α nobody gave."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--tp", "1", "--dtype", "fp8", "--concurrency",
+                                      "4", "--input-len", "1024", "--output-len", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert [row["draft"] for row in plan["rows"]] == ["autoregressive"] and plan["dtype"] == "fp8"
+    assert "no acceptance to simulate speculation with" in plan["drafts_left_out"][0]
+    bf16 = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--tp", "1", "--concurrency", "4", "--input-len",
+                                    "1024", "--output-len", "64", "--json"])
+    assert json.loads(bf16.output)["rows"][0]["tpot_p50_ms"] > plan["rows"][0]["tpot_p50_ms"]  # FP8 GEMMs are faster

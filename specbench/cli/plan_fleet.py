@@ -25,8 +25,6 @@ def plan_fleet(target: str, drafts: str, device: str, backend: str, tps: str, dr
     from specbench.models import lookup_alias
 
     started = time.perf_counter()
-    if alpha is None and acceptance is None:
-        raise UsageError("simulating speculation needs an acceptance: --alpha 0.6,0.7,0.8 or --acceptance RUN")
     if input_len < 1 or output_len < 1 or any(c < 1 for c in concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
     if (dtype or "bf16") not in QUANTS:
@@ -40,8 +38,13 @@ def plan_fleet(target: str, drafts: str, device: str, backend: str, tps: str, dr
     target_name, target_config = tp_plan.model_config(target)
     drafters = tp_plan.parse_drafters(split_list(drafts, str, "--drafts"), target_name, target_config,
                                       spec.family if spec else None)
-    drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
-        drafters, alpha, acceptance, target_name, spec.family if spec else None)
+    if alpha is None and acceptance is None:  # the baseline alone: speculation needs an acceptance
+        left_out = [f"{', '.join(d.name for d in drafters)}: no acceptance to simulate speculation with (--alpha "
+                    f"0.6,0.7,0.8 or --acceptance RUN): the baseline alone"]
+        drafters, accepted, transferred, alpha_from = [], [], "", "nowhere (no speculation simulated)"
+    else:
+        drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
+            drafters, alpha, acceptance, target_name, spec.family if spec else None)
     planner = tp_plan.TablePlanner(target_config, target_name, system, backend)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ks, concurrencies,
                                         input_len, output_len, QUANTS[dtype or "bf16"])

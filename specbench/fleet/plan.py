@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, Speculation, simulate
 from specbench.fleet.tables import replica_spec, step_cost
@@ -59,7 +60,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
             left_out.append(f"{drafter.name}: the fleet simulator prices draft models, EAGLE heads and n-gram "
                             f"drafting; MTP is priced by `plan --target` without --concurrency")
     for tp in tps:
-        target = planner.forward(planner.target, tp)
+        target = planner.forward(planner.target, tp) if gemm_quant is None else kernel_tables.Forward(
+            planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant)
         spec = replica_spec(planner.target, planner.system, tp, gemm_quant)
         base_cost = step_cost(target, isl, osl)
         for concurrency in concurrencies:

@@ -135,11 +135,6 @@ def pair_with_baseline(tables: SweepTables, cell: Cell, row: dict) -> None:
         row["speedup_runs"] = [ours / theirs for ours, theirs in zip(runs, baseline_runs)]  # round by round
 
 
-def failure_row(cell: Cell, status: str, message: str) -> dict:
-    """A cell that did not measure: its grid point, status and why (schema.grid_columns)."""
-    return grid_columns(cell, status, message)
-
-
 @dataclass
 class SweepWork:
     """What an executor is handed: the cells left to measure, and where each finished one goes.
@@ -279,7 +274,7 @@ class CellLoop:
         requests: list[dict] = []
         steps: list[dict] = []
         if skipped:
-            row = {**failure_row(cell, "skipped", skipped), **self.where}
+            row = {**grid_columns(cell, "skipped", skipped), **self.where}
             tables.add(row, [], [])
         elif error is not None:  # recorded, and the sweep goes on
             status = self.engine.failure_status(error)
@@ -287,7 +282,7 @@ class CellLoop:
                 self.out_of_memory_at.setdefault((cell.workload, cell.temperature, cell.draft, cell.k), []).append(
                     (cell.context_length, cell.batch_size))
             first_line = str(error).splitlines()[0] if str(error) else ""
-            row = {**failure_row(cell, status, f"{type(error).__name__}: {first_line}"), **self.where}
+            row = {**grid_columns(cell, status, f"{type(error).__name__}: {first_line}"), **self.where}
             tables.add(row, [], [])
         else:
             row, requests, steps = outcome.row, outcome.requests, outcome.steps

@@ -1,5 +1,5 @@
 """The run tables' contract: every column of the cells, requests and steps tables, with its type,
-unit and meaning, and the vocabulary they share (modes, pairing kinds, statuses, the large batch,
+unit and meaning, and the vocabulary they share (modes, pairing kinds, the large batch,
 the send-lag goal).
 
 This module is the one door between measuring and judging: engines write rows in these columns
@@ -22,15 +22,12 @@ import numpy as np
 
 AR = "autoregressive"  # the baseline's mode, and its `draft`
 SPECULATIVE = "speculative"
-MODES = (AR, SPECULATIVE)
-STATUSES = ("ok", "failed", "oom", "skipped")
 
 # How a speculative cell's repeats pair with its baseline's (fit.noise reads them):
 TURNS = "turns"  # native: a group's cells take turns repeat by repeat
 SIDE_BY_SIDE = "side-by-side"  # served: the baseline server measured alternately beside this one
 BRACKETED = "bracketed"  # served: the baselines measured before and after (unpaired)
 SEQUENTIAL = "sequential"  # older served runs: one after the other
-PAIRINGS = (TURNS, SIDE_BY_SIDE, BRACKETED, SEQUENTIAL)
 
 # The rollout question's "large batch": a trace replay's share of time at B >= this, check's default
 LARGE_BATCH = 32
@@ -269,7 +266,6 @@ STEPS: tuple[Column, ...] = (
 )
 
 TABLE_COLUMNS: dict[str, tuple[Column, ...]] = {"cells": CELLS, "requests": REQUESTS, "steps": STEPS}
-CELL_COLUMNS: dict[str, Column] = {column.name: column for column in CELLS}
 # What every command reads from the cells table
 REQUIRED_CELL_COLUMNS = ("cell_id", "mode", "status", "workload", "batch_size", "temperature", "draft", "k")
 

@@ -213,3 +213,14 @@ def test_without_an_acceptance_the_baseline_alone_is_simulated():
     bf16 = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--tp", "1", "--concurrency", "4", "--input-len",
                                     "1024", "--output-len", "64", "--json"])
     assert json.loads(bf16.output)["rows"][0]["tpot_p50_ms"] > plan["rows"][0]["tpot_p50_ms"]  # FP8 GEMMs are faster
+
+
+def test_the_fleet_plan_keeps_vllms_draft_tp_rule():
+    """--draft-tp is 1 or the target's TP, as the table plan checks it (one check serves both)."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--draft-tp", "2", "--concurrency",
+                                      "4", "--alpha", "0.7"])
+    assert result.exit_code == 2 and "--draft-tp must be 1 or the target's TP" in result.output, result.output

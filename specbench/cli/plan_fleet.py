@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from specbench.cli.common import UsageError, console, split_list
+from specbench.cli.common import UsageError, console
 
 QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
@@ -18,33 +18,26 @@ QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 def plan_fleet(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None, ks: list[int],
                concurrencies: list[int], input_len: int, output_len: int, alpha: str | None,
                acceptance: Path | None, dtype: str | None, json_output: bool) -> None:
-    from specbench.cli.plan_tables import gather_acceptance
+    from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fleet.plan import closed_loop_table
-    from specbench.models import lookup_alias
 
     started = time.perf_counter()
     if input_len < 1 or output_len < 1 or any(c < 1 for c in concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
     if (dtype or "bf16") not in QUANTS:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {dtype!r}")
-    tp_sizes = split_list(tps, int, "--tp")
-    if any(t < 1 for t in tp_sizes):
-        raise UsageError(f"--tp sizes must be >= 1, got {tps!r}")
-    draft_tp_size = split_list(draft_tp, int, "--draft-tp")[0] if draft_tp not in (None, "tp") else None
+    tp_sizes, draft_tp_size = parse_tp(tps, draft_tp)
     system = kernel_tables.check_device(device, backend)
-    spec = lookup_alias(target)
-    target_name, target_config = tp_plan.model_config(target)
-    drafters = tp_plan.parse_drafters(split_list(drafts, str, "--drafts"), target_name, target_config,
-                                      spec.family if spec else None)
+    family, target_name, target_config, drafters = target_and_drafters(target, drafts)
     if alpha is None and acceptance is None:  # the baseline alone: speculation needs an acceptance
         left_out = [f"{', '.join(d.name for d in drafters)}: no acceptance to simulate speculation with (--alpha "
                     f"0.6,0.7,0.8 or --acceptance RUN): the baseline alone"]
         drafters, accepted, transferred, alpha_from = [], [], "", "nowhere (no speculation simulated)"
     else:
         drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
-            drafters, alpha, acceptance, target_name, spec.family if spec else None)
+            drafters, alpha, acceptance, target_name, family)
     planner = tp_plan.TablePlanner(target_config, target_name, system, backend)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ks, concurrencies,
                                         input_len, output_len, QUANTS[dtype or "bf16"])

@@ -29,15 +29,12 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                      json_output: bool, calibrate: Path | None = None) -> None:
     from specbench.fit import default_gpu_price, kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.models import lookup_alias
 
     started = time.perf_counter()
     if alpha is None and acceptance is None:
         raise UsageError("planning on the tables needs an acceptance: --alpha 0.6,0.7,0.8 or --acceptance RUN "
                          "(a run's measured α)")
-    tp_sizes = split_list(tps, int, "--tp")
-    if any(t < 1 for t in tp_sizes):
-        raise UsageError(f"--tp sizes must be >= 1, got {tps!r}")
+    tp_sizes, draft_tp_size = parse_tp(tps, draft_tp)
     tpot = None
     if slo is not None:
         from specbench.fit import parse_slo
@@ -47,17 +44,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
             raise UsageError(f"--slo on the tables takes a TPOT target only (tpot=SECONDS), got {slo!r}")
         tpot = bounds["tpot"] * 1000
     system = kernel_tables.check_device(device, backend)
-    spec = lookup_alias(target)
-    family = spec.family if spec else None
-    target_name, target_config = tp_plan.model_config(target)
-    drafters = tp_plan.parse_drafters(split_list(drafts, str, "--drafts"), target_name, target_config, family)
-    draft_tp_size = None
-    if draft_tp not in (None, "tp"):
-        draft_tp_size = split_list(draft_tp, int, "--draft-tp")[0]
-        bad = [t for t in tp_sizes if draft_tp_size not in (1, t)]
-        if bad:
-            raise UsageError(f"--draft-tp must be 1 or the target's TP (vLLM's rule), got {draft_tp_size} with "
-                             f"--tp {bad[0]}")
+    family, target_name, target_config, drafters = target_and_drafters(target, drafts)
     drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(drafters, alpha, acceptance, target_name,
                                                                               family)
     corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
@@ -101,6 +88,33 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     if slo_table is not None:
         print_slo(slo_table, unit)
     console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
+
+
+def parse_tp(tps: str, draft_tp: str | None) -> tuple[list[int], int | None]:
+    """--tp sizes (each >= 1) and --draft-tp (1 or the target's TP, vLLM's rule; None: the target's)."""
+    tp_sizes = split_list(tps, int, "--tp")
+    if any(t < 1 for t in tp_sizes):
+        raise UsageError(f"--tp sizes must be >= 1, got {tps!r}")
+    if draft_tp in (None, "tp"):
+        return tp_sizes, None
+    draft_tp_size = split_list(draft_tp, int, "--draft-tp")[0]
+    bad = [t for t in tp_sizes if draft_tp_size not in (1, t)]
+    if bad:
+        raise UsageError(f"--draft-tp must be 1 or the target's TP (vLLM's rule), got {draft_tp_size} with "
+                         f"--tp {bad[0]}")
+    return tp_sizes, draft_tp_size
+
+
+def target_and_drafters(target: str, drafts: str) -> tuple[str | None, str, dict, list]:
+    """(the target's family, its name, its config, the drafters --drafts names), none downloaded."""
+    from specbench.fit import table_plan as tp_plan
+    from specbench.models import lookup_alias
+
+    spec = lookup_alias(target)
+    family = spec.family if spec else None
+    target_name, target_config = tp_plan.model_config(target)
+    return family, target_name, target_config, tp_plan.parse_drafters(split_list(drafts, str, "--drafts"),
+                                                                      target_name, target_config, family)
 
 
 def gather_acceptance(drafters: list, alpha: str | None, acceptance: Path | None, target_name: str,

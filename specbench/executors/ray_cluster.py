@@ -29,8 +29,9 @@ from pathlib import Path
 from specbench.executors import RAY_INSTALL, Executor
 from specbench.executors.groups import PairingGroup, WorkEstimate, pairing_groups
 from specbench.grid import SweepConfig, plan_cells
-from specbench.measuring import SweepEvent, SweepTables, SweepWork, failure_row, measure_here
+from specbench.measuring import SweepEvent, SweepTables, SweepWork, measure_here
 from specbench.results import hardware_info, versions
+from specbench.schema import grid_columns
 from specbench.traces import Replay
 from specbench.workloads import load_workload
 
@@ -436,7 +437,7 @@ class RayExecutor(Executor):
             submit(GroupTask(replace(state.group, cells=left), attempt=1), avoid=state.node_id)
             return
         for cell in unfinished:
-            row = {**failure_row(cell, "failed", f"lost twice: {reason}"), "node_id": state.node_id,
+            row = {**grid_columns(cell, "failed", f"lost twice: {reason}"), "node_id": state.node_id,
                    "host": state.host}
             work.tables.add(row, [], [])
             work.on_event(SweepEvent("done", cell, row, work.position[cell.id], len(work.planned)))

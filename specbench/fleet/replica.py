@@ -33,7 +33,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -123,7 +123,6 @@ class Outcome:
     output_tokens: np.ndarray
     preemptions: int = 0
     steps: int = 0
-    busy_s: float = 0.0  # time the replica spent in steps
     # (seconds, running rows) at each change of the running set: the batch the replica ran at
     timeline: list[tuple[float, int]] = field(default_factory=list)
 
@@ -159,7 +158,7 @@ def _blocks_for(tokens: int, block_size: int) -> int:
 def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: ReplicaSpec,
              arrivals_s: np.ndarray | None = None, concurrency: int | None = None,
              client_starts_s: np.ndarray | None = None, client_turnaround_s: float = 0.0,
-             speculation: Speculation | None = None, on_finish: Callable[[int, float], None] | None = None) -> Outcome:
+             speculation: Speculation | None = None) -> Outcome:
     """Requests through one replica: at `arrivals_s` (open loop), or from `concurrency` clients that
     each send their next request when the last one finished (closed loop, as `vllm bench serve
     --max-concurrency` and NVIDIA's measured rows), client j first at `client_starts_s[j]` (default
@@ -188,9 +187,9 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
             heapq.heappush(pending, (float(at), i))
         sent = count
     else:
-        sent = min(int(concurrency), count)
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        sent = min(int(concurrency), count)
         starts = np.zeros(sent) if client_starts_s is None else np.asarray(client_starts_s, float)[:sent]
         for i in range(sent):
             requests[i].arrival_s = float(starts[i])
@@ -200,7 +199,7 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
     waiting: deque[_Request] = deque()
     running: list[_Request] = []
     free_blocks = spec.kv_blocks
-    now, steps, busy, preemptions, done = 0.0, 0, 0.0, 0, 0
+    now, steps, preemptions, done = 0.0, 0, 0, 0
     finish = np.full(count, np.nan)
     timeline: list[tuple[float, int]] = [(0.0, 0)]
 
@@ -295,7 +294,6 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         else:
             step_s = cost(prefill_tokens, decode_rows)
         now += step_s * repeat
-        busy += step_s * repeat
         steps += repeat
         finished = []
         for i, n in chunks.items():
@@ -320,8 +318,6 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
             request.blocks = 0
             finish[request.index] = now
             done += 1
-            if on_finish is not None:
-                on_finish(request.index, now)
             if concurrency is not None and sent < count:  # that client sends its next request now
                 requests[sent].arrival_s = now + client_turnaround_s
                 heapq.heappush(pending, (now + client_turnaround_s, sent))
@@ -329,4 +325,4 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         if finished or len(running) != timeline[-1][1]:
             timeline.append((now, len(running)))
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]), finish,
-                   outputs.copy(), preemptions, steps, busy, timeline)
+                   outputs.copy(), preemptions, steps, timeline)

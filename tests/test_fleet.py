@@ -180,10 +180,27 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--concurrency", "4"], "--concurrency and --dtype simulate a served replica on the kernel tables"),
+    (["--concurrency", "4"], "--concurrency, --trace and --dtype simulate served replicas on the kernel tables"),
+    (["--trace", "azure-conv"], "--concurrency, --trace and --dtype simulate served replicas on the kernel tables"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
-    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=0.05"], "not simulated yet"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=0.05"], "size a fleet with --trace"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--calibrate", "x"], "not simulated yet"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--trace", "azure-conv"], "two loads: give one"),
+    (["--target", "llama3-8b", "--trace", "azure-conv"], "give --slo"),
+    (["--target", "llama3-8b", "--trace", "no-such.csv", "--slo", "ttft=1"], "no such file"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "ttft=fast"], "needs a number of seconds"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--trace-speedup", "0"],
+     "--trace-speedup must be positive"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--trace-window", "9999999:10"],
+     "no request of azure-conv arrives"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--headroom", "-1"],
+     "--headroom must be"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--router", "random"],
+     "--router must be one of"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--chart", "x.svg"], "write a .png"),
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--gpu-price", "-2"], "--gpu-price"),
+    (["--trace-speedup", "2"], "need --trace"),
 ])
 def test_bad_fleet_input_is_one_line(args, message):
     from typer.testing import CliRunner
@@ -224,3 +241,131 @@ def test_the_fleet_plan_keeps_vllms_draft_tp_rule():
     result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--draft-tp", "2", "--concurrency",
                                       "4", "--alpha", "0.7"])
     assert result.exit_code == 2 and "--draft-tp must be 1 or the target's TP" in result.output, result.output
+
+
+# --- several replicas behind a router, and the fewest that meet an SLO ---------------------------
+
+def one_second_steps(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
+    return 1.0
+
+
+ONE_AT_A_TIME = ReplicaSpec(max_num_seqs=1, max_num_batched_tokens=64, kv_capacity_tokens=4096)
+
+
+def test_round_robin_gives_each_replica_every_nth_request_as_one_replica_would_serve_them():
+    from specbench.fleet.router import simulate_fleet
+
+    rng = np.random.default_rng(3)
+    arrivals = np.sort(rng.uniform(0, 100, 60))
+    prompts, outputs = rng.integers(1, 40, 60), rng.integers(1, 30, 60)
+    cost, spec = linear_cost(), ReplicaSpec(max_num_seqs=4, max_num_batched_tokens=32)
+    fleet = simulate_fleet(prompts, outputs, arrivals, cost, spec, 3, "round-robin")
+    assert (fleet.replica_of == np.arange(60) % 3).all()
+    for n in range(3):
+        alone = simulate(prompts[n::3], outputs[n::3], cost, spec, arrivals_s=arrivals[n::3])
+        assert np.allclose(fleet.outcome.finish_s[n::3], alone.finish_s)
+        assert np.allclose(fleet.outcome.first_token_s[n::3], alone.first_token_s)
+
+
+def test_least_outstanding_sends_to_the_idle_replica_where_round_robin_queues():
+    """Request 0 holds replica 0 for 10 s; requests 1 and 2 are short. Least-outstanding sends
+    both to replica 1 (request 1 has finished by the time 2 arrives); round-robin queues request 2
+    behind request 0."""
+    from specbench.fleet.router import simulate_fleet
+
+    arrivals, prompts, outputs = np.array([0.0, 1.0, 3.0]), np.array([1, 1, 1]), np.array([10, 1, 1])
+    least = simulate_fleet(prompts, outputs, arrivals, one_second_steps, ONE_AT_A_TIME, 2)
+    assert least.replica_of.tolist() == [0, 1, 1]
+    assert least.outcome.ttft_s.tolist() == [1.0, 1.0, 1.0]
+    turns = simulate_fleet(prompts, outputs, arrivals, one_second_steps, ONE_AT_A_TIME, 2, "round-robin")
+    assert turns.replica_of.tolist() == [0, 1, 0]
+    assert turns.outcome.ttft_s[2] == 10.0 - 3.0 + 1.0  # waits for request 0's tenth step to end
+
+
+def test_a_hopeless_fleet_is_stopped_early_and_misses():
+    from specbench.fleet.sizing import Objective, Traffic, fleet_at, judged
+
+    count = 2000
+    traffic = Traffic("steady", np.arange(count) * 0.5, np.ones(count, int), np.ones(count, int))
+    objective = Objective((("ttft", 1.5),), 99)
+    watched = fleet_at(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, 1, None, "least-outstanding", objective)
+    assert watched.stopped and not judged(watched, objective)["meets_slo"]
+    assert np.isnan(watched.outcome.finish_s).sum() > count / 2  # most never simulated
+    everything = fleet_at(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, 1, None, "least-outstanding")
+    assert not everything.stopped and everything.outcome.ttft_s.max() > 400  # the queue grows all hour
+
+
+@pytest.mark.parametrize("router", ["least-outstanding", "round-robin"])
+def test_the_fewest_replicas_meet_the_slo_with_the_headroom_asked(router):
+    """One request at a time, 1 s each, arriving every 0.5 s: 2 replicas keep up exactly (TTFT 1 s
+    each); with 20 % headroom the SLO must hold at 2.4 requests/s, which 2 cannot serve: 3."""
+    from specbench.fleet.sizing import Objective, Traffic, fewest_replicas, fleet_at, judged
+
+    count = 400
+    traffic = Traffic("steady", np.arange(count) * 0.5, np.ones(count, int), np.ones(count, int))
+    objective = Objective((("ttft", 1.5),), 99)
+    assert fewest_replicas(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, None, objective, router, 0.0) == 2
+    assert fewest_replicas(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, None, objective, router, 0.2) == 3
+    assert fewest_replicas(traffic, 2.0, one_second_steps, ONE_AT_A_TIME, None, objective, router, 0.0) == 4
+    two = judged(fleet_at(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, 2, None, router), objective)
+    assert two["meets_slo"] and two["ttft_p99_ms"] == pytest.approx(1000) and two["good_share"] == 1.0
+    assert fewest_replicas(traffic, 1.0, one_second_steps, ONE_AT_A_TIME, None, objective, router, 0.0, most=1) \
+        is None
+
+
+def test_speculation_through_a_fleet_keeps_tau_tokens_a_step():
+    from specbench.fleet.router import simulate_fleet
+
+    count = 40
+    arrivals = np.arange(count) * 50.0  # each request alone on its replica
+    speculation = Speculation(3, (0.7, 0.49, 0.343))
+    fleet = simulate_fleet(np.full(count, 4), np.full(count, 301), arrivals, one_second_steps, ReplicaSpec(), 2,
+                           speculation=speculation)
+    tau = 1 + 0.7 + 0.49 + 0.343
+    steps_per_request = (fleet.outcome.finish_s - fleet.outcome.first_token_s).mean()
+    assert steps_per_request == pytest.approx(300 / tau, rel=0.05)
+
+
+def azure_csv(path, count: int = 300, gap_s: float = 0.4) -> str:
+    rng = np.random.default_rng(0)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(count):
+        seconds = i * gap_s
+        lines.append(f"2023-11-16 18:{15 + int(seconds // 60):02d}:{seconds % 60:09.6f},"
+                     f"{int(rng.integers(200, 2000))},{int(rng.integers(20, 400))}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_the_trace_plan_sizes_a_fleet_with_and_without_speculation_and_says_it_in_one_sentence(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    trace = azure_csv(tmp_path / "azure.csv")
+    chart = tmp_path / "replicas.png"
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--device", "h100", "--tp", "4",
+                                      "--drafts", "1b", "--alpha", "0.7", "--k", "3", "--trace", trace,
+                                      "--trace-speedup", "1,8", "--slo", "ttft=2,tpot=0.02,p90", "--gpu-price", "2",
+                                      "--chart", str(chart), "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    rows = plan["rows"]
+    assert plan["estimate"].startswith("SIMULATED") and len(rows) == 4 and chart.stat().st_size > 10_000
+    for row in rows:
+        assert row["replicas"] >= 1 and row["gpus"] == row["replicas"] * 4
+        assert row["dollars_per_month"] == pytest.approx(row["gpus"] * 2 * 730)
+        assert row["tpot_p90_ms"] <= 20 and row["ttft_p90_ms"] <= 2000  # met at the traffic itself
+    by = {(r["scale"], r["draft"]): r for r in rows}
+    assert by[(8.0, "autoregressive")]["replicas"] >= by[(1.0, "autoregressive")]["replicas"]
+    assert by[(1.0, "1b")]["tpot_p50_ms"] < by[(1.0, "autoregressive")]["tpot_p50_ms"]
+    assert len(plan["answers"]) == 2
+    first = plan["answers"][0]
+    assert first.startswith("azure at 1× (2.51 req/s) needs ") and "llama3-70b TP4 on H100 without speculation" in first
+    assert "SIMULATED; p90 TTFT ≤ 2 s and TPOT ≤ 20 ms, met at 1.2× the traffic" in first
+    base, best = by[(1.0, "autoregressive")], by[(1.0, "1b")]
+    if best["replicas"] < base["replicas"]:
+        saved = base["dollars_per_month"] - best["dollars_per_month"]
+        assert f"with 1b K=3 (α 0.7): ${saved:,.0f} a month less" in first

@@ -63,7 +63,24 @@ def plan(
     output_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
                                    help="--concurrency: output tokens per request."),
     dtype: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
-                                        help="--concurrency: the target's GEMMs: bf16 (default), fp8 or fp4."),
+                                        help="--concurrency, --trace: the target's GEMMs: bf16 (default), fp8 or "
+                                             "fp4."),
+    trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                        help="With --target and --slo: serve this trace (azure-conv, azure-code or "
+                                             "a file) by a fleet of simulated vLLM-like replicas behind a router and "
+                                             "find the fewest that meet the SLO, with and without speculation."),
+    trace_window: str = typer.Option("", rich_help_panel="Served, simulated on kernel tables",
+                                     help="--trace: which seconds of the trace, START:DURATION (default: all)."),
+    trace_speedup: str = typer.Option("1", rich_help_panel="Served, simulated on kernel tables",
+                                      help="--trace: traffic scales to size for, 1,2,4 (2: twice the requests per "
+                                           "second: next quarter's traffic)."),
+    headroom: float = typer.Option(0.2, rich_help_panel="Served, simulated on kernel tables",
+                                   help="--trace: the SLO must hold at this much more traffic (0.2: 1.2×), a "
+                                        "margin from the knee where small errors are large latencies."),
+    router: str = typer.Option("least-outstanding", rich_help_panel="Served, simulated on kernel tables",
+                               help="--trace: how requests are spread: least-outstanding or round-robin."),
+    chart: Optional[Path] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                         help="--trace: draw replicas needed against traffic scale to this PNG."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                              help="A native or vLLM run measured on the same GPU kind: what "
                                                   "it measured corrects the tables (decode, verify, draft, "
@@ -74,12 +91,15 @@ def plan(
     with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
     import pandas as pd
 
-    if target is not None and concurrency is not None:
+    if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
-                    alpha, acceptance, dtype, json_output, slo, calibrate)
+                    alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
+                    headroom, router, chart, gpu_price)
         return
-    if concurrency is not None or dtype is not None:
-        fail("--concurrency and --dtype simulate a served replica on the kernel tables: give --target MODEL")
+    if concurrency is not None or dtype is not None or trace is not None:
+        fail("--concurrency, --trace and --dtype simulate served replicas on the kernel tables: give --target MODEL")
+    if trace_window or trace_speedup != "1" or chart is not None:
+        fail("--trace-window, --trace-speedup and --chart need --trace (and --target)")
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
@@ -268,20 +288,35 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 
 
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
-                acceptance, dtype, json_output, slo, calibrate) -> None:
-    from specbench.cli.plan_fleet import plan_fleet
+                acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
+                chart, gpu_price) -> None:
+    from specbench.cli.plan_fleet import FleetAsk, plan_fleet
 
     try:
         if run_dir is not None:
-            raise UsageError("--target --concurrency simulates on the kernel tables, without a run: drop RUN_DIR")
-        if slo is not None or calibrate is not None:
-            raise UsageError("--slo and --calibrate are not simulated yet: leave them out with --concurrency")
+            raise UsageError("--target with --concurrency or --trace simulates on the kernel tables, without a run: "
+                             "drop RUN_DIR")
+        if concurrency is not None and trace is not None:
+            raise UsageError("--concurrency (closed-loop clients) and --trace (a trace's arrivals) are two loads: "
+                             "give one")
+        if calibrate is not None:
+            raise UsageError("--calibrate is not simulated yet: leave it out with --concurrency or --trace")
+        if trace is None and (slo is not None or chart is not None or trace_window or trace_speedup != "1"):
+            raise UsageError("--slo, --chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
+                             "with --trace instead")
+        if trace is not None and slo is None:
+            raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         ks = split_list(k, int, "--k")
         if any(x < 1 for x in ks):
             raise UsageError("--k must be >= 1")
-        plan_fleet(target, drafts, device or "h100", backend, tp, draft_tp, ks,
-                   split_list(concurrency, int, "--concurrency"), input_len, output_len, alpha, acceptance, dtype,
-                   json_output)
+        check_price(gpu_price, 1)
+        ask = FleetAsk(target=target, drafts=drafts, device=device or "h100", backend=backend, tps=tp,
+                       draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
+                       concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
+                       input_len=input_len, output_len=output_len, trace=trace, trace_window=trace_window,
+                       scales=split_list(trace_speedup, float, "--trace-speedup"), slo=slo, headroom=headroom,
+                       router=router, chart=chart, gpu_price=gpu_price)
+        plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))
 

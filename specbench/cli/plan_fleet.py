@@ -1,11 +1,17 @@
-"""`specbench plan --target MODEL --device GPU --tp 4 --concurrency 4,16,64 --input-len 8192
---output-len 1024`: one replica simulated step by step on the kernel tables, with and without
-speculation, at each concurrency (specbench.fleet; docs/performance-model.md, "The fleet simulator")."""
+"""`specbench plan --target MODEL --device GPU --tp 4` with a served load, simulated step by step
+on the kernel tables with and without speculation (specbench.fleet; docs/performance-model.md,
+"The fleet simulator"):
+
+- `--concurrency 4,16,64 --input-len 8192 --output-len 1024`: one replica, closed-loop clients;
+- `--trace azure-conv --trace-speedup 1,2,4 --slo ttft=2,tpot=0.05,p90`: the fewest replicas behind
+  a router that meet the SLO at each traffic scale, and what they cost."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -15,48 +21,105 @@ from specbench.cli.common import UsageError, console
 QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
 
-def plan_fleet(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None, ks: list[int],
-               concurrencies: list[int], input_len: int, output_len: int, alpha: str | None,
-               acceptance: Path | None, dtype: str | None, json_output: bool) -> None:
+@dataclass(frozen=True)
+class FleetAsk:
+    """What the command line asked for."""
+
+    target: str
+    drafts: str
+    device: str
+    backend: str
+    tps: str
+    draft_tp: str | None
+    ks: list[int]
+    alpha: str | None
+    acceptance: Path | None
+    dtype: str | None
+    concurrencies: list[int]
+    input_len: int
+    output_len: int
+    trace: str | None = None
+    trace_window: str = ""
+    scales: tuple[float, ...] | list[float] = (1.0,)
+    slo: str | None = None
+    headroom: float = 0.2
+    router: str = "least-outstanding"
+    chart: Path | None = None
+    gpu_price: float | None = None
+
+
+def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.fleet.plan import closed_loop_table
 
     started = time.perf_counter()
-    if input_len < 1 or output_len < 1 or any(c < 1 for c in concurrencies):
-        raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
-    if (dtype or "bf16") not in QUANTS:
-        raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {dtype!r}")
-    tp_sizes, draft_tp_size = parse_tp(tps, draft_tp)
-    system = kernel_tables.check_device(device, backend)
-    family, target_name, target_config, drafters = target_and_drafters(target, drafts)
-    if alpha is None and acceptance is None:  # the baseline alone: speculation needs an acceptance
+    _check(ask)
+    tp_sizes, draft_tp_size = parse_tp(ask.tps, ask.draft_tp)
+    system = kernel_tables.check_device(ask.device, ask.backend)
+    family, target_name, target_config, drafters = target_and_drafters(ask.target, ask.drafts)
+    if ask.alpha is None and ask.acceptance is None:  # the baseline alone: speculation needs an acceptance
         left_out = [f"{', '.join(d.name for d in drafters)}: no acceptance to simulate speculation with (--alpha "
                     f"0.6,0.7,0.8 or --acceptance RUN): the baseline alone"]
         drafters, accepted, transferred, alpha_from = [], [], "", "nowhere (no speculation simulated)"
     else:
         drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
-            drafters, alpha, acceptance, target_name, family)
-    planner = tp_plan.TablePlanner(target_config, target_name, system, backend)
-    table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ks, concurrencies,
-                                        input_len, output_len, QUANTS[dtype or "bf16"])
-    left_out += unpriced
-    label = f"SIMULATED on {kernel_tables.label(system, backend)}"
-    seconds = time.perf_counter() - started
-    if json_output:
-        print(json.dumps({"estimate": label, "target": target_name, "device": system, "backend": backend,
-                          "dtype": dtype or "bf16", "input_len": input_len, "output_len": output_len,
-                          "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
-                          "drafts_left_out": left_out, "seconds": round(seconds, 3),
-                          "rows": json.loads(table.to_json(orient="records"))}, indent=2))
+            drafters, ask.alpha, ask.acceptance, target_name, family)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
+    label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
+    head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
+            "dtype": ask.dtype or "bf16", "alpha_from": alpha_from, "acceptance_transferred": transferred or None}
+    if ask.trace is None:
+        _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
+                     json_output, started)
+    else:
+        _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
+                 target_config, json_output, started)
+
+
+def _check(ask: FleetAsk) -> None:
+    from specbench.fleet.router import ROUTERS
+
+    if (ask.dtype or "bf16") not in QUANTS:
+        raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
+    if ask.trace is None:
+        if ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
+            raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
         return
-    console.print(f"[bold red]SIMULATED[/] {label.removeprefix('SIMULATED on ')}: {target_name} "
-                  f"({dtype or 'bf16'}), one vLLM-like replica, closed loop of C clients, {input_len} tokens in and "
-                  f"{output_len} out; α from {alpha_from}; not measurements", highlight=False, soft_wrap=True)
+    if not ask.scales or any(not (math.isfinite(s) and s > 0) for s in ask.scales):
+        raise UsageError(f"--trace-speedup must be positive numbers, got {','.join(f'{s:g}' for s in ask.scales)}")
+    if not (math.isfinite(ask.headroom) and 0 <= ask.headroom <= 10):
+        raise UsageError(f"--headroom must be a share of extra traffic in [0, 10] (0.2: 1.2×), got {ask.headroom:g}")
+    if ask.router not in ROUTERS:
+        raise UsageError(f"--router must be one of {', '.join(ROUTERS)}, got {ask.router!r}")
+    if ask.chart is not None and ask.chart.suffix.lower() != ".png":
+        raise UsageError(f"--chart {ask.chart}: write a .png file")
+
+
+def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
+    console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
+                  f"({head['dtype']}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
+                  soft_wrap=True)
     for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
             [f"left out: {why}" for why in left_out]:
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
+                 json_output, started) -> None:
+    from specbench.fleet.plan import closed_loop_table
+
+    table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
+                                        ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"])
+    left_out += unpriced
+    seconds = time.perf_counter() - started
+    if json_output:
+        print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len,
+                          "drafts_left_out": left_out, "seconds": round(seconds, 3),
+                          "rows": json.loads(table.to_json(orient="records"))}, indent=2))
+        return
+    _print_head(head, f"one vLLM-like replica, closed loop of C clients, {ask.input_len} tokens in and "
+                      f"{ask.output_len} out", left_out, transferred)
     for (tp, concurrency), group in table.groupby(["tp", "concurrency"], sort=False):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
@@ -69,3 +132,83 @@ def plan_fleet(target: str, drafts: str, device: str, backend: str, tps: str, dr
                           f"{row.share_at_large_batch:.0%}")
         console.print(shown)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
+
+
+def load_traffic(trace: str, window: str, context_limit: int):
+    """The trace's requests at 1× (rows beyond the target's context skipped), as a fleet.Traffic,
+    and the replay it came from (what was skipped)."""
+    import numpy as np
+
+    from specbench import traces
+    from specbench.fleet.sizing import Traffic
+
+    replay = traces.replay(traces.load_trace(trace), window, 1.0, max_context=context_limit)
+    if len(replay.requests) < 2:
+        raise UsageError(f"--trace {trace}: {len(replay.requests)} request in the window; a traffic needs two or more")
+    requests = replay.requests
+    start, end = replay.window
+    name = f"{replay.trace} {start:g}–{end:.0f} s" if window else replay.trace
+    traffic = Traffic(name, np.array([r.arrival_s for r in requests]),
+                      np.array([r.input_tokens for r in requests]), np.array([r.output_tokens for r in requests]))
+    return traffic, replay
+
+
+def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred, target_config,
+             json_output, started) -> None:
+    from specbench.fit import default_gpu_price
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.plan import answer, replicas_chart, traffic_table
+    from specbench.fleet.sizing import Objective
+
+    slo = parse_slo(ask.slo)
+    objective = Objective(slo.bounds, slo.percentile)
+    traffic, replay = load_traffic(ask.trace, ask.trace_window, int(target_config.get("max_position_embeddings") or 0))
+    price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
+        default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
+    table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
+                                    list(ask.scales), objective, ask.headroom, ask.router,
+                                    QUANTS[ask.dtype or "bf16"], price)
+    left_out += unpriced
+    where = f"{planner.system.split('_')[0].upper()}"
+    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom)
+                 for _, group in table.groupby(["tp", "scale"], sort=False)]
+    if ask.chart is not None:
+        replicas_chart(table, ask.chart, f"SIMULATED: {head['target']} on {where}, {traffic.name}; {slo.describe()} "
+                                         f"at {1 + ask.headroom:g}× the traffic; {ask.router} router")
+    seconds = time.perf_counter() - started
+    if json_output:
+        print(json.dumps({**head, "trace": traffic.name, "requests": len(traffic.prompts),
+                          "duration_s": traffic.duration_s, "skipped": replay.notes(), "slo": slo.text,
+                          "headroom": ask.headroom, "router": ask.router, "price": price_note,
+                          "price_per_gpu_hour": price, "drafts_left_out": left_out, "answers": sentences,
+                          "chart": str(ask.chart) if ask.chart else None, "seconds": round(seconds, 3),
+                          "rows": json.loads(table.to_json(orient="records"))}, indent=2))
+        return
+    _print_head(head, f"replicas behind a {ask.router} router serving {traffic.name} ({len(traffic.prompts)} "
+                      f"requests, {traffic.rate():.2f} req/s at 1×); sized to {slo.describe()} at {1 + ask.headroom:g}× "
+                      f"each traffic; prices {price_note}", left_out + replay.notes(), transferred)
+    unit = "$" if price is not None else "GPU-h"
+    for (tp, scale), group in table.groupby(["tp", "scale"], sort=False):
+        shown = Table(title=f"TP{tp}, {traffic.name} at {scale:g}× ({traffic.rate(scale):.2f} req/s)",
+                      title_justify="left", header_style="bold")
+        for column in ("configuration", "replicas", "GPUs", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
+                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s", "good", "time at B≥32"):
+            shown.add_column(column, overflow="fold")
+        for row in group.itertuples():
+            if not row.replicas == row.replicas:
+                shown.add_row(row.configuration, f">{int(1024)}", *[""] * 10)
+                continue
+            monthly = row.dollars_per_month if price is not None else row.gpus * 730
+            per_million = row.dollars_per_million_tokens if price is not None else \
+                row.gpus / (traffic.output_tokens_per_s(scale) * 3600) * 1e6
+            shown.add_row(row.configuration, str(int(row.replicas)), str(int(row.gpus)), f"{monthly:,.0f}",
+                          f"{per_million:.2f}", f"{row.ttft_p50_ms:.0f}", f"{row.ttft_p99_ms:.0f}",
+                          f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.1f}",
+                          f"{row.good_share:.1%}", f"{row.share_at_large_batch_mean:.0%} (max "
+                                                   f"{row.share_at_large_batch_max:.0%})")
+        console.print(shown)
+    for sentence in sentences:
+        console.print(sentence, highlight=False, soft_wrap=True)
+    if ask.chart is not None:
+        console.print(f"chart: {ask.chart}", highlight=False)
+    console.print(f"{len(table)} configurations sized in {seconds:.1f} s", highlight=False)

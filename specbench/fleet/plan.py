@@ -1,19 +1,28 @@
-"""Closed-loop serving simulated on the kernel tables: a target at each TP size, served by one
-vLLM-like replica to C clients sending fixed-length requests, without speculation and with each
-drafter × K at each acceptance (issue 40; how NVIDIA's measured rows were taken, so the same
-simulator is checked against them: benchmarks/fleet-2026-11-25/silicon.py).
+"""Served traffic simulated on the kernel tables (issue 40): a target at each TP size, without
+speculation and with each drafter × K at each acceptance (`configurations`), either
 
-`closed_loop_table` is what `specbench plan --target … --concurrency …` prints, as a DataFrame a
-notebook can use."""
+- as one vLLM-like replica serving C closed-loop clients with fixed lengths (`closed_loop_table`:
+  how NVIDIA's measured rows were taken, so the same simulator is checked against them:
+  benchmarks/fleet-2026-11-25/silicon.py), or
+- as a fleet of replicas behind a router serving a trace at one or more speeds, sized to the
+  fewest replicas that meet an SLO with headroom (`traffic_table`).
+
+They are what `specbench plan --target … --concurrency …` and `… --trace … --slo …` print, as
+DataFrames a notebook can use."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
-from specbench.fleet.replica import Outcome, Speculation, simulate
+from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, simulate
+from specbench.fleet.sizing import (HOURS_PER_MONTH, MOST_REPLICAS, Objective, Traffic, fewest_replicas, fleet_at, judged,
+                                    monthly_dollars)
 from specbench.fleet.tables import replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
@@ -48,41 +57,177 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """One way to serve the target at one TP: the baseline, or a drafter at K with an acceptance,
+    and the step price and replica that go with it."""
+
+    tp: int
+    draft: str
+    k: int
+    acceptance: str
+    cost: StepCost
+    spec: ReplicaSpec
+    speculation: Speculation | None
+
+    @property
+    def label(self) -> str:
+        return "without speculation" if self.speculation is None else \
+            f"{self.draft} K={self.k}" + (f" ({self.acceptance})" if self.acceptance else "")
+
+
+def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tp: int,
+                   draft_tp: int | None, ks: list[int], isl: int, osl: int,
+                   gemm_quant: str | None = None) -> list[Configuration]:
+    """The baseline, then each drafter × acceptance × K the tables price (not MTP), at `tp`; steps
+    priced for requests of `isl` tokens in and `osl` out."""
+    target = planner.forward(planner.target, tp) if gemm_quant is None else kernel_tables.Forward(
+        planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant)
+    spec = replica_spec(planner.target, planner.system, tp, gemm_quant)
+    found = [Configuration(tp, AR, 0, "", step_cost(target, isl, osl), spec, None)]
+    for acceptance in accepted:
+        drafter = next((d for d in drafters if d.name == acceptance.draft), None)
+        if drafter is None or drafter.kind == "mtp":
+            continue
+        size = tp if draft_tp is None else draft_tp
+        draft = planner.forward(drafter.config, size, name=drafter.label) if drafter.config else None
+        cost = step_cost(target, isl, osl, draft)
+        with_draft = replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config, size) \
+            if drafter.config else spec
+        found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
+                                Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
+    return found
+
+
+def mtp_left_out(drafters: list[Drafter]) -> list[str]:
+    return [f"{d.name}: the fleet simulator prices draft models, EAGLE heads and n-gram drafting; MTP is priced by "
+            f"`plan --target` without --concurrency or --trace" for d in drafters if d.kind == "mtp"]
+
+
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
     TTFT, TPOT and E2E percentiles, tokens/s per GPU, the share of time at B >= 32, and TPOT's
     speed-up over the baseline. Drafters the tables cannot price here are named in the lines."""
-    rows, left_out = [], []
-    for drafter in drafters:
-        if drafter.kind == "mtp":
-            left_out.append(f"{drafter.name}: the fleet simulator prices draft models, EAGLE heads and n-gram "
-                            f"drafting; MTP is priced by `plan --target` without --concurrency")
+    rows = []
     for tp in tps:
-        target = planner.forward(planner.target, tp) if gemm_quant is None else kernel_tables.Forward(
-            planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant)
-        spec = replica_spec(planner.target, planner.system, tp, gemm_quant)
-        base_cost = step_cost(target, isl, osl)
+        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant)
         for concurrency in concurrencies:
-            out, keep = closed_loop(base_cost, spec, concurrency, isl, osl)
-            base = _row(out, keep, tp)
-            rows.append({"tp": tp, "concurrency": concurrency, "draft": AR, "k": 0, "acceptance": "", **base,
-                         "tpot_speedup": 1.0})
-            for acceptance in accepted:
-                drafter = next((d for d in drafters if d.name == acceptance.draft), None)
-                if drafter is None or drafter.kind == "mtp":
-                    continue
-                size = tp if draft_tp is None else draft_tp
-                draft = planner.forward(drafter.config, size, name=drafter.label) if drafter.config else None
-                cost = step_cost(target, isl, osl, draft)
-                with_draft = replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config, size) \
-                    if drafter.config else spec
-                for k in ks:
-                    out, keep = closed_loop(cost, with_draft, concurrency, isl, osl,
-                                            Speculation(k, acceptance.reach_at(k), seed=k))
-                    row = _row(out, keep, tp)
-                    rows.append({"tp": tp, "concurrency": concurrency, "draft": drafter.name, "k": k,
-                                 "acceptance": acceptance.key, **row,
-                                 "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"]})
-    return pd.DataFrame(rows), left_out
+            base = None
+            for configuration in found:
+                out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
+                                        configuration.speculation)
+                row = _row(out, keep, tp)
+                base = base or row
+                rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,
+                             "k": configuration.k, "acceptance": configuration.acceptance, **row,
+                             "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"]})
+    return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
+                  draft_tp: int | None, ks: list[int], traffic: Traffic, scales: list[float], objective: Objective,
+                  headroom: float, router: str, gemm_quant: str | None = None,
+                  price_per_gpu_hour: float | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
+    the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
+    percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
+    output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss)."""
+    isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
+    rows = []
+    for tp in tps:
+        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant)
+        floors = {configuration.label: 1 for configuration in found}  # a heavier traffic needs no fewer
+        for scale in sorted(scales):
+            for configuration in found:
+                replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
+                                           configuration.speculation, objective, router, headroom,
+                                           at_least=floors[configuration.label])
+                row = {"tp": tp, "scale": scale, "draft": configuration.draft, "k": configuration.k,
+                       "acceptance": configuration.acceptance, "configuration": configuration.label,
+                       "request_rate": traffic.rate(scale), "replicas": replicas if replicas else math.nan,
+                       "gpus": replicas * tp if replicas else math.nan}
+                if replicas:
+                    floors[configuration.label] = replicas
+                    fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
+                                     configuration.speculation, router)
+                    shares = fleet.share_at_least(LARGE_BATCH)
+                    figures = judged(fleet, objective)
+                    monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
+                    row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
+                                "share_at_large_batch_mean": float(np.mean(shares)),
+                                "share_at_large_batch_max": float(np.max(shares)),
+                                "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
+                                "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
+                                / traffic.output_tokens_per_s(scale) * 1e6})
+                rows.append(row)
+    return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float) -> str:
+    """One sentence for one TP × scale of `traffic_table`: the replicas needed without speculation
+    and with the configuration that needs fewest (then costs least, then has the lowest p50 TPOT),
+    and the dollars between them. Every figure simulated."""
+    base = rows[rows["draft"] == AR].iloc[0]
+    tp, scale = int(base["tp"]), float(base["scale"])
+
+    def fleet(row) -> str:
+        if not row["replicas"] == row["replicas"]:
+            return f"more than {MOST_REPLICAS} replicas"
+        count = int(row["replicas"])
+        return f"{count} replica{'s' if count != 1 else ''}"
+
+    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base)} of {target} TP{tp} on "
+            f"{where} without speculation")
+    speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
+    tail = f" (SIMULATED; {slo}, met at {1 + headroom:g}× the traffic)"
+    if speculative.empty:
+        return head + ("" if (rows["draft"] == AR).all() else " and more than it with every speculation") + tail
+    best = speculative.sort_values(["replicas", "dollars_per_month", "tpot_p50_ms"]).iloc[0]
+    if not base["replicas"] == base["replicas"]:
+        return head + f" and {fleet(best)} with {best['configuration']}" + tail
+    saved = int(base["replicas"]) - int(best["replicas"])
+    money = base["dollars_per_month"] - best["dollars_per_month"]
+    dollars = f": ${abs(money):,.0f} a month {'less' if money > 0 else 'more'}" if money == money and money else ""
+    if saved > 0:
+        middle = f" and {fleet(best)} with {best['configuration']}{dollars}"
+    elif saved == 0:
+        middle = (f"; speculation saves no replica ({best['configuration']} needs as many; p50 TPOT "
+                  f"{base['tpot_p50_ms']:.0f} → {best['tpot_p50_ms']:.0f} ms)")
+    else:
+        middle = f"; every speculation needs more: {fleet(best)} with {best['configuration']}{dollars}"
+    return head + middle + tail
+
+
+def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
+    """Replicas needed against traffic scale, one line per configuration, one panel per TP."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    import textwrap
+
+    tps = sorted(table["tp"].unique())
+    fig, axes = plt.subplots(1, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 4.2), squeeze=False)
+    for ax, tp in zip(axes[0], tps):
+        groups = list(table[table["tp"] == tp].groupby("configuration", sort=False))
+        for n, (label, group) in enumerate(groups):
+            group = group.sort_values("scale")
+            baseline = (group["draft"] == AR).all()
+            # equal counts overlap: each later line drawn thinner, with smaller markers, over the earlier
+            ax.plot(group["scale"], group["replicas"], marker="o", markersize=max(3.0, 9.0 - 1.5 * n),
+                    linewidth=max(1.0, 3.0 - 0.5 * n), color="black" if baseline else None,
+                    linestyle="--" if baseline else "-", label=label, alpha=0.85)
+        ax.set_xlabel("traffic scale (× the trace's request rate)")
+        ax.set_ylabel("replicas needed (simulated)")
+        ax.set_title(f"TP{tp}", fontsize=10)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

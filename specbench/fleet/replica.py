@@ -37,6 +37,8 @@ from typing import Protocol
 
 import numpy as np
 
+MOST_STEPS_DRAWN = 512  # a speculative decode-only stretch draws its rows' acceptance this many steps at most
+
 
 class StepCost(Protocol):
     def __call__(self, prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
@@ -92,7 +94,7 @@ class ReplicaSpec:
         return self.kv_capacity_tokens // self.block_size
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a step's chunks are keyed by request
 class _Request:
     index: int
     arrival_s: float
@@ -103,6 +105,7 @@ class _Request:
     to_prefill: int = 0  # tokens its prefill computes: the prompt, after a preemption its output too
     blocks: int = 0  # KV blocks held
     first_token_s: float = math.nan
+    finish_s: float = math.nan
     preemptions: int = 0
 
     def __post_init__(self) -> None:
@@ -143,16 +146,221 @@ class Outcome:
 
     def share_at_least(self, rows: int) -> float:
         """The share of time the replica ran at least `rows` requests (B >= 32: speculation's worry)."""
-        if len(self.timeline) < 2:
-            return 0.0
-        times = np.array([t for t, _ in self.timeline] + [self.timeline[-1][0]])
-        counts = np.array([n for _, n in self.timeline])
-        spans = np.diff(times)
-        return float(spans[counts >= rows].sum() / spans.sum()) if spans.sum() > 0 else 0.0
+        return share_at_least(self.timeline, rows)
+
+
+def share_at_least(timeline: list[tuple[float, int]], rows: int) -> float:
+    """The share of a timeline's time (from its first change to its last) spent at >= `rows` rows."""
+    if len(timeline) < 2:
+        return 0.0
+    times = np.array([t for t, _ in timeline] + [timeline[-1][0]])
+    counts = np.array([n for _, n in timeline])
+    spans = np.diff(times)
+    return float(spans[counts >= rows].sum() / spans.sum()) if spans.sum() > 0 else 0.0
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+class Replica:
+    """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
+    reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
+    of a fleet to each arrival, reads `outstanding`, and adds the request where it chooses;
+    `simulate` drives one replica alone."""
+
+    def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None) -> None:
+        self.cost, self.spec, self.speculation = cost, spec, speculation
+        self.rng = np.random.default_rng(speculation.seed if speculation else 0)
+        self.acceptance = np.asarray(speculation.acceptance if speculation else (), float)
+        self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.free_blocks = spec.kv_blocks
+        self.now, self.steps, self.preemptions = 0.0, 0, 0
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self.last_finished: list[_Request] = []  # the latest step's, finished at `now`
+
+    def add(self, index: int, arrival_s: float, prompt: int, output: int) -> _Request:
+        """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`."""
+        if prompt < 1 or output < 1:
+            raise ValueError("every request needs a prompt and an output of at least one token")
+        if _blocks_for(prompt + output, self.spec.block_size) > self.spec.kv_blocks:
+            raise ValueError(f"request {index} ({prompt} + {output} tokens) needs more KV cache than the replica "
+                             f"has ({self.spec.kv_capacity_tokens} tokens)")
+        request = _Request(index, float(arrival_s), int(prompt), int(output))
+        heapq.heappush(self.pending, (request.arrival_s, index, request))
+        return request
+
+    def outstanding(self, at_s: float) -> int:
+        """Requests added and not finished by `at_s` (a step under way at `at_s` has not finished
+        its rows yet): what a least-outstanding-requests router counts."""
+        late = len(self.last_finished) if self.now > at_s else 0
+        return len(self.pending) + len(self.waiting) + len(self.running) + late
+
+    def advance(self, until_s: float = math.inf) -> list[_Request]:
+        """Every step that starts before `until_s` (the last may end after it); the requests that
+        finished, in order."""
+        finished: list[_Request] = []
+        while self.now < until_s:
+            self._arrive(self.now)
+            if not self.running and not self.waiting:
+                if not self.pending or self.pending[0][0] >= until_s:
+                    break
+                self.now = self.pending[0][0]  # idle until the next arrival
+                continue
+            finished += self.step(until_s)
+        return finished
+
+    def _arrive(self, t: float) -> None:
+        while self.pending and self.pending[0][0] <= t:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+
+    def _preempt_last(self) -> None:
+        victim = self.running.pop()
+        self.free_blocks += victim.blocks
+        # its output so far stays sent; the prompt and that output are computed again (vLLM's recompute)
+        victim.blocks, victim.computed, victim.to_prefill = 0, 0, victim.prompt + victim.generated
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def step(self, until_s: float = math.inf) -> list[_Request]:
+        """One engine step (or a stretch of identical decode-only steps, up to the next known
+        arrival or `until_s`, whichever is first); the requests it finished."""
+        spec, running, waiting = self.spec, self.running, self.waiting
+        block_size = spec.block_size
+        budget = spec.max_num_batched_tokens
+        # this step's K, by the rows decoding now (a K schedule), 0 without speculation
+        k = 0
+        if self.speculation is not None:
+            decoding = sum(1 for r in running if r.computed >= r.to_prefill)
+            k = self.speculation.k_at(decoding) if decoding else 0
+        prefills: dict[_Request, int] = {}  # prompt tokens each prefilling request computes this step
+        decodes: list[_Request] = []
+        # 1. running requests, in admission order
+        position = 0
+        while position < len(running) and budget > 0:
+            request = running[position]
+            prefilling = request.computed < request.to_prefill
+            need = min(request.to_prefill - request.computed, budget) if prefilling else 1 + k
+            if need > budget:  # a decode needs its K + 1 slots in the budget
+                break
+            extra = -(-(request.computed + need) // block_size) - request.blocks
+            if extra > 0:
+                while extra > self.free_blocks and running[-1] is not request:
+                    self._preempt_last()
+                if extra > self.free_blocks:  # it is the last one left: it preempts itself
+                    self._preempt_last()
+                    break
+                self.free_blocks -= extra
+                request.blocks += extra
+            if prefilling:
+                prefills[request] = need
+            else:
+                decodes.append(request)
+            budget -= need
+            position += 1
+        # 2. waiting requests, first come first served
+        while waiting and budget > 0 and len(running) < spec.max_num_seqs:
+            request = waiting[0]
+            need = min(request.to_prefill - request.computed, budget)
+            blocks = -(-(request.computed + need) // block_size)
+            if blocks > self.free_blocks:
+                break
+            waiting.popleft()
+            self.free_blocks -= blocks
+            request.blocks = blocks
+            running.append(request)
+            prefills[request] = need
+            budget -= need
+        if not prefills and not decodes:  # nothing fits (cannot happen: a lone request fits)
+            raise RuntimeError("the replica scheduled nothing although requests are waiting")
+        prefill_tokens = sum(prefills.values())
+        decode_rows = len(decodes)
+        repeat = 1
+        emitted: list[int] = []  # speculation: tokens each decoding row emits this step
+        if k > 0 and decodes:  # each row's accepted drafts drawn every step (rows move apart)
+            step_s = self.cost(prefill_tokens, decode_rows, k)
+            left = np.array([r.output - r.generated for r in decodes])
+            steps = 1
+            if prefill_tokens == 0:  # a decode-only stretch: up to the next arrival or the first finish
+                next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
+                steps = int(min(left.min(), (next_arrival - self.now) // step_s if math.isfinite(next_arrival)
+                                else left.min(), MOST_STEPS_DRAWN))
+                steps = max(1, steps)
+            tokens = 1 + (self.rng.random((steps, decode_rows, 1)) < self.acceptance[:k]).sum(axis=2)
+            reached = tokens.cumsum(axis=0) >= left  # (step, row): the row has all its output by then
+            if steps > 1:
+                first_done = np.where(reached.any(axis=0), reached.argmax(axis=0), steps)
+                steps = int(min(first_done.min() + 1, steps))
+                totals = np.minimum(tokens[:steps].sum(axis=0), left)
+                grow = sum(-(-(r.computed + int(t)) // block_size) - r.blocks for r, t in zip(decodes, totals))
+                if grow > self.free_blocks:  # the KV cache would run out within the stretch: one step
+                    steps = 1
+            if steps == 1:
+                totals = np.minimum(tokens[0], left)
+            if steps > 1:  # the blocks beyond the first step's K + 1 slots, reserved above
+                for request, t in zip(decodes, totals):
+                    extra = -(-(request.computed + int(t)) // block_size) - request.blocks
+                    if extra > 0:
+                        self.free_blocks -= extra
+                        request.blocks += extra
+            emitted = totals.tolist()
+            repeat = steps
+        elif prefill_tokens == 0:  # a decode-only stretch: skip to the next arrival, finish or KV limit
+            left = min(r.output - r.generated for r in decodes)
+            next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
+            step_s = self.cost(0, decode_rows)
+            repeat = max(1, min(left, int((next_arrival - self.now) // step_s)
+                                if math.isfinite(next_arrival) else left))
+            # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
+            while repeat > 1:
+                grow = sum(-(-(r.computed + repeat) // block_size) - r.blocks for r in decodes)
+                if grow <= self.free_blocks:
+                    break
+                repeat //= 2
+            if repeat > 1:
+                for request in decodes:
+                    extra = -(-(request.computed + repeat) // block_size) - request.blocks
+                    if extra > 0:
+                        self.free_blocks -= extra
+                        request.blocks += extra
+        else:
+            step_s = self.cost(prefill_tokens, decode_rows, k) if k else self.cost(prefill_tokens, decode_rows)
+        self.now += step_s * repeat
+        self.steps += repeat
+        now = self.now
+        finished = []
+        for request, n in prefills.items():
+            request.computed += n
+            if request.computed == request.to_prefill:  # the step that ends a prefill samples a token
+                request.generated += 1
+                if request.first_token_s != request.first_token_s:
+                    request.first_token_s = now
+                if request.generated >= request.output:
+                    finished.append(request)
+        if emitted:  # a speculative step: the accepted drafts and the target's own token
+            for request, n in zip(decodes, emitted):
+                request.computed += n
+                request.generated += n
+                if request.generated >= request.output:
+                    finished.append(request)
+        else:
+            for request in decodes:
+                request.computed += repeat
+                request.generated += repeat
+                if request.generated >= request.output:
+                    finished.append(request)
+        for request in finished:
+            running.remove(request)
+            self.free_blocks += request.blocks
+            request.blocks = 0
+            request.finish_s = now
+        self.last_finished = finished
+        if finished or len(running) != self.timeline[-1][1]:
+            self.timeline.append((now, len(running)))
+        return finished
 
 
 def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: ReplicaSpec,
@@ -174,155 +382,30 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         raise ValueError("no requests to simulate")
     if (prompts < 1).any() or (outputs < 1).any():
         raise ValueError("every request needs a prompt and an output of at least one token")
-    too_big = [i for i in range(count) if _blocks_for(prompts[i] + outputs[i], spec.block_size) > spec.kv_blocks]
-    if too_big:
-        i = too_big[0]
-        raise ValueError(f"request {i} ({prompts[i]} + {outputs[i]} tokens) needs more KV cache than the replica "
-                         f"has ({spec.kv_capacity_tokens} tokens)")
-    requests = [_Request(i, 0.0, int(prompts[i]), int(outputs[i])) for i in range(count)]
-    pending: list[tuple[float, int]] = []  # (arrival, index): requests not yet arrived
+    replica = Replica(cost, spec, speculation)
+    for i in range(count):  # every request's KV need checked before any step
+        if _blocks_for(int(prompts[i] + outputs[i]), spec.block_size) > spec.kv_blocks:
+            raise ValueError(f"request {i} ({prompts[i]} + {outputs[i]} tokens) needs more KV cache than the "
+                             f"replica has ({spec.kv_capacity_tokens} tokens)")
+    requests: list[_Request] = []
     if arrivals_s is not None:
-        for i, at in enumerate(np.asarray(arrivals_s, float)):
-            requests[i].arrival_s = float(at)
-            heapq.heappush(pending, (float(at), i))
-        sent = count
+        requests = [replica.add(i, at, prompts[i], outputs[i]) for i, at in enumerate(np.asarray(arrivals_s, float))]
+        replica.advance()
     else:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         sent = min(int(concurrency), count)
         starts = np.zeros(sent) if client_starts_s is None else np.asarray(client_starts_s, float)[:sent]
-        for i in range(sent):
-            requests[i].arrival_s = float(starts[i])
-            heapq.heappush(pending, (float(starts[i]), i))
-    rng = np.random.default_rng(speculation.seed if speculation else 0)
-    acceptance = np.asarray(speculation.acceptance if speculation else (), float)
-    waiting: deque[_Request] = deque()
-    running: list[_Request] = []
-    free_blocks = spec.kv_blocks
-    now, steps, preemptions, done = 0.0, 0, 0, 0
-    finish = np.full(count, np.nan)
-    timeline: list[tuple[float, int]] = [(0.0, 0)]
-
-    def arrive_until(t: float) -> None:
-        while pending and pending[0][0] <= t:
-            _, i = heapq.heappop(pending)
-            waiting.append(requests[i])
-
-    def preempt_last() -> None:
-        nonlocal free_blocks, preemptions
-        victim = running.pop()
-        free_blocks += victim.blocks
-        # its output so far stays sent; the prompt and that output are computed again (vLLM's recompute)
-        victim.blocks, victim.computed, victim.to_prefill = 0, 0, victim.prompt + victim.generated
-        victim.preemptions += 1
-        preemptions += 1
-        waiting.appendleft(victim)
-
-    while done < count:
-        arrive_until(now)
-        if not running and not waiting:
-            now = pending[0][0]  # idle until the next arrival
-            continue
-        budget = spec.max_num_batched_tokens
-        # this step's K, by the rows decoding now (a K schedule), 0 without speculation
-        decoding = sum(1 for r in running if not r.prefilling)
-        k = speculation.k_at(decoding) if speculation and decoding else 0
-        chunks: dict[int, int] = {}  # request index -> tokens computed this step
-        # 1. running requests, in admission order
-        position = 0
-        while position < len(running) and budget > 0:
-            request = running[position]
-            need = min(request.to_prefill - request.computed, budget) if request.prefilling else 1 + k
-            if need > budget:  # a decode needs its K + 1 slots in the budget
-                break
-            held_after = request.computed + need
-            extra = _blocks_for(held_after, spec.block_size) - request.blocks
-            while extra > free_blocks and running[-1] is not request:
-                preempt_last()
-            if extra > free_blocks:  # it is the last one left: it preempts itself
-                preempt_last()
-                break
-            free_blocks -= extra
-            request.blocks += extra
-            chunks[request.index] = need
-            budget -= need
-            position += 1
-        # 2. waiting requests, first come first served
-        while waiting and budget > 0 and len(running) < spec.max_num_seqs:
-            request = waiting[0]
-            need = min(request.to_prefill - request.computed, budget)
-            blocks = _blocks_for(request.computed + need, spec.block_size)
-            if blocks > free_blocks:
-                break
-            waiting.popleft()
-            free_blocks -= blocks
-            request.blocks = blocks
-            running.append(request)
-            chunks[request.index] = need
-            budget -= need
-        if not chunks:  # nothing fits: the queue waits for KV blocks (cannot happen: a lone request fits)
-            raise RuntimeError("the replica scheduled nothing although requests are waiting")
-        prefilling = {i for i in chunks if requests[i].prefilling}
-        prefill_tokens = sum(chunks[i] for i in prefilling)
-        decode_rows = len(chunks) - len(prefilling)
-        repeat = 1
-        emitted: dict[int, int] = {}  # decoding rows: tokens each emits this step
-        if k > 0:  # speculation: each row's accepted drafts drawn, no skipping (rows move apart)
-            draws = rng.random(len(chunks))
-            for draw, i in zip(draws, chunks):
-                if i not in prefilling:
-                    accepted = int((draw < acceptance[:k]).sum())
-                    emitted[i] = min(1 + accepted, requests[i].output - requests[i].generated)
-            step_s = cost(prefill_tokens, decode_rows, k)
-        elif prefill_tokens == 0:  # a decode-only stretch: skip to the next arrival, finish or KV limit
-            left = min(requests[i].output - requests[i].generated for i in chunks)
-            next_arrival = pending[0][0] if pending else math.inf
-            step_s = cost(0, decode_rows)
-            repeat = max(1, min(left, int((next_arrival - now) // step_s) if math.isfinite(next_arrival) else left))
-            # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
-            while repeat > 1:
-                grow = sum(_blocks_for(requests[i].computed + repeat, spec.block_size) - requests[i].blocks
-                           for i in chunks)
-                if grow <= free_blocks:
-                    break
-                repeat //= 2
-            for i in chunks:
-                request = requests[i]
-                extra = _blocks_for(request.computed + repeat, spec.block_size) - request.blocks
-                free_blocks -= max(extra, 0)
-                request.blocks += max(extra, 0)
-        else:
-            step_s = cost(prefill_tokens, decode_rows)
-        now += step_s * repeat
-        steps += repeat
-        finished = []
-        for i, n in chunks.items():
-            request = requests[i]
-            if i in prefilling:
-                request.computed += n
-                if request.computed == request.to_prefill:  # the step that ends a prefill samples a token
-                    request.generated += 1
-                    if math.isnan(request.first_token_s):
-                        request.first_token_s = now
-            elif i in emitted:  # a speculative step: the accepted drafts and the target's own token
-                request.computed += emitted[i]
-                request.generated += emitted[i]
-            else:
-                request.computed += repeat
-                request.generated += repeat
-            if request.generated >= request.output:
-                finished.append(request)
-        for request in finished:
-            running.remove(request)
-            free_blocks += request.blocks
-            request.blocks = 0
-            finish[request.index] = now
-            done += 1
-            if concurrency is not None and sent < count:  # that client sends its next request now
-                requests[sent].arrival_s = now + client_turnaround_s
-                heapq.heappush(pending, (now + client_turnaround_s, sent))
-                sent += 1
-        if finished or len(running) != timeline[-1][1]:
-            timeline.append((now, len(running)))
-    return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]), finish,
-                   outputs.copy(), preemptions, steps, timeline)
+        requests = [replica.add(i, starts[i], prompts[i], outputs[i]) for i in range(sent)]
+        while len(requests) < count or replica.running or replica.waiting or replica.pending:
+            replica._arrive(replica.now)
+            if not replica.running and not replica.waiting:
+                replica.now = replica.pending[0][0]  # idle until a client's next request
+                continue
+            for _ in replica.step():
+                if len(requests) < count:  # that client sends its next request now
+                    i = len(requests)
+                    requests.append(replica.add(i, replica.now + client_turnaround_s, prompts[i], outputs[i]))
+    return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
+                   np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
+                   replica.timeline)

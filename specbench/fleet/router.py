@@ -1,0 +1,135 @@
+"""Several replicas behind a router (issue 40): each arriving request goes to one replica, chosen
+as a serving gateway chooses (llm-d, vLLM's production stack, a Kubernetes service):
+
+- `least-outstanding`: the replica with the fewest requests sent and not yet finished (ties: the
+  one that has waited longest since it was last chosen), which needs every replica's state at the
+  arrival, so the replicas are simulated together, each advanced to every arrival in turn;
+- `round-robin`: in turn, whatever their load.
+
+An `SloWatch` stops a fleet early once so many requests have missed the SLO that its percentile
+cannot be met any more: near and past the knee a queue grows without end, and simulating the rest
+of an hour of it tells nothing more (the sizing search runs many such fleets).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specbench.fleet.replica import Outcome, Replica, ReplicaSpec, Speculation, StepCost, share_at_least
+
+ROUTERS = ("least-outstanding", "round-robin")
+CHECK_EVERY = 256  # arrivals between two looks at the SLO's misses
+
+
+@dataclass
+class SloWatch:
+    """Bounds in seconds (`ttft`, `tpot`, `e2e`) that `percentile` % of the requests must meet.
+    `hopeless` says when more requests have missed than the percentile allows of all `count`."""
+
+    bounds: dict[str, float]
+    percentile: float
+    count: int
+    missed: int = 0  # finished requests that missed a bound
+
+    @property
+    def allowed(self) -> float:
+        # more misses than this put the interpolated percentile above the bound (np.percentile's
+        # linear rule: the q-quantile sits at q(n-1), so (1-q)n + 1 values above push it over)
+        return (1 - self.percentile / 100) * self.count + 1
+
+    def finished(self, requests) -> None:
+        for request in requests:
+            if self.misses(request, request.finish_s):
+                self.missed += 1
+
+    def misses(self, request, now: float) -> bool:
+        """Whether `request` misses a bound, as far as `now` shows it."""
+        first = request.first_token_s if request.first_token_s == request.first_token_s else now
+        if first - request.arrival_s > self.bounds.get("ttft", math.inf):
+            return True
+        if now - request.arrival_s > self.bounds.get("e2e", math.inf):
+            return True
+        if "tpot" in self.bounds and request.finish_s == request.finish_s and request.output > 1:
+            return (request.finish_s - request.first_token_s) / (request.output - 1) > self.bounds["tpot"]
+        return False
+
+    def hopeless(self, replicas: list[Replica], now: float) -> bool:
+        if self.missed > self.allowed:
+            return True
+        late = sum(self.misses(r, now) for replica in replicas for r in replica.waiting)
+        return self.missed + late > self.allowed
+
+
+@dataclass
+class FleetOutcome:
+    """Every request's times (index order, NaN where a stopped fleet never served it), the replica
+    each went to, and each replica's running-batch timeline."""
+
+    outcome: Outcome
+    replica_of: np.ndarray
+    timelines: list[list[tuple[float, int]]] = field(default_factory=list)
+    stopped: bool = False  # an SloWatch stopped it: the SLO cannot be met
+
+    def share_at_least(self, rows: int) -> list[float]:
+        """Per replica, the share of its time at >= `rows` running requests."""
+        return [share_at_least(timeline, rows) for timeline in self.timelines]
+
+
+def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndarray, cost: StepCost,
+                   spec: ReplicaSpec, replicas: int, router: str = "least-outstanding",
+                   speculation: Speculation | None = None, watch: SloWatch | None = None) -> FleetOutcome:
+    """Requests arriving at `arrivals_s` (sorted), spread over `replicas` identical replicas by
+    `router`. Each replica draws its own acceptance (its speculation's seed plus its number)."""
+    prompts, outputs = np.asarray(prompts, int), np.asarray(outputs, int)
+    arrivals = np.asarray(arrivals_s, float)
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if not len(prompts) or len(prompts) != len(outputs) or len(prompts) != len(arrivals):
+        raise ValueError("give one prompt length, output length and arrival time per request (at least one)")
+    if (np.diff(arrivals) < 0).any():
+        raise ValueError("arrival times must be sorted")
+    fleet = [Replica(cost, spec, None if speculation is None else
+                     Speculation(speculation.k, speculation.acceptance, speculation.schedule, speculation.seed + n))
+             for n in range(replicas)]
+    chosen_at = np.full(replicas, -math.inf)  # when each replica was last chosen (the tie-break)
+    replica_of = np.zeros(len(prompts), int)
+    added = []
+    stopped = False
+    for i, at in enumerate(arrivals):
+        if router == "round-robin":
+            target = i % replicas
+        else:
+            loads = []
+            for n, replica in enumerate(fleet):
+                finished = replica.advance(at)
+                if watch is not None:
+                    watch.finished(finished)
+                loads.append((replica.outstanding(at), chosen_at[n], n))
+            target = min(loads)[2]
+            chosen_at[target] = at
+        replica_of[i] = target
+        added.append(fleet[target].add(i, at, prompts[i], outputs[i]))
+        if watch is not None and i % CHECK_EVERY == CHECK_EVERY - 1:
+            if router == "round-robin":  # advanced only here: each replica's own arrivals bound its skips
+                for replica in fleet:
+                    watch.finished(replica.advance(at))
+            if watch.hopeless(fleet, at):
+                stopped = True
+                break
+    if not stopped:
+        for replica in fleet:
+            finished = replica.advance()
+            if watch is not None:
+                watch.finished(finished)
+    count = len(prompts)
+    first, finish = np.full(count, np.nan), np.full(count, np.nan)
+    for request in added:
+        first[request.index], finish[request.index] = request.first_token_s, request.finish_s
+    outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
+                      sum(r.steps for r in fleet), [])
+    return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

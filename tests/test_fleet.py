@@ -180,8 +180,8 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--concurrency", "4"], "--concurrency, --trace and --dtype simulate served replicas on the kernel tables"),
-    (["--trace", "azure-conv"], "--concurrency, --trace and --dtype simulate served replicas on the kernel tables"),
+    (["--concurrency", "4"], "--concurrency and --dtype simulate served replicas on the kernel tables"),
+    (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=0.05"], "size a fleet with --trace"),
@@ -369,3 +369,136 @@ def test_the_trace_plan_sizes_a_fleet_with_and_without_speculation_and_says_it_i
     if best["replicas"] < base["replicas"]:
         saved = base["dollars_per_month"] - best["dollars_per_month"]
         assert f"with 1b K=3 (α 0.7): ${saved:,.0f} a month less" in first
+
+
+def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
+    from specbench.cli.plan_tables import target_and_drafters
+    from specbench.fit import kernel_tables
+    from specbench.fit.table_plan import Acceptance, TablePlanner
+    from specbench.fleet.plan import configurations
+
+    family, name, config, drafters = target_and_drafters("llama3-70b", "1b")
+    planner = TablePlanner(config, name, kernel_tables.check_device("h100", "vllm"), "vllm")
+    found = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7)], 4, None, [1, 2, 3, 4], 1024, 256,
+                           schedules=True)
+    assert [c.label for c in found[:5]] == ["without speculation"] + [f"1b K={k} (α 0.7)" for k in (1, 2, 3, 4)]
+    scheduled = found[5]
+    assert scheduled.label.startswith("1b K schedule {1") and scheduled.schedule in scheduled.label
+    ks = {scheduled.speculation.k_at(rows) for rows in (1, 8, 64, 256)}
+    assert len(ks) > 1 and ks <= {0, 1, 2, 3, 4}  # K follows the running batch
+    single = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7)], 4, None, [3], 1024, 256,
+                            schedules=True)
+    assert all(not c.schedule or len({c.speculation.k_at(r) for r in (1, 512)}) > 1 for c in single)
+
+
+# --- a served engine's step price fitted on what a run measured -----------------------------------
+
+def synthetic_served_run(price, spec, rng):
+    """A vLLM-like run's tables as the simulator at `price` would measure them: closed-loop-like
+    cells at B 1 and 4, prompts of 60-2,000 tokens, a baseline, an n-gram and a self draft."""
+    import pandas as pd
+
+    from specbench.fleet.served import CellLoad
+
+    cells, requests = [], []
+    acceptance = {"ngram": [0.5, 0.35], "self": [1.0, 1.0]}
+    for draft, k in (("autoregressive", 0), ("ngram", 2), ("self", 2)):
+        for batch in (1, 4):
+            for context in (64, 512, 2048):
+                cell_id = f"chat|B{batch}|C{context}|{draft}"
+                prompts = rng.integers(int(context * 0.8), int(context * 1.2), 8)
+                outputs = np.full(8, 32)
+                arrivals = np.repeat(np.arange(2) * 30.0, 4) if batch == 4 else np.arange(8) * 30.0
+                load = CellLoad(cell_id, draft, k, tuple(acceptance.get(draft, ())), arrivals, prompts, outputs,
+                                np.zeros(8), np.zeros(8), np.zeros(8))
+                from specbench.fleet.replica import Speculation, simulate
+
+                out = simulate(prompts, outputs, price.cost(draft if k else None), spec, arrivals_s=arrivals,
+                               speculation=Speculation(k, load.acceptance, seed=1) if k else None)
+                cells.append({"cell_id": cell_id, "status": "ok", "draft": draft, "k": k,
+                              "acceptance_by_position": list(load.acceptance) or None})
+                for i in range(8):
+                    requests.append({"cell_id": cell_id, "repeat": 0, "arrival_s": arrivals[i],
+                                     "prompt_tokens": prompts[i], "output_tokens": outputs[i],
+                                     "ttft_s": out.ttft_s[i] + price.overhead_s, "tpot_s": out.tpot_s[i],
+                                     "e2e_s": out.e2e_s[i] + price.overhead_s})
+    meta = {"engine": {"servers": [{"kv_cache": {"kv_cache_size_tokens": str(spec.kv_capacity_tokens),
+                                                  "block_size": str(spec.block_size)}}]}}
+    return pd.DataFrame(cells), pd.DataFrame(requests), meta
+
+
+def test_a_served_step_price_is_recovered_from_what_its_cells_measured():
+    """Cells simulated at a known price (a CPU-like step: a 45 ms floor, 1.5 ms per token beyond
+    it, KV and prefill-attention terms; an n-gram and a self draft): the fit reproduces every cell's median TTFT and TPOT within
+    3 %, and predicts a long trace-like load it never saw within 5 %."""
+    from specbench.fleet.served import CellLoad, DraftPrice, ServedPrice, fit_served, simulate_load
+
+    truth = ServedPrice(0.045, 0.0015, 0.05, 2e-6, 2e-7, drafts={"ngram": DraftPrice(0.008, 0.004, 0.0),
+                                                               "self": DraftPrice(0.002, 0.001, 1.0)})
+    spec = ReplicaSpec(max_num_seqs=128, max_num_batched_tokens=2048, kv_capacity_tokens=46592, block_size=128)
+    cells, requests, meta = synthetic_served_run(truth, spec, np.random.default_rng(0))
+    price, fitted_spec = fit_served(cells, requests, meta, "synthetic", self_drafts=("self",))
+    assert fitted_spec == spec
+    assert price.drafts["self"].model_share == 1.0 and price.drafts["ngram"].model_share == 0.0
+    from specbench.fleet.served import cell_loads
+
+    for load in cell_loads(cells, requests):
+        predicted = simulate_load(price, spec, load)
+        assert predicted["ttft_p50_s"] == pytest.approx(np.median(load.ttft_s), rel=0.03), load.cell_id
+        assert predicted["tpot_p50_s"] == pytest.approx(np.nanmedian(load.tpot_s), rel=0.03), load.cell_id
+    rng = np.random.default_rng(5)
+    arrivals = np.sort(rng.uniform(0, 60, 24))
+    unseen = CellLoad("trace", "ngram", 2, (0.5, 0.35), arrivals, rng.integers(300, 1500, 24),
+                      rng.integers(30, 300, 24), np.zeros(24), np.zeros(24), np.zeros(24))
+    assert simulate_load(price, spec, unseen)["e2e_p50_s"] == pytest.approx(
+        simulate_load(truth, spec, unseen)["e2e_p50_s"], rel=0.05)
+
+
+def test_an_slo_a_request_alone_misses_is_met_by_no_number_of_replicas():
+    from specbench.fleet.plan import answer
+    from specbench.fleet.sizing import Configuration, Objective, Traffic, size_fleets
+
+    count = 50
+    traffic = Traffic("steady", np.arange(count) * 0.5, np.full(count, 10), np.full(count, 3))
+    found = [Configuration(1, "autoregressive", 0, "", one_second_steps, ONE_AT_A_TIME, None)]
+    table = size_fleets(found, traffic, [1.0], Objective((("ttft", 0.5),), 90), 0.2, "least-outstanding")
+    row = table.iloc[0]
+    assert not row["reachable"] and np.isnan(row["replicas"])  # each first token takes a 1 s step
+    assert "needs no number of replicas (a request served alone misses the SLO)" in answer(
+        table, "steady", "t", "h100", "p90 TTFT ≤ 500 ms", 0.2)
+    met = size_fleets(found, traffic, [1.0], Objective((("ttft", 1.5),), 90), 0.0, "least-outstanding")
+    assert met.iloc[0]["reachable"] and met.iloc[0]["replicas"] == 6  # 3 s a request, 2 arriving a second
+
+
+def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_path):
+    """A committed vLLM CPU run (closed loop, n-gram and self draft at K 2 and 4): the fleet is
+    sized on the steps fitted on it, each draft with the acceptance it measured."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["estimate"].startswith("SIMULATED on steps fitted on") and plan["step_fitted"]["fixed_s"] > 0
+    configurations = [row["configuration"] for row in plan["rows"]]
+    assert configurations == ["without speculation", "ngram K=2 (measured α)", "ngram K=4 (measured α)",
+                              "smollm2-135m K=2 (measured α)", "smollm2-135m K=4 (measured α)"]
+    assert all(row["replicas"] >= 1 for row in plan["rows"])
+    assert "smollm2-135m servers as measured in" in plan["answers"][0]
+
+
+def test_the_trace_plan_on_a_run_that_is_not_served_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "nothing"), "--trace", "azure-conv", "--slo", "ttft=1"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    result = CliRunner().invoke(app, ["plan", str(tmp_path), "--trace", "azure-conv"])
+    assert result.exit_code == 2 and "give --slo" in result.output, result.output

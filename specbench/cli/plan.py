@@ -66,9 +66,10 @@ def plan(
                                         help="--concurrency, --trace: the target's GEMMs: bf16 (default), fp8 or "
                                              "fp4."),
     trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
-                                        help="With --target and --slo: serve this trace (azure-conv, azure-code or "
-                                             "a file) by a fleet of simulated vLLM-like replicas behind a router and "
-                                             "find the fewest that meet the SLO, with and without speculation."),
+                                        help="With --slo: serve this trace (azure-conv, azure-code or a file) by a "
+                                             "fleet of simulated vLLM-like replicas behind a router and find the "
+                                             "fewest that meet the SLO, with and without speculation; steps priced "
+                                             "on the kernel tables (--target) or fitted on a vLLM run (RUN_DIR)."),
     trace_window: str = typer.Option("", rich_help_panel="Served, simulated on kernel tables",
                                      help="--trace: which seconds of the trace, START:DURATION (default: all)."),
     trace_speedup: str = typer.Option("1", rich_help_panel="Served, simulated on kernel tables",
@@ -96,8 +97,12 @@ def plan(
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
                     headroom, router, chart, gpu_price)
         return
-    if concurrency is not None or dtype is not None or trace is not None:
-        fail("--concurrency, --trace and --dtype simulate served replicas on the kernel tables: give --target MODEL")
+    if trace is not None and concurrency is None and dtype is None:
+        _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
+                           json_output)
+        return
+    if concurrency is not None or dtype is not None:
+        fail("--concurrency and --dtype simulate served replicas on the kernel tables: give --target MODEL")
     if trace_window or trace_speedup != "1" or chart is not None:
         fail("--trace-window, --trace-speedup and --chart need --trace (and --target)")
     if target is not None:
@@ -317,6 +322,20 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        scales=split_list(trace_speedup, float, "--trace-speedup"), slo=slo, headroom=headroom,
                        router=router, chart=chart, gpu_price=gpu_price)
         plan_fleet(ask, json_output)
+    except known_errors() as error:
+        fail(str(error))
+
+
+def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
+                       json_output) -> None:
+    from specbench.cli.plan_fleet import plan_served_fleet
+
+    try:
+        if slo is None:
+            raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
+        check_price(gpu_price, 1)
+        plan_served_fleet(run_dir, trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"), slo,
+                          headroom, router, chart, gpu_price, json_output)
     except known_errors() as error:
         fail(str(error))
 

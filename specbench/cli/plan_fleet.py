@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.table import Table
 
 from specbench.cli.common import UsageError, console
+from specbench.fleet.sizing import HOURS_PER_MONTH, MOST_REPLICAS
 
 QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
@@ -157,24 +158,68 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
              json_output, started) -> None:
     from specbench.fit import default_gpu_price
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.plan import answer, replicas_chart, traffic_table
+    from specbench.fleet.plan import traffic_table
     from specbench.fleet.sizing import Objective
 
     slo = parse_slo(ask.slo)
-    objective = Objective(slo.bounds, slo.percentile)
     traffic, replay = load_traffic(ask.trace, ask.trace_window, int(target_config.get("max_position_embeddings") or 0))
     price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
         default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
-                                    list(ask.scales), objective, ask.headroom, ask.router,
+                                    list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom, ask.router,
                                     QUANTS[ask.dtype or "bf16"], price)
-    left_out += unpriced
     where = f"{planner.system.split('_')[0].upper()}"
-    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom)
+    _show_traffic(table, traffic, replay, slo, ask, head, where, "", left_out + unpriced, transferred, price,
+                  price_note, json_output, started)
+
+
+def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: list[float], slo_text: str,
+                      headroom: float, router: str, chart: Path | None, gpu_price: float | None,
+                      json_output: bool) -> None:
+    """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
+    (fleet.served): one replica is one server as that run's were."""
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.sizing import size_fleets
+    from specbench.fleet.served import served_configurations
+    from specbench.fleet.sizing import Objective
+    from specbench.results import load_run
+
+    started = time.perf_counter()
+    ask = FleetAsk(target="", drafts="", device="", backend="", tps="1", draft_tp=None, ks=[], alpha=None,
+                   acceptance=None, dtype=None, concurrencies=[], input_len=1, output_len=1, trace=trace,
+                   trace_window=window, scales=scales, slo=slo_text, headroom=headroom, router=router, chart=chart,
+                   gpu_price=gpu_price)
+    _check(ask)
+    run = load_run(run_dir)
+    engine = (run.meta.get("engine") or {}).get("name", "native")
+    if engine != "vllm":
+        raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace fits a served step on a vLLM run's requests "
+                         f"(sweep --engine vllm), or plans on the kernel tables with --target MODEL")
+    slo = parse_slo(slo_text)
+    config = run.meta.get("config") or {}
+    found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
+    traffic, replay = load_traffic(trace, window, min(c.spec.kv_capacity_tokens for c in found))
+    table = size_fleets(found, traffic, scales, Objective(slo.bounds, slo.percentile), headroom, router, gpu_price)
+    target = str(config.get("target", "the target"))
+    head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": target, "device": "as measured",
+            "backend": "vllm", "dtype": config.get("dtype") or "as measured",
+            "alpha_from": f"{run.path} (each draft's measured acceptance per position)", "acceptance_transferred": None,
+            "step_fitted": {name: float(getattr(price, name)) for name in (
+                "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s")}}
+    _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
+                  gpu_price, "given" if gpu_price is not None else "none (device-hours)", json_output, started)
+
+
+def _show_traffic(table, traffic, replay, slo, ask, head, where, replica, left_out, transferred, price, price_note,
+                  json_output, started) -> None:
+    from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
+
+    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
+    sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]
     if ask.chart is not None:
-        replicas_chart(table, ask.chart, f"SIMULATED: {head['target']} on {where}, {traffic.name}; {slo.describe()} "
-                                         f"at {1 + ask.headroom:g}× the traffic; {ask.router} router")
+        replicas_chart(table, ask.chart, f"SIMULATED: {head['target']}" + (f" on {where}" if where else "")
+                       + f", {traffic.name}; {slo.describe()} at {1 + ask.headroom:g}× the traffic; {ask.router} router")
     seconds = time.perf_counter() - started
     if json_output:
         print(json.dumps({**head, "trace": traffic.name, "requests": len(traffic.prompts),
@@ -196,9 +241,10 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             if not row.replicas == row.replicas:
-                shown.add_row(row.configuration, f">{int(1024)}", *[""] * 10)
+                shown.add_row(row.configuration, f">{MOST_REPLICAS}" if row.reachable else "none (alone misses)",
+                              *[""] * 10)
                 continue
-            monthly = row.dollars_per_month if price is not None else row.gpus * 730
+            monthly = row.dollars_per_month if price is not None else row.gpus * HOURS_PER_MONTH
             per_million = row.dollars_per_million_tokens if price is not None else \
                 row.gpus / (traffic.output_tokens_per_s(scale) * 3600) * 1e6
             shown.add_row(row.configuration, str(int(row.replicas)), str(int(row.gpus)), f"{monthly:,.0f}",

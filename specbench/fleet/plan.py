@@ -5,15 +5,13 @@ speculation and with each drafter × K at each acceptance (`configurations`), ei
   how NVIDIA's measured rows were taken, so the same simulator is checked against them:
   benchmarks/fleet-2026-11-25/silicon.py), or
 - as a fleet of replicas behind a router serving a trace at one or more speeds, sized to the
-  fewest replicas that meet an SLO with headroom (`traffic_table`).
+  fewest replicas that meet an SLO with headroom (`traffic_table`, over `sizing.size_fleets`,
+  which also sizes a vLLM run's own configurations: `served.served_configurations`).
 
 They are what `specbench plan --target … --concurrency …` and `… --trace … --slo …` print, as
 DataFrames a notebook can use."""
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -21,8 +19,7 @@ import pandas as pd
 from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, simulate
-from specbench.fleet.sizing import (HOURS_PER_MONTH, MOST_REPLICAS, Objective, Traffic, fewest_replicas, fleet_at, judged,
-                                    monthly_dollars)
+from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets
 from specbench.fleet.tables import replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
@@ -57,30 +54,12 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}
 
 
-@dataclass(frozen=True)
-class Configuration:
-    """One way to serve the target at one TP: the baseline, or a drafter at K with an acceptance,
-    and the step price and replica that go with it."""
-
-    tp: int
-    draft: str
-    k: int
-    acceptance: str
-    cost: StepCost
-    spec: ReplicaSpec
-    speculation: Speculation | None
-
-    @property
-    def label(self) -> str:
-        return "without speculation" if self.speculation is None else \
-            f"{self.draft} K={self.k}" + (f" ({self.acceptance})" if self.acceptance else "")
-
-
 def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tp: int,
                    draft_tp: int | None, ks: list[int], isl: int, osl: int,
-                   gemm_quant: str | None = None) -> list[Configuration]:
+                   gemm_quant: str | None = None, schedules: bool = False) -> list[Configuration]:
     """The baseline, then each drafter × acceptance × K the tables price (not MTP), at `tp`; steps
-    priced for requests of `isl` tokens in and `osl` out."""
+    priced for requests of `isl` tokens in and `osl` out. `schedules`: each drafter × acceptance's
+    K schedule too (`_scheduled`)."""
     target = planner.forward(planner.target, tp) if gemm_quant is None else kernel_tables.Forward(
         planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant)
     spec = replica_spec(planner.target, planner.system, tp, gemm_quant)
@@ -96,7 +75,39 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
             if drafter.config else spec
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
                                 Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
+        if schedules:
+            found += _scheduled(planner, drafter, acceptance, tp, draft_tp, ks, isl, osl, cost, with_draft)
     return found
+
+
+SCHEDULE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, tp: int, draft_tp: int | None,
+               ks: list[int], isl: int, osl: int, cost: StepCost, spec: ReplicaSpec) -> list[Configuration]:
+    """The K schedule `plan --target` picks for this drafter and acceptance (the best of `ks` by
+    running batch on the tables' static batches at the traffic's mean lengths, off where no K
+    speeds up; bf16 GEMMs), as one more configuration, where it is not one K everywhere."""
+    from specbench.fit.decisions import format_schedule, schedule_ranges
+    from specbench.fit.table_plan import best_k, plan_on_tables
+
+    try:
+        table, _ = plan_on_tables(planner, [drafter], [acceptance], ks, SCHEDULE_BATCHES, [isl], [tp], osl, None,
+                                  draft_tp)
+    except (kernel_tables.TablesUnavailable, ValueError):
+        return []
+    best = best_k(table[table["fits"]]) if "fits" in table else pd.DataFrame()
+    if best.empty:
+        return []
+    ranges = schedule_ranges(best["batch_size"].tolist(),
+                             [int(k) if s >= 1 else None for k, s in zip(best["k"], best["highest_speedup"])])
+    if len(ranges) == 1 and ranges[0][2]:  # one K at every batch: that K's configuration already
+        return []
+    deepest = max(k for _, _, k in ranges)
+    speculation = Speculation(0, acceptance.reach_at(max(deepest, 1)), tuple((first, k) for first, _, k in ranges),
+                              seed=100)
+    return [Configuration(tp, drafter.name, deepest, acceptance.key, cost, spec, speculation,
+                          schedule=format_schedule(ranges))]
 
 
 def mtp_left_out(drafters: list[Drafter]) -> list[str]:
@@ -130,42 +141,17 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
                   draft_tp: int | None, ks: list[int], traffic: Traffic, scales: list[float], objective: Objective,
                   headroom: float, router: str, gemm_quant: str | None = None,
                   price_per_gpu_hour: float | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
-    the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
-    percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
-    output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss)."""
+    """`size_fleets` for every configuration the kernel tables price at each TP (and each
+    drafter's K schedule), requests priced at the traffic's mean lengths."""
     isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
-    rows = []
-    for tp in tps:
-        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant)
-        floors = {configuration.label: 1 for configuration in found}  # a heavier traffic needs no fewer
-        for scale in sorted(scales):
-            for configuration in found:
-                replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
-                                           configuration.speculation, objective, router, headroom,
-                                           at_least=floors[configuration.label])
-                row = {"tp": tp, "scale": scale, "draft": configuration.draft, "k": configuration.k,
-                       "acceptance": configuration.acceptance, "configuration": configuration.label,
-                       "request_rate": traffic.rate(scale), "replicas": replicas if replicas else math.nan,
-                       "gpus": replicas * tp if replicas else math.nan}
-                if replicas:
-                    floors[configuration.label] = replicas
-                    fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
-                                     configuration.speculation, router)
-                    shares = fleet.share_at_least(LARGE_BATCH)
-                    figures = judged(fleet, objective)
-                    monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
-                    row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
-                                "share_at_large_batch_mean": float(np.mean(shares)),
-                                "share_at_large_batch_max": float(np.max(shares)),
-                                "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
-                                "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
-                                / traffic.output_tokens_per_s(scale) * 1e6})
-                rows.append(row)
-    return pd.DataFrame(rows), mtp_left_out(drafters)
+    found = [c for tp in tps for c in configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl,
+                                                     gemm_quant, schedules=True)]
+    return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour), \
+        mtp_left_out(drafters)
 
 
-def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float) -> str:
+def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float,
+           replica: str = "") -> str:
     """One sentence for one TP × scale of `traffic_table`: the replicas needed without speculation
     and with the configuration that needs fewest (then costs least, then has the lowest p50 TPOT),
     and the dollars between them. Every figure simulated."""
@@ -174,16 +160,21 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
 
     def fleet(row) -> str:
         if not row["replicas"] == row["replicas"]:
-            return f"more than {MOST_REPLICAS} replicas"
+            return "no number of replicas (a request served alone misses the SLO)" if not row.get("reachable", True) \
+                else f"more than {MOST_REPLICAS} replicas"
         count = int(row["replicas"])
         return f"{count} replica{'s' if count != 1 else ''}"
 
-    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base)} of {target} TP{tp} on "
-            f"{where} without speculation")
+    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base)} of "
+            f"{replica or f'{target} TP{tp} on {where}'} without speculation")
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
     tail = f" (SIMULATED; {slo}, met at {1 + headroom:g}× the traffic)"
     if speculative.empty:
-        return head + ("" if (rows["draft"] == AR).all() else " and more than it with every speculation") + tail
+        if (rows["draft"] == AR).all():
+            return head + tail
+        unreachable = not rows[rows["draft"] != AR].get("reachable", pd.Series([True])).any()
+        return head + (" nor with any speculation" if unreachable
+                       else f" and more than {MOST_REPLICAS} with every speculation") + tail
     best = speculative.sort_values(["replicas", "dollars_per_month", "tpot_p50_ms"]).iloc[0]
     if not base["replicas"] == base["replicas"]:
         return head + f" and {fleet(best)} with {best['configuration']}" + tail
@@ -198,6 +189,25 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     else:
         middle = f"; every speculation needs more: {fleet(best)} with {best['configuration']}{dollars}"
     return head + middle + tail
+
+
+def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
+    """Across TP sizes at one traffic scale: the fewest GPUs without speculation and with it (the
+    sentence a plan over several TPs adds)."""
+    rows = table[(table["scale"] == scale) & table["gpus"].notna()]
+    if rows.empty or rows["tp"].nunique() < 2:
+        return ""
+
+    def least(frame: pd.DataFrame) -> str:
+        if frame.empty:
+            return "none meets it"
+        best = frame.sort_values(["gpus", "dollars_per_month", "tpot_p50_ms"]).iloc[0]
+        return f"{int(best['gpus'])} GPUs (TP{int(best['tp'])} × {int(best['replicas'])}" + \
+            ("" if best["draft"] == AR else f", {best['configuration']}") + ")"
+
+    base, speculative = rows[rows["draft"] == AR], rows[rows["draft"] != AR]
+    text = f"at {scale:g}×, of every TP: the fewest GPUs without speculation are {least(base)}"
+    return text + (f", with it {least(speculative)}" if (table["draft"] != AR).any() else "") + " (SIMULATED)"
 
 
 def replicas_chart(table: pd.DataFrame, path, title: str) -> None:

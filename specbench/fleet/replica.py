@@ -43,7 +43,10 @@ MOST_STEPS_DRAWN = 512  # a speculative decode-only stretch draws its rows' acce
 class StepCost(Protocol):
     def __call__(self, prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
         """Seconds of one engine step running `prefill_tokens` prompt tokens and `decode_rows` decodes
-        (each drafting `k` tokens and verifying k + 1 when speculating)."""
+        (each drafting `k` tokens and verifying k + 1 when speculating). A cost with a true
+        `uses_context` attribute is also given `context=`: the tokens the decoding rows attend
+        over (their KV cache, summed), and `prefill_pairs=`: the (query, key) pairs the prefill
+        chunks' attention computes (a chunk of n tokens after o computed: n × (o + n / 2))."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Replica:
 
     def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None) -> None:
         self.cost, self.spec, self.speculation = cost, spec, speculation
+        self.uses_context = bool(getattr(cost, "uses_context", False))
         self.rng = np.random.default_rng(speculation.seed if speculation else 0)
         self.acceptance = np.asarray(speculation.acceptance if speculation else (), float)
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
@@ -224,6 +228,14 @@ class Replica:
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
+
+    def _price(self, prefill_tokens: int, decodes: list[_Request], k: int, grown: int = 0,
+               prefills: dict | None = None) -> float:
+        if self.uses_context:
+            context = sum(r.computed for r in decodes) + grown * len(decodes)
+            pairs = sum(n * (r.computed + n / 2) for r, n in prefills.items()) if prefills else 0.0
+            return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs)
+        return self.cost(prefill_tokens, len(decodes), k) if k else self.cost(prefill_tokens, len(decodes))
 
     def step(self, until_s: float = math.inf) -> list[_Request]:
         """One engine step (or a stretch of identical decode-only steps, up to the next known
@@ -281,7 +293,7 @@ class Replica:
         repeat = 1
         emitted: list[int] = []  # speculation: tokens each decoding row emits this step
         if k > 0 and decodes:  # each row's accepted drafts drawn every step (rows move apart)
-            step_s = self.cost(prefill_tokens, decode_rows, k)
+            step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
             left = np.array([r.output - r.generated for r in decodes])
             steps = 1
             if prefill_tokens == 0:  # a decode-only stretch: up to the next arrival or the first finish
@@ -311,9 +323,11 @@ class Replica:
         elif prefill_tokens == 0:  # a decode-only stretch: skip to the next arrival, finish or KV limit
             left = min(r.output - r.generated for r in decodes)
             next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
-            step_s = self.cost(0, decode_rows)
+            step_s = self._price(0, decodes, 0)
             repeat = max(1, min(left, int((next_arrival - self.now) // step_s)
                                 if math.isfinite(next_arrival) else left))
+            if self.uses_context and repeat > 1:  # the rows' context grows along the stretch: its middle
+                step_s = self._price(0, decodes, 0, grown=repeat // 2)
             # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
             while repeat > 1:
                 grow = sum(-(-(r.computed + repeat) // block_size) - r.blocks for r in decodes)
@@ -327,7 +341,7 @@ class Replica:
                         self.free_blocks -= extra
                         request.blocks += extra
         else:
-            step_s = self.cost(prefill_tokens, decode_rows, k) if k else self.cost(prefill_tokens, decode_rows)
+            step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
         self.now += step_s * repeat
         self.steps += repeat
         now = self.now

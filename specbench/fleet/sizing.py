@@ -14,9 +14,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from specbench.fleet.replica import ReplicaSpec, Speculation, StepCost
 from specbench.fleet.router import FleetOutcome, SloWatch, simulate_fleet
+from specbench.schema import LARGE_BATCH
 
 HOURS_PER_MONTH = 730  # 365 × 24 / 12
 MOST_REPLICAS = 1024
@@ -90,6 +92,15 @@ def fleet_at(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec, 
                           speculation, objective.watch(len(traffic.prompts)) if objective else None)
 
 
+def alone_meets(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
+                objective: Objective) -> bool:
+    """Whether the SLO holds with every request served alone (no queue, no neighbours): if not, no
+    number of replicas meets it (each request's own prefill and decode are too slow)."""
+    apart = np.arange(len(traffic.prompts)) * 1e7  # far enough apart that none overlaps another
+    lonely = Traffic(traffic.name, apart, traffic.prompts, traffic.outputs)
+    return judged(fleet_at(lonely, 1.0, cost, spec, 1, speculation, "round-robin", objective), objective)["meets_slo"]
+
+
 def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec,
                     speculation: Speculation | None, objective: Objective, router: str, headroom: float,
                     at_least: int = 1, most: int = MOST_REPLICAS) -> int | None:
@@ -118,3 +129,67 @@ def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: Replic
 
 def monthly_dollars(replicas: int, gpus_per_replica: int, price_per_gpu_hour: float | None) -> float:
     return replicas * gpus_per_replica * price_per_gpu_hour * HOURS_PER_MONTH if price_per_gpu_hour else math.nan
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One way to serve the target at one TP: the baseline, or a drafter at K with an acceptance,
+    and the step price and replica that go with it."""
+
+    tp: int
+    draft: str
+    k: int
+    acceptance: str
+    cost: StepCost
+    spec: ReplicaSpec
+    speculation: Speculation | None
+    schedule: str = ""  # a K schedule by running batch ({1-8: 4, 9+: off}); `k` is then its deepest K
+
+    @property
+    def label(self) -> str:
+        if self.speculation is None:
+            return "without speculation"
+        k = f"K schedule {self.schedule}" if self.schedule else f"K={self.k}"
+        return f"{self.draft} {k}" + (f" ({self.acceptance})" if self.acceptance else "")
+
+
+def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float], objective: Objective,
+                headroom: float, router: str, price_per_gpu_hour: float | None = None) -> pd.DataFrame:
+    """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
+    the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
+    percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
+    output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss, or where
+    `reachable` is false: a request served alone already misses the objective)."""
+    rows = []
+    floors = {(c.tp, c.label): 1 for c in found}  # a heavier traffic needs no fewer replicas
+    reachable: dict = {}  # whether any number of replicas can meet the objective (a request alone does)
+    for scale in sorted(scales):
+        for configuration in found:
+            tp, key = configuration.tp, (configuration.tp, configuration.label)
+            if key not in reachable:
+                reachable[key] = alone_meets(traffic, configuration.cost, configuration.spec,
+                                             configuration.speculation, objective)
+            replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
+                                       configuration.speculation, objective, router, headroom,
+                                       at_least=floors[key]) if reachable[key] else None
+            row = {"tp": tp, "reachable": reachable[key], "scale": scale, "draft": configuration.draft, "k": configuration.k,
+                   "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
+                   "configuration": configuration.label, "request_rate": traffic.rate(scale),
+                   "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
+            if replicas:
+                floors[key] = replicas
+                fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
+                                 configuration.speculation, router)
+                shares = fleet.share_at_least(LARGE_BATCH)
+                figures = judged(fleet, objective)
+                monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
+                row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
+                            "share_at_large_batch_mean": float(np.mean(shares)),
+                            "share_at_large_batch_max": float(np.max(shares)),
+                            "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
+                            "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
+                            / traffic.output_tokens_per_s(scale) * 1e6})
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    # the tables' order: per TP, each scale, its configurations
+    return table.sort_values(["tp", "scale"], kind="stable").reset_index(drop=True)

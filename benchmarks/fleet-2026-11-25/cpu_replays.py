@@ -1,0 +1,138 @@
+"""The fleet simulator with speculation against vLLM CPU trace replays it never saw (issue 40,
+part 3).
+
+1. Fit: the served step price (specbench.fleet.served.fit_served) on a closed-loop vLLM CPU
+   calibration sweep (no trace in it): the target's step on its autoregressive cells, each draft's
+   on its own cells.
+2. Predict: every cell of every trace replay given (their requests at their measured arrival
+   times, prompt and output lengths, through one replica as their server was configured), with
+   the acceptance per position the calibration measured for that draft ("calibration α"), and
+   with the replay's own measured acceptance ("replay α": timing still unseen).
+3. Compare p50 TTFT, TPOT and E2E with what each replay measured, and the sign of speculation's
+   effect on each (speculative cell against the same replay's baseline).
+
+    python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [REPLAY_DIR ...]
+
+Writes cpu_replays.csv and cpu_replays.md next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from specbench.fleet.served import cell_loads, fit_served, served_replica, simulate_load  # noqa: E402
+from specbench.results import load_run  # noqa: E402
+from specbench.schema import AR  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# this session's replays, on the machine the calibration ran on; the replays committed under
+# benchmarks/cpu-2026-11-24/trace ran on another host of the same name ("AMD EPYC") whose prefill
+# took ~1.1 ms a prompt token against ~2.5 ms here: no step price fitted here describes them
+REPLAYS = sorted((HERE / "cpu" / "replays").glob("*/"))
+CALIBRATION = [HERE / "cpu" / "calibration", HERE / "cpu" / "calibration-4k"]
+SELF_DRAFTS = ("smollm2-135m",)  # the target's own model as its draft (its prefill costs the target's)
+TARGETS = {"tpot": 0.10, "ttft": 0.20, "e2e": 0.10}  # issue 40: p50 within 10 %, 20 %, 10 %
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def calibration_acceptance(cells: pd.DataFrame) -> dict[tuple[str, int], tuple[float, ...]]:
+    """Per (draft, K): the calibration's acceptance per position (its longest prompts' cell)."""
+    found = {}
+    ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR)]
+    for (draft, k), group in ok.groupby(["draft", "k"]):
+        group = group.sort_values("context_length") if "context_length" in group else group
+        reach = group["acceptance_by_position"].iloc[-1]
+        if reach is not None and len(reach):
+            found[(draft, int(k))] = tuple(float(x) for x in reach)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", type=Path, action="append",
+                        help=f"a calibration run, repeatable (default: {', '.join(str(p) for p in CALIBRATION)})")
+    parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
+    args = parser.parse_args()
+    runs = [load_run(path) for path in args.calibration or CALIBRATION]
+    cells = pd.concat([run.cells for run in runs], ignore_index=True)
+    requests = pd.concat([run.requests for run in runs], ignore_index=True)
+    price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS)
+    accepted = calibration_acceptance(cells)
+    rows = []
+    for path in args.replays:
+        run = load_run(path)
+        spec = served_replica(run.meta)
+        replay = run.meta.get("replay") or run.meta.get("trace") or {}
+        for load in cell_loads(run.cells, run.requests, meta=run.meta):
+            measured = {"ttft": np.median(load.ttft_s), "tpot": np.nanmedian(load.tpot_s), "e2e": np.median(load.e2e_s)}
+            row = {"replay": str(path.resolve().relative_to(ROOT)), "describe": replay.get("describe", ""),
+                   "cell_id": load.cell_id, "draft": load.draft, "k": load.k, "requests": len(load.prompts),
+                   **{f"{m}_p50_measured_s": measured[m] for m in METRICS}}
+            for label, acceptance in (("calibration", accepted.get((load.draft, load.k), ())),
+                                      ("replay", load.acceptance)):
+                if load.draft != AR and not acceptance:
+                    continue
+                predicted = simulate_load(price, spec, load, acceptance if load.draft != AR else None)
+                for m in METRICS:
+                    row[f"{m}_p50_{label}_s"] = predicted[f"{m}_p50_s"]
+                    row[f"{m}_error_{label}"] = predicted[f"{m}_p50_s"] / measured[m] - 1
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    # the sign of speculation's effect: each speculative cell against its replay's baseline
+    for label in ("calibration", "replay"):
+        for m in METRICS:
+            signs = []
+            for row in table.itertuples():
+                base = table[(table["replay"] == row.replay) & (table["draft"] == AR)]
+                if row.draft == AR or base.empty:
+                    signs.append(np.nan)
+                    continue
+                b = base.iloc[0]
+                measured = np.sign(getattr(row, f"{m}_p50_measured_s") - b[f"{m}_p50_measured_s"])
+                predicted = np.sign(getattr(row, f"{m}_p50_{label}_s") - b[f"{m}_p50_{label}_s"])
+                signs.append(float(measured == predicted))
+            table[f"{m}_sign_right_{label}"] = signs
+    table.to_csv(HERE / "cpu_replays.csv", index=False, float_format="%.6g")
+    write_summary(table, price, [run.path for run in runs])
+
+
+def write_summary(table: pd.DataFrame, price, calibration: list[Path]) -> None:
+    fitted_on = ", ".join(str(Path(path).resolve().relative_to(ROOT)) for path in calibration)
+    lines = [f"# The fleet simulator against vLLM CPU trace replays ({len(table)} cells of "
+             f"{table['replay'].nunique()} replays; fitted on {fitted_on})", "",
+             "Fitted step (seconds): " + ", ".join(f"{name} {getattr(price, name):.4g}" for name in
+                                                   ("floor_s", "fixed_s", "per_token_s", "per_context_token_s",
+                                                    "per_prefill_pair_s", "overhead_s")),
+             "; drafts: " + "; ".join(f"{d}: per step {p.spec_fixed_s:.4g}, per draft token {p.per_draft_s:.4g}, "
+                                       f"model share {p.model_share:g}" for d, p in price.drafts.items()), "",
+             "| acceptance | metric | median abs error | within target | sign of speculation's effect right |",
+             "|---|---|---|---|---|"]
+    for label in ("calibration", "replay"):
+        for m in METRICS:
+            errors = table[f"{m}_error_{label}"].abs().dropna() if f"{m}_error_{label}" in table else pd.Series()
+            signs = table[f"{m}_sign_right_{label}"].dropna()
+            lines.append(f"| {label} α | p50 {m.upper()} | {errors.median():.1%} | "
+                         f"{(errors <= TARGETS[m]).mean():.0%} (≤ {TARGETS[m]:.0%}) | "
+                         f"{int(signs.sum())} of {len(signs)} |")
+    lines += ["", "Per cell (p50, predicted with the calibration's α / measured):", "",
+              "| replay | cell | TTFT s | TPOT ms | E2E s |", "|---|---|---|---|---|"]
+    for row in table.itertuples():
+        def cell(m: str, scale: float, digits: int, row=row) -> str:
+            predicted = getattr(row, f"{m}_p50_calibration_s", np.nan)
+            return f"{predicted * scale:.{digits}f} / {getattr(row, f'{m}_p50_measured_s') * scale:.{digits}f}"
+        lines.append(f"| {row.replay.split('/', 2)[-1]} | {row.draft} K={row.k} | {cell('ttft', 1, 2)} | "
+                     f"{cell('tpot', 1e3, 0)} | {cell('e2e', 1, 1)} |")
+    (HERE / "cpu_replays.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:12]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""A served engine's step price fitted on what a vLLM run measured (issue 40: "fit what the served
+engine measured"), so the fleet simulator can predict traffic that server never saw.
+
+A served run has no step times, only each request's arrival, lengths, TTFT and TPOT. The fit runs
+the simulator itself over the run's cells (each cell's requests at their measured arrival times,
+with their prompt and output lengths, through one replica as the server was configured) and
+chooses the step price whose simulated per-cell median TTFT and TPOT come closest to the measured
+ones (least squares on their logarithms):
+
+- the target's step: the engine's own work, then the forward as a roofline: the weights' read (a
+  floor) or the compute of the tokens it runs (prompt and decode tokens alike; a decode row runs
+  1 + K when speculating), whichever is longer; then attention: per token the decoding rows attend
+  over (their KV cache, read once however many positions verify it) and per (query, key) pair of
+  the prompt chunks;
+- a request's first token also waits `overhead` (the API server's own work: HTTP, tokenizing);
+- each speculative configuration adds, per step that drafts, `spec_fixed + per_draft × K`
+  (n-gram lookup, rejection sampling) and, for a draft model (a self draft: the target's own),
+  its forwards at the target's price: its prefill of the prompt and its K decodes of every row.
+
+The target is fitted on the autoregressive cells, then each draft on its own cells with the
+target's price held. Acceptance is an input (measured per position), not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
+from specbench.fleet.sizing import Configuration
+from specbench.schema import AR
+
+# vLLM 0.32's defaults for an OpenAI API server on a CPU (engine/arg_utils.py: 2048 batched tokens,
+# 128 sequences per worker); the KV cache is what the server logged
+CPU_SERVER_DEFAULTS = (2048, 128)
+
+
+# The one-row decode step's part that is the engine's own work (scheduling, sampling) rather than the
+# forward's floor (reading the weights). Batches of at most 4 rows, as a CPU calibration has, cannot
+# tell the two apart, yet past the floor (about 20 tokens a step on one CPU core) the tokens' compute
+# adds time and the overhead does not: an assumption, stated, not fitted.
+STEP_OVERHEAD_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class DraftPrice:
+    spec_fixed_s: float = 0.0  # per step that drafts (n-gram lookup, rejection sampling)
+    per_draft_s: float = 0.0  # per draft position (a draft model's forward beyond its floor; a lookup)
+    model_share: float = 0.0  # a draft model's forwards (prefill and K decodes) as a share of the target's
+
+
+@dataclass(frozen=True)
+class ServedPrice:
+    """Seconds per engine step of one served target (and its drafts), fitted on a run: the
+    engine's own work, then the forward as a roofline (the weights' read, a floor, or the tokens'
+    compute, whichever is longer), then attention over the KV cache and the prompt chunks."""
+
+    floor_s: float  # one forward's floor: the weights read once (with the step's own work, `fixed_s`)
+    per_token_s: float  # compute per token the forward runs (prompt or decode alike)
+    overhead_s: float = 0.0  # per request before its first token (the API server's work)
+    per_context_token_s: float = 0.0  # per token a decoding row attends over (its KV cache, read once)
+    per_prefill_pair_s: float = 0.0  # per (query, key) pair a prefill chunk's attention computes
+    drafts: dict[str, DraftPrice] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def fixed_s(self) -> float:
+        return self.floor_s * STEP_OVERHEAD_SHARE
+
+    def forward_s(self, tokens: float) -> float:
+        return max(self.floor_s * (1 - STEP_OVERHEAD_SHARE), self.per_token_s * tokens)
+
+    def cost(self, draft: str | None = None):
+        price = self.drafts.get(draft or "", DraftPrice())
+
+        def step(prefill_tokens: int, decode_rows: int, k: int = 0, context: int = 0,
+                 prefill_pairs: float = 0.0) -> float:
+            attention = self.per_context_token_s * context + self.per_prefill_pair_s * prefill_pairs
+            seconds = self.fixed_s + self.forward_s(prefill_tokens + decode_rows * (1 + k)) + attention
+            if draft and price.model_share and prefill_tokens:  # a draft model prefills the prompt too
+                seconds += price.model_share * (self.forward_s(prefill_tokens)
+                                                + self.per_prefill_pair_s * prefill_pairs)
+            if draft and k and decode_rows:
+                seconds += price.spec_fixed_s + k * price.per_draft_s
+                if price.model_share:  # its K decodes of every row
+                    seconds += k * price.model_share * (self.forward_s(decode_rows)
+                                                        + self.per_context_token_s * context)
+            return seconds
+
+        step.uses_context = True
+        return step
+
+
+def served_replica(meta: dict, draft: str = AR, k: int = 0) -> ReplicaSpec:
+    """The replica a run's vLLM CPU server for `draft` at `k` was (a draft model's server holds a
+    smaller KV cache): its logged KV cache, vLLM's CPU defaults."""
+    servers = (meta.get("engine") or {}).get("servers") or []
+    label = AR if draft == AR or not k else f"{draft} K={k}"
+    logged = [s for s in servers if s.get("kv_cache")]
+    mine = [s for s in logged if s.get("label") == label] or logged
+    kv = mine[0].get("kv_cache") if mine else {}
+    tokens, block = int(kv.get("kv_cache_size_tokens") or 1 << 20), int(kv.get("block_size") or 16)
+    budget, seqs = CPU_SERVER_DEFAULTS
+    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=tokens, block_size=block)
+
+
+@dataclass(frozen=True)
+class CellLoad:
+    """One measured cell's requests (one repeat): what the simulator replays and what it is
+    compared with."""
+
+    cell_id: str
+    draft: str
+    k: int
+    acceptance: tuple[float, ...]
+    arrivals_s: np.ndarray
+    prompts: np.ndarray
+    outputs: np.ndarray
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    spec: ReplicaSpec | None = None  # the server this cell ran on, where the run logged it
+
+
+def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
+               meta: dict | None = None) -> list[CellLoad]:
+    """Every finished cell's requests of one repeat, in arrival order (with `meta`: each on the
+    replica its server was)."""
+    loads = []
+    for cell in cells[cells["status"] == "ok"].to_dict("records"):
+        mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["repeat"] == repeat)]
+        mine = mine[mine["output_tokens"] >= 1].sort_values("arrival_s")
+        if mine.empty:
+            continue
+        reach = cell.get("acceptance_by_position")
+        acceptance = tuple(float(x) for x in reach) if reach is not None and len(reach) else ()
+        loads.append(CellLoad(cell["cell_id"], cell["draft"], int(cell["k"]), acceptance,
+                              mine["arrival_s"].to_numpy(float), mine["prompt_tokens"].to_numpy(int),
+                              mine["output_tokens"].to_numpy(int), mine["ttft_s"].to_numpy(float),
+                              mine["tpot_s"].to_numpy(float), mine["e2e_s"].to_numpy(float),
+                              served_replica(meta, cell["draft"], int(cell["k"])) if meta else None))
+    return loads
+
+
+def simulate_load(price: ServedPrice, spec: ReplicaSpec, load: CellLoad,
+                  acceptance: tuple[float, ...] | None = None) -> dict:
+    """The cell's requests through one replica at `price` (`spec`: the server's, `load.spec` where
+    the cell recorded its own): median TTFT, TPOT and E2E (seconds), TTFT and E2E with the
+    per-request overhead."""
+    spec = load.spec or spec
+    speculative = load.draft != AR and load.k > 0
+    reach = acceptance if acceptance is not None else load.acceptance
+    speculation = Speculation(load.k, _monotone(reach, load.k), seed=1) if speculative else None
+    out = simulate(load.prompts, load.outputs, price.cost(load.draft if speculative else None), spec,
+                   arrivals_s=load.arrivals_s - load.arrivals_s[0], speculation=speculation)
+    ttft, e2e = out.ttft_s + price.overhead_s, out.e2e_s + price.overhead_s
+    return {"ttft_p50_s": float(np.median(ttft)), "tpot_p50_s": float(np.nanmedian(out.tpot_s)),
+            "e2e_p50_s": float(np.median(e2e))}
+
+
+def _monotone(reach: tuple[float, ...], k: int) -> tuple[float, ...]:
+    """K positions of acceptance, non-increasing (a measured profile can rise by noise)."""
+    values = list(reach[:k]) + [0.0] * max(0, k - len(reach))
+    for i in range(1, len(values)):
+        values[i] = min(values[i], values[i - 1])
+    return tuple(min(1.0, max(0.0, v)) for v in values)
+
+
+def _residuals(price: ServedPrice, spec: ReplicaSpec, loads: list[CellLoad]) -> np.ndarray:
+    """log(simulated / measured) of each cell's median TTFT and TPOT."""
+    found = []
+    for load in loads:
+        predicted = simulate_load(price, spec, load)
+        for name, measured in (("ttft_p50_s", np.median(load.ttft_s)), ("tpot_p50_s", np.nanmedian(load.tpot_s))):
+            if measured > 0 and predicted[name] > 0:
+                found.append(math.log(predicted[name] / measured))
+    return np.array(found)
+
+
+def _least_squares(residuals, start: np.ndarray) -> np.ndarray:
+    """Positive parameters minimising the residuals' squares (fitted on their logarithms, so a
+    price spanning orders of magnitude is found as readily as one near its start)."""
+    from scipy.optimize import least_squares
+
+    found = least_squares(lambda x: residuals(np.exp(x)), np.log(start), method="trf", diff_step=1e-3,
+                          x_scale=1.0, max_nfev=400)
+    return np.exp(found.x)
+
+
+def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = "",
+               self_drafts: tuple[str, ...] = ()) -> tuple[ServedPrice, ReplicaSpec]:
+    """The step price that makes the simulator reproduce a vLLM run's cells (see the module's
+    docstring), and the replica its server was. `self_drafts`: drafts that are the target's own
+    model (their prefill costs the target's)."""
+    spec = served_replica(meta)
+    loads = cell_loads(cells, requests, meta=meta)
+    base = [load for load in loads if load.draft == AR]
+    if not base:
+        raise ValueError(f"{source}: no finished autoregressive cell to fit the target's step on")
+    tpot = float(np.nanmedian(np.concatenate([load.tpot_s for load in base])))
+    start = np.array([tpot * 0.9, tpot / 50, tpot / 10, tpot / 1e4, tpot / 1e6])
+
+    def target(x: np.ndarray) -> np.ndarray:
+        return _residuals(ServedPrice(*x), spec, base)
+
+    price = ServedPrice(*_least_squares(target, start), {}, source)
+    drafts = {}
+    for draft in sorted({load.draft for load in loads} - {AR}):
+        mine = [load for load in loads if load.draft == draft and load.k > 0]
+        share = 1.0 if draft in self_drafts else 0.0
+
+        def speculative(x: np.ndarray, draft: str = draft, mine: list = mine, share: float = share) -> np.ndarray:
+            trial = replace(price, drafts={draft: DraftPrice(x[0], x[1], share)})
+            return _residuals(trial, spec, mine)
+
+        spec_fixed, per_draft = _least_squares(speculative, np.array([price.fixed_s, price.fixed_s / 4]))
+        drafts[draft] = DraftPrice(spec_fixed, per_draft, share)
+    return replace(price, drafts=drafts), spec
+
+
+def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = ""):
+    """A vLLM run's configurations for the fleet simulator: its baseline and each draft × K it
+    measured, priced by the step fitted on the run, each with the acceptance per position the run
+    measured (its longest prompts' cell). One replica is one server (`tp` 1). A draft that is the
+    run's target model is a self draft (its prefill costs the target's)."""
+    target = str((meta.get("config") or {}).get("target", ""))
+    drafts = tuple(d for d in cells["draft"].unique() if d != AR and target and d == target)
+    price, spec = fit_served(cells, requests, meta, source, drafts)
+    found = [Configuration(1, AR, 0, "", price.cost(None), spec, None)]
+    ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR) & (cells["k"] > 0)]
+    for (draft, k), group in ok.groupby(["draft", "k"], sort=True):
+        group = group.sort_values("context_length") if "context_length" in group else group
+        reach = group["acceptance_by_position"].iloc[-1]
+        if reach is None or not len(reach):
+            continue
+        acceptance = _monotone(tuple(float(x) for x in reach), int(k))
+        found.append(Configuration(1, draft, int(k), "measured α", price.cost(draft),
+                                   served_replica(meta, draft, int(k)), Speculation(int(k), acceptance, seed=int(k))))
+    return found, price

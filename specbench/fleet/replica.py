@@ -166,6 +166,15 @@ def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
+    """One line if a request is empty or needs more KV cache than the replica has."""
+    if prompt < 1 or output < 1:
+        raise ValueError("every request needs a prompt and an output of at least one token")
+    if _blocks_for(prompt + output, spec.block_size) > spec.kv_blocks:
+        raise ValueError(f"request {index} ({prompt} + {output} tokens) needs more KV cache than the replica "
+                         f"has ({spec.kv_capacity_tokens} tokens)")
+
+
 class Replica:
     """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
     reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
@@ -187,11 +196,7 @@ class Replica:
 
     def add(self, index: int, arrival_s: float, prompt: int, output: int) -> _Request:
         """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`."""
-        if prompt < 1 or output < 1:
-            raise ValueError("every request needs a prompt and an output of at least one token")
-        if _blocks_for(prompt + output, self.spec.block_size) > self.spec.kv_blocks:
-            raise ValueError(f"request {index} ({prompt} + {output} tokens) needs more KV cache than the replica "
-                             f"has ({self.spec.kv_capacity_tokens} tokens)")
+        check_fits(index, prompt, output, self.spec)
         request = _Request(index, float(arrival_s), int(prompt), int(output))
         heapq.heappush(self.pending, (request.arrival_s, index, request))
         return request
@@ -394,13 +399,9 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         raise ValueError("give arrivals (open loop) or a concurrency (closed loop), one of them")
     if count == 0:
         raise ValueError("no requests to simulate")
-    if (prompts < 1).any() or (outputs < 1).any():
-        raise ValueError("every request needs a prompt and an output of at least one token")
     replica = Replica(cost, spec, speculation)
     for i in range(count):  # every request's KV need checked before any step
-        if _blocks_for(int(prompts[i] + outputs[i]), spec.block_size) > spec.kv_blocks:
-            raise ValueError(f"request {i} ({prompts[i]} + {outputs[i]} tokens) needs more KV cache than the "
-                             f"replica has ({spec.kv_capacity_tokens} tokens)")
+        check_fits(i, int(prompts[i]), int(outputs[i]), spec)
     requests: list[_Request] = []
     if arrivals_s is not None:
         requests = [replica.add(i, at, prompts[i], outputs[i]) for i, at in enumerate(np.asarray(arrivals_s, float))]

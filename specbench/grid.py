@@ -19,7 +19,7 @@ from typing import Protocol
 from specbench.models import (
     DEFAULT_TARGET, default_dtype, dtype_name, lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
-from specbench.schema import AR
+from specbench.schema import AR, ROUTERS
 from specbench.synthetic import parse_alpha, shipped_config
 
 ENGINES = ("native", "vllm", "endpoint")
@@ -153,6 +153,7 @@ class SweepConfig:
     endpoint: str = ""  # engine "endpoint": a running OpenAI-compatible server to measure
     baseline_endpoint: str = ""  # ... and the same model served without speculation
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
+    router: str = "least-outstanding"  # several endpoints: which gets each request (schema.ROUTERS)
     context_lengths: list[int] = field(default_factory=list)  # prompts built to these lengths; [] = as they come
     until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
     max_repeats: int = 12  # ... up to this many per cell
@@ -183,7 +184,9 @@ class SweepConfig:
 
             check_trace_config(self)
         load = ("--request-rates", self.request_rates) if self.request_rates else ("--batch-sizes", self.batch_sizes)
-        for name, values in (("--drafts", self.drafts), ("--k", self.ks), *([] if self.trace else [load]),
+        baseline_only = self.engine == "endpoint" and not self.endpoint and bool(self.baseline_endpoint)
+        for name, values in (*([] if baseline_only else [("--drafts", self.drafts)]), ("--k", self.ks),
+                             *([] if self.trace else [load]),
                              ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
             if not values:
                 raise ValueError(f"{name} is empty")
@@ -206,6 +209,8 @@ class SweepConfig:
         if any(c < MIN_CONTEXT_LENGTH for c in self.context_lengths):
             raise ValueError(f"context lengths must be >= {MIN_CONTEXT_LENGTH} tokens (room for the workload's "
                              f"question), got {self.context_lengths}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if not self.burstiness > 0:
             raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
         if any(t < 0 or not math.isfinite(t) for t in self.temperatures):

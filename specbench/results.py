@@ -199,6 +199,7 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     except (OSError, ValueError) as error:  # pyarrow's errors are both
         raise DamagedRun(f"{path}: a table cannot be read as Parquet ({(str(error).splitlines() or [''])[0]})") from None
     check_cells(tables["cells"], path / "cells.parquet")
+    tables["cells"] = with_speculative_columns(tables["cells"])
     for name in ("requests", "steps"):
         check_table(tables[name], name, path / f"{name}.parquet")
     return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], copies)
@@ -225,6 +226,19 @@ def check_cells(cells: pd.DataFrame, where: Path) -> None:
         raise DamagedRun(f"{where} lacks column(s) {', '.join(missing)}: not a cells table specbench wrote "
                          "(damaged, or edited)")
     _check_numbers(cells, "cells", where)
+
+
+def with_speculative_columns(cells: pd.DataFrame) -> pd.DataFrame:
+    """A run of baselines only (a plain fleet measured with --baseline-endpoint) has no speculative
+    cell to write α, τ and their kin: those columns are added empty, so every reader finds them."""
+    missing = [c for c in TABLE_COLUMNS["cells"] if c.written_by == "speculative cells" and c.name not in cells]
+    if not missing:
+        return cells
+    cells = cells.copy()
+    for column in missing:
+        cells[column.name] = pd.Series([None] * len(cells), dtype=object) if column.dtype.startswith("list") \
+            else float("nan")
+    return cells
 
 
 def check_table(frame: pd.DataFrame, name: str, where: Path) -> None:

@@ -31,6 +31,9 @@ SEQUENTIAL = "sequential"  # older served runs: one after the other
 
 # The rollout question's "large batch": a trace replay's share of time at B >= this, check's default
 LARGE_BATCH = 32
+# How a load is spread over several servers, measured (served.client) and simulated (fleet.router) alike:
+# the fewest requests in flight (ties: the server chosen longest ago), or in turn
+ROUTERS = ("least-outstanding", "round-robin")
 # A trace request sent later than this after its arrival time is late (traffic.md)
 SEND_LAG_GOAL_S = 0.005
 
@@ -241,6 +244,8 @@ REQUESTS: tuple[Column, ...] = (
     Column("tokens", "list[int]", "", "the generated token ids", EVERY_ROW),
     Column("arrival_s", "float", "s", "when it was due, seconds into the repeat", "served"),
     Column("send_lag_s", "float", "s", "how late the client sent it", "served"),
+    Column("replica", "int", "count", "which of the cell's servers served it (an --endpoint list; 0 with one)",
+           "served"),
     Column("trace_input_tokens", "int", "tokens", "the input length the trace gave", "trace"),
     Column("trace_output_tokens", "int", "tokens", "the output length the trace gave", "trace"),
     Column("machine_stall_s", "float", "s", "the machine's longest stall while the request was due and not yet sent",

@@ -111,6 +111,24 @@ def test_speculation_that_accepts_everything_emits_k_plus_one_a_step():
     assert out.e2e_s[0] == pytest.approx(cost(10, 0) + 3 * cost(0, 1, 3))
 
 
+def test_inter_token_latency_is_each_decode_step_and_zeros_within_a_speculative_step():
+    """Pooled over requests as vllm bench serve pools ITL. Plain: 12 gaps of one decode step each.
+    Everything accepted at K = 3: 12 tokens in 3 steps, each step one gap of its time and 3 tokens
+    that came with it (gaps of 0): 9 of 12 gaps are 0."""
+    cost = linear_cost()
+    plain = simulate([10], [13], cost, ReplicaSpec(), arrivals_s=[0.0])
+    assert plain.itl_counts.sum() == 12
+    for p in (1, 50, 99):
+        assert plain.itl_percentile(p) == pytest.approx(cost(0, 1))
+    fast = simulate([10], [13], cost, ReplicaSpec(), arrivals_s=[0.0], speculation=Speculation(3, (1.0, 1.0, 1.0)))
+    assert fast.itl_counts.sum() == 12
+    assert fast.itl_percentile(50) == fast.itl_percentile(75) == 0.0
+    assert fast.itl_percentile(76) == pytest.approx(cost(0, 1, 3))
+    # two requests decoding together: each of the shared steps is a gap of both
+    pair = simulate([10, 10], [5, 5], cost, ReplicaSpec(), arrivals_s=[0.0, 0.0])
+    assert pair.itl_counts.sum() == 8 and pair.itl_percentile(50) == pytest.approx(cost(0, 2))
+
+
 def test_speculation_that_accepts_nothing_emits_one_a_step_and_costs_more():
     cost = linear_cost()
     plain = simulate([10], [13], cost, ReplicaSpec(), arrivals_s=[0.0])
@@ -502,3 +520,40 @@ def test_the_trace_plan_on_a_run_that_is_not_served_is_one_line(tmp_path):
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     result = CliRunner().invoke(app, ["plan", str(tmp_path), "--trace", "azure-conv"])
     assert result.exit_code == 2 and "give --slo" in result.output, result.output
+
+
+def test_a_load_spread_over_two_servers_is_simulated_on_two_replicas_behind_its_router():
+    """A served cell whose load went to two endpoints (its `endpoint` column lists both) is
+    predicted on two replicas behind the run's router: round-robin, each replica serves every
+    other request alone, worked out here with one replica each; at a rate one replica cannot hold,
+    two wait far less."""
+    import pandas as pd
+
+    from specbench.fleet.replica import simulate
+    from specbench.fleet.served import ServedPrice, cell_loads, simulate_load
+
+    price = ServedPrice(0.045, 0.0015, 0.05, 2e-6, 2e-7)
+    spec = ReplicaSpec(max_num_seqs=128, max_num_batched_tokens=2048, kv_capacity_tokens=46592, block_size=128)
+    rng = np.random.default_rng(3)
+    count = 16
+    arrivals = np.sort(rng.uniform(0, 20, count))
+    prompts, outputs = rng.integers(800, 1200, count), rng.integers(30, 60, count)
+    cells = pd.DataFrame([{"cell_id": name, "status": "ok", "draft": "endpoint", "k": 0,
+                           "acceptance_by_position": None, "endpoint": endpoint}
+                          for name, endpoint in (("one", "http://a:8000"), ("two", "http://a:8000,http://b:8000"))])
+    requests = pd.DataFrame([{"cell_id": name, "repeat": 0, "arrival_s": arrivals[i], "prompt_tokens": prompts[i],
+                              "output_tokens": outputs[i], "ttft_s": 0.0, "tpot_s": 0.0, "e2e_s": 0.0}
+                             for name in ("one", "two") for i in range(count)])
+    meta = {"config": {"router": "round-robin"},
+            "engine": {"servers": [{"label": "endpoint", "kv_cache": {"kv_cache_size_tokens": "46592",
+                                                                      "block_size": "128"}}]}}
+    one, two = cell_loads(cells, requests, meta=meta)
+    assert (one.replicas, two.replicas, two.router, two.spec) == (1, 2, "round-robin", spec)
+    halves = [simulate(prompts[n::2], outputs[n::2], price.cost(None), spec, arrivals_s=arrivals[n::2] - arrivals[0])
+              for n in (0, 1)]
+    expected = np.median(np.concatenate([half.ttft_s for half in halves])) + price.overhead_s
+    predicted_two, predicted_one = simulate_load(price, spec, two), simulate_load(price, spec, one)
+    assert predicted_two["ttft_p50_s"] == pytest.approx(expected, rel=1e-9)
+    assert predicted_two["tpot_p50_s"] == pytest.approx(
+        np.nanmedian(np.concatenate([half.tpot_s for half in halves])), rel=1e-9)
+    assert predicted_one["ttft_p50_s"] > 3 * predicted_two["ttft_p50_s"]  # one replica's queue grows

@@ -83,8 +83,12 @@ def test_slos_parse_with_a_percentile():
     (["--engine", "vllm", "--slo", "ttft=fast"], "--slo"),
     (["--drafts", "ngram@schedule:{1: 3}"], "K schedule runs on a served engine"),
     (["--engine", "vllm", "--drafts", "ngram@schedule:{2+: 3}"], "from 1 up"),
-    (["--endpoint", "localhost:8000"], "http(s) URL"),
-    (["--baseline-endpoint", "http://x"], "needs --endpoint"),
+    (["--endpoint", "localhost:8000"], "http(s) URLs"),
+    (["--baseline-endpoint", "http://x", "--drafts", "ngram"], "alone measures the baseline only"),
+    (["--endpoint", "http://127.0.0.1:9,http://127.0.0.1:9/v1"], "names a server twice"),
+    (["--endpoint", "http://127.0.0.1:9,127.0.0.1:10"], "http(s) URLs"),
+    (["--endpoint", "http://127.0.0.1:9,http://127.0.0.1:10", "--router", "random"], "--router must be one of"),
+    (["--endpoint", "http://127.0.0.1:9", "--router", "round-robin"], "several servers"),
     (["--endpoint", "http://127.0.0.1:9", "--drafts", "a,b"], "one label"),
 ])
 def test_bad_live_traffic_input_is_one_line(args, message, tmp_path):
@@ -251,6 +255,77 @@ def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_writ
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert b"sk-secret-123" not in path.read_bytes(), path
+
+
+def test_the_client_routes_as_the_fleet_simulator_does():
+    """least-outstanding: the fewest in flight, ties to the server chosen longest ago; round-robin:
+    in turn whatever their load (fleet.router simulates the same two)."""
+    from specbench.served.client import Router
+
+    router = Router(3)
+    assert [router.choose() for _ in range(3)] == [0, 1, 2]
+    router.finished(1)
+    assert router.choose() == 1  # the only one with nothing in flight
+    assert router.choose() == 0  # all at one in flight: 0 was chosen longest ago
+    turns = Router(3, "round-robin")
+    turns.finished(turns.choose())
+    assert [turns.choose() for _ in range(4)] == [1, 2, 0, 1]
+    with pytest.raises(ValueError, match="router must be one of"):
+        Router(2, "random")
+
+
+def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_dir, tmp_path):
+    """--endpoint A,B: each request goes to one of them (round-robin here: in turn), the requests
+    table says which, the spec-decode counters are both servers' summed, each server's KV cache is
+    in run.json, and the fleet simulator reads the cell as two replicas behind that router."""
+    from specbench.fleet.served import cell_loads
+
+    servers = []
+    try:
+        for _ in range(2):
+            port = free_port()
+            server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
+                                    json.dumps({"method": "ngram", "num_speculative_tokens": 3})],
+                                   tmp_path / f"server{port}.log", port)
+            server.start()
+            servers.append(server)
+        for server in servers:
+            server.wait_until_healthy(60)
+        run_dir = tmp_path / "run"
+        urls = ",".join(server.url for server in servers)
+        result = runner.invoke(app, ["sweep", "--endpoint", urls, "--router", "round-robin", "--target", target_dir,
+                                     "--batch-sizes", "2", "--temperatures", "0", "--workloads", "chat",
+                                     "--max-new-tokens", "12", "--num-prompts", "4", "--output", str(run_dir)])
+        assert result.exit_code == 0, result.output
+        assert "each load spread over its servers (round-robin)" in result.output
+        # --baseline-endpoint alone: the servers measured as a plain fleet, baseline cells only
+        plain = runner.invoke(app, ["sweep", "--baseline-endpoint", urls, "--target", target_dir, "--batch-sizes", "3",
+                                    "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
+                                    "--num-prompts", "3", "--output", str(tmp_path / "plain")])
+        assert plain.exit_code == 0, plain.output
+        assert "the baseline alone" in plain.output
+    finally:
+        for server in servers:
+            server.stop()
+    run = load_run(run_dir)
+    cell = run.cells.iloc[0]
+    assert cell["endpoint"] == urls and run.meta["engine"]["router"] == "round-robin"
+    requests = run.requests.sort_values("start_offset_s")
+    assert list(requests["replica"]) == [0, 1, 0, 1]  # sent in turn
+    # each server counted the drafts of its 2 requests (3 per 12-token request): 6 each, 12 summed
+    assert cell["num_drafts"] == 4 * 3 and cell["alpha"] == 1.0 and cell["tau"] == 4.0
+    assert [s["kv_cache"]["kv_cache_size_tokens"] for s in run.meta["engine"]["servers"]] == ["2048", "2048"]
+    assert_in_contract(run)
+    (load,) = cell_loads(run.cells, run.requests, meta=run.meta)
+    assert (load.replicas, load.router, load.spec.kv_capacity_tokens) == (2, "round-robin", 2048)
+    plain = load_run(tmp_path / "plain")
+    assert list(plain.cells["draft"]) == ["autoregressive"] and plain.cells["endpoint"].iloc[0] == urls
+    assert sorted(plain.requests["replica"]) == [0, 0, 1]  # least-outstanding: 3 at once over 2 servers
+    assert_in_contract(plain)
+    (base,) = cell_loads(plain.cells, plain.requests, meta=plain.meta)
+    assert (base.draft, base.replicas, base.router) == ("autoregressive", 2, "least-outstanding")
+    report = runner.invoke(app, ["report", str(tmp_path / "plain")])
+    assert report.exit_code == 0, report.output
 
 
 def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, target_dir, tmp_path):

@@ -11,9 +11,9 @@ part 3).
 3. Compare p50 TTFT, TPOT and E2E with what each replay measured, and the sign of speculation's
    effect on each (speculative cell against the same replay's baseline).
 
-    python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [REPLAY_DIR ...]
+    python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [--out DIR] [REPLAY_DIR ...]
 
-Writes cpu_replays.csv and cpu_replays.md next to this file.
+Writes cpu_replays.csv and cpu_replays.md next to this file (or in --out).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", type=Path, action="append",
                         help=f"a calibration run, repeatable (default: {', '.join(str(p) for p in CALIBRATION)})")
+    parser.add_argument("--out", type=Path, default=HERE, help="where cpu_replays.csv and .md go")
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()
     runs = [load_run(path) for path in args.calibration or CALIBRATION]
@@ -100,11 +101,12 @@ def main() -> None:
                 predicted = np.sign(getattr(row, f"{m}_p50_{label}_s") - b[f"{m}_p50_{label}_s"])
                 signs.append(float(measured == predicted))
             table[f"{m}_sign_right_{label}"] = signs
-    table.to_csv(HERE / "cpu_replays.csv", index=False, float_format="%.6g")
-    write_summary(table, price, [run.path for run in runs])
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "cpu_replays.csv", index=False, float_format="%.6g")
+    write_summary(table, price, [run.path for run in runs], args.out)
 
 
-def write_summary(table: pd.DataFrame, price, calibration: list[Path]) -> None:
+def write_summary(table: pd.DataFrame, price, calibration: list[Path], out: Path = HERE) -> None:
     fitted_on = ", ".join(str(Path(path).resolve().relative_to(ROOT)) for path in calibration)
     lines = [f"# The fleet simulator against vLLM CPU trace replays ({len(table)} cells of "
              f"{table['replay'].nunique()} replays; fitted on {fitted_on})", "",
@@ -130,7 +132,7 @@ def write_summary(table: pd.DataFrame, price, calibration: list[Path]) -> None:
             return f"{predicted * scale:.{digits}f} / {getattr(row, f'{m}_p50_measured_s') * scale:.{digits}f}"
         lines.append(f"| {row.replay.split('/', 2)[-1]} | {row.draft} K={row.k} | {cell('ttft', 1, 2)} | "
                      f"{cell('tpot', 1e3, 0)} | {cell('e2e', 1, 1)} |")
-    (HERE / "cpu_replays.md").write_text("\n".join(lines) + "\n")
+    (out / "cpu_replays.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:12]))
 
 

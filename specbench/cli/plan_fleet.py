@@ -192,9 +192,9 @@ def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: lis
     _check(ask)
     run = load_run(run_dir)
     engine = (run.meta.get("engine") or {}).get("name", "native")
-    if engine != "vllm":
-        raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace fits a served step on a vLLM run's requests "
-                         f"(sweep --engine vllm), or plans on the kernel tables with --target MODEL")
+    if engine not in ("vllm", "endpoint"):
+        raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace fits a served step on a served run's requests "
+                         f"(sweep --engine vllm or --endpoint), or plans on the kernel tables with --target MODEL")
     slo = parse_slo(slo_text)
     config = run.meta.get("config") or {}
     found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
@@ -207,11 +207,14 @@ def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: lis
             "step_fitted": {name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s")}}
     _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
-                  gpu_price, "given" if gpu_price is not None else "none (device-hours)", json_output, started)
+                  gpu_price, "given" if gpu_price is not None else "none (device-hours)", json_output, started,
+                  device="server")
 
 
 def _show_traffic(table, traffic, replay, slo, ask, head, where, replica, left_out, transferred, price, price_note,
-                  json_output, started) -> None:
+                  json_output, started, device: str = "GPU") -> None:
+    """The sized fleets as tables and sentences (or JSON); `device`: what one replica's devices
+    are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
 
     sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica)
@@ -232,11 +235,11 @@ def _show_traffic(table, traffic, replay, slo, ask, head, where, replica, left_o
     _print_head(head, f"replicas behind a {ask.router} router serving {traffic.name} ({len(traffic.prompts)} "
                       f"requests, {traffic.rate():.2f} req/s at 1×); sized to {slo.describe()} at {1 + ask.headroom:g}× "
                       f"each traffic; prices {price_note}", left_out + replay.notes(), transferred)
-    unit = "$" if price is not None else "GPU-h"
+    unit = "$" if price is not None else f"{device}-h"
     for (tp, scale), group in table.groupby(["tp", "scale"], sort=False):
-        shown = Table(title=f"TP{tp}, {traffic.name} at {scale:g}× ({traffic.rate(scale):.2f} req/s)",
-                      title_justify="left", header_style="bold")
-        for column in ("configuration", "replicas", "GPUs", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
+        shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{traffic.name} at {scale:g}× "
+                            f"({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
+        for column in ("configuration", "replicas", f"{device}s", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
                        "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s", "good", "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():

@@ -40,9 +40,13 @@ def sweep(
     slo: Optional[str] = typer.Option(None, help="Service-level objective in seconds, e.g. ttft=1.0,tpot=0.05[,p90] "
                                                  "(default p99): report and check judge goodput against it."),
     endpoint: Optional[str] = typer.Option(None, help="Measure a running OpenAI-compatible server (its URL) "
-                                                      "instead of starting one."),
-    baseline_endpoint: Optional[str] = typer.Option(None, help="With --endpoint: the same model served without "
-                                                               "speculation (the baseline)."),
+                                                      "instead of starting one; URL1,URL2: servers of one model "
+                                                      "that each load is spread over (a small fleet)."),
+    baseline_endpoint: Optional[str] = typer.Option(None, help="The same model served without speculation (the "
+                                                               "baseline; URL1,URL2 as well); alone, only the "
+                                                               "baseline is measured."),
+    router: str = typer.Option("least-outstanding", help="Several endpoints: which one gets each request, "
+                                                         "least-outstanding or round-robin."),
     api_key_env: str = typer.Option("OPENAI_API_KEY", help="Endpoints: the environment variable holding an API "
                                                            "key (sent as a bearer token, never written)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),
@@ -126,12 +130,16 @@ def sweep(
     try:
         if batch_sizes is not None and request_rates is not None:
             raise UsageError("--batch-sizes (closed loop) and --request-rates (open loop): a run uses one or the other")
-        if endpoint:
+        if endpoint or baseline_endpoint:
             if engine != "native":
                 raise UsageError("--endpoint measures a running server: leave out --engine")
             engine = "endpoint"
-        elif baseline_endpoint:
-            raise UsageError("--baseline-endpoint needs --endpoint (the server with speculation)")
+        baseline_only = bool(baseline_endpoint) and not endpoint  # plain servers alone: no speculative cells
+        if baseline_only and (drafts is not None or k is not None):
+            raise UsageError("--drafts and --k name what --endpoint runs: --baseline-endpoint alone measures the "
+                             "baseline only")
+        if router != "least-outstanding" and "," not in (endpoint or "") + (baseline_endpoint or ""):
+            raise UsageError("--router spreads each load over several servers: give them as --endpoint URL1,URL2")
         if trace and (batch_sizes is not None or request_rates is not None):
             raise UsageError("--trace replays the trace's own arrivals: leave out --batch-sizes and --request-rates")
         if not trace and (trace_window or trace_speedup != 1.0 or trace_max_requests):
@@ -147,13 +155,14 @@ def sweep(
                            allow_pp_speculation=allow_pp_speculation)
         config = SweepConfig(
             target=target,
-            drafts=split_drafts(drafts) if drafts is not None else (["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
-            ks=split_list(k, int, "--k") if k is not None else ([0] if endpoint else [2, 4]),
+            drafts=split_drafts(drafts) if drafts is not None else
+            ([] if baseline_only else ["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
+            ks=split_list(k, int, "--k") if k is not None else ([0] if engine == "endpoint" else [2, 4]),
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
             else ([] if request_rates is not None or trace else [1, 4, 16]),
             request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],
             burstiness=burstiness, slo=slo or "", endpoint=endpoint or "", baseline_endpoint=baseline_endpoint or "",
-            api_key_env=api_key_env,
+            api_key_env=api_key_env, router=router,
             temperatures=split_list(temperatures, float, "--temperatures"),
             workloads=split_list(workloads, str, "--workloads") if workloads is not None
             else ([trace_workload(trace)] if trace else ["chat", "code"]), max_new_tokens=max_new_tokens,
@@ -186,6 +195,7 @@ def _given_fields(ctx: typer.Context) -> set[str]:
     # sweep options -> the SweepConfig fields they set (the rest have the same name)
     fields_of = {option: {field} for field, option in OPTION_NAMES.items()}
     fields_of["endpoint"] = {"endpoint", "engine"}
+    fields_of["baseline_endpoint"] = {"baseline_endpoint", "engine"}
     fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
                                                   "gpu_memory_utilization", "enforce_eager", "vllm_args",
                                                   "vllm_python", "server_timeout", "served_pairing",

@@ -50,6 +50,7 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
     return {**{f"ttft_p{p}_ms": float(np.percentile(ttft, p)) for p in (50, 90, 99)},
             **{f"tpot_p{p}_ms": float(np.nanpercentile(tpot, p)) for p in (50, 90, 99)},
             **{f"e2e_p{p}_ms": float(np.percentile(e2e, p)) for p in (50, 90, 99)},
+            **{f"itl_p{p}_ms": out.itl_percentile(p) * 1e3 for p in (50, 90, 99)},
             "tokens_per_s": tokens / span, "tokens_per_s_per_gpu": tokens / span / gpus,
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}
 

@@ -131,6 +131,14 @@ class Outcome:
     steps: int = 0
     # (seconds, running rows) at each change of the running set: the batch the replica ran at
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    # every inter-token gap of every request, pooled (as vllm bench serve pools ITL): distinct gaps
+    # and how many tokens arrived after each (tokens a speculative step emits together: gaps of 0)
+    itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+
+    def itl_percentile(self, p: float) -> float:
+        """The pooled inter-token latency's `p`th percentile (seconds; NaN without decode tokens)."""
+        return weighted_percentile(self.itl_gaps_s, self.itl_counts, p)
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -150,6 +158,24 @@ class Outcome:
     def share_at_least(self, rows: int) -> float:
         """The share of time the replica ran at least `rows` requests (B >= 32: speculation's worry)."""
         return share_at_least(self.timeline, rows)
+
+
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
+    """The `p`th percentile of `values`, each counted `counts` times (the smallest value whose
+    cumulative share reaches p %); NaN when nothing is counted."""
+    values, counts = np.asarray(values, float), np.asarray(counts, float)
+    if not counts.sum():
+        return math.nan
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(counts[order])
+    return float(values[order][np.searchsorted(cumulative, p / 100 * cumulative[-1])])
+
+
+def pooled_itl(replicas: list["Replica"]) -> tuple[np.ndarray, np.ndarray]:
+    """Every replica's inter-token gaps, pooled: (gaps, counts)."""
+    gaps = [g for r in replicas for g in r.itl_gap_s] + [0.0]
+    counts = [c for r in replicas for c in r.itl_count] + [sum(r.itl_zeros for r in replicas)]
+    return np.array(gaps, float), np.array(counts, int)
 
 
 def share_at_least(timeline: list[tuple[float, int]], rows: int) -> float:
@@ -193,6 +219,12 @@ class Replica:
         self.now, self.steps, self.preemptions = 0.0, 0, 0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.last_finished: list[_Request] = []  # the latest step's, finished at `now`
+        # inter-token latency: each step's time and the decode tokens that arrived a step after the
+        # row's last (a step's own time is every decoding row's gap), and the tokens that came with
+        # another of the same step (a speculative step's accepted drafts: gaps of 0)
+        self.itl_gap_s: list[float] = []
+        self.itl_count: list[int] = []
+        self.itl_zeros = 0
 
     def add(self, index: int, arrival_s: float, prompt: int, output: int) -> _Request:
         """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`."""
@@ -325,6 +357,10 @@ class Replica:
                         request.blocks += extra
             emitted = totals.tolist()
             repeat = steps
+            gapped = int(np.minimum(totals, steps).sum())  # one gap per step that gave the row tokens
+            self.itl_gap_s.append(step_s)
+            self.itl_count.append(gapped)
+            self.itl_zeros += int(totals.sum()) - gapped
         elif prefill_tokens == 0:  # a decode-only stretch: skip to the next arrival, finish or KV limit
             left = min(r.output - r.generated for r in decodes)
             next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
@@ -347,6 +383,9 @@ class Replica:
                         request.blocks += extra
         else:
             step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
+        if decodes and not emitted:
+            self.itl_gap_s.append(step_s)
+            self.itl_count.append(len(decodes) * repeat)
         self.now += step_s * repeat
         self.steps += repeat
         now = self.now
@@ -423,4 +462,4 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
                     requests.append(replica.add(i, replica.now + client_turnaround_s, prompts[i], outputs[i]))
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
-                   replica.timeline)
+                   replica.timeline, *pooled_itl([replica]))

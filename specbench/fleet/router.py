@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specbench.fleet.replica import Outcome, Replica, ReplicaSpec, Speculation, StepCost, share_at_least
+from specbench.fleet.replica import (
+    Outcome, Replica, ReplicaSpec, Speculation, StepCost, pooled_itl, share_at_least,
+)
+from specbench.schema import ROUTERS
 
-ROUTERS = ("least-outstanding", "round-robin")
 CHECK_EVERY = 256  # arrivals between two looks at the SLO's misses
 
 
@@ -131,5 +133,5 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
     for request in added:
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
-                      sum(r.steps for r in fleet), [])
+                      sum(r.steps for r in fleet), [], *pooled_itl(fleet))
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
+from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import Configuration
 from specbench.schema import AR
 
@@ -123,13 +124,17 @@ class CellLoad:
     tpot_s: np.ndarray
     e2e_s: np.ndarray
     spec: ReplicaSpec | None = None  # the server this cell ran on, where the run logged it
+    replicas: int = 1  # servers the load was spread over (an --endpoint list)
+    router: str = "least-outstanding"  # ... by this router
 
 
 def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
                meta: dict | None = None) -> list[CellLoad]:
     """Every finished cell's requests of one repeat, in arrival order (with `meta`: each on the
-    replica its server was)."""
+    replica its server was; a load spread over several servers, an --endpoint list, on as many
+    replicas behind the run's router)."""
     loads = []
+    router = str(((meta or {}).get("config") or {}).get("router") or "least-outstanding")
     for cell in cells[cells["status"] == "ok"].to_dict("records"):
         mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["repeat"] == repeat)]
         mine = mine[mine["output_tokens"] >= 1].sort_values("arrival_s")
@@ -141,21 +146,32 @@ def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
                               mine["arrival_s"].to_numpy(float), mine["prompt_tokens"].to_numpy(int),
                               mine["output_tokens"].to_numpy(int), mine["ttft_s"].to_numpy(float),
                               mine["tpot_s"].to_numpy(float), mine["e2e_s"].to_numpy(float),
-                              served_replica(meta, cell["draft"], int(cell["k"])) if meta else None))
+                              served_replica(meta, cell["draft"], int(cell["k"])) if meta else None,
+                              _servers(cell), router))
     return loads
+
+
+def _servers(cell: dict) -> int:
+    """How many servers a cell's load was spread over (its `endpoint` column lists them)."""
+    endpoint = cell.get("endpoint")
+    return max(1, len(str(endpoint).split(","))) if isinstance(endpoint, str) and endpoint else 1
 
 
 def simulate_load(price: ServedPrice, spec: ReplicaSpec, load: CellLoad,
                   acceptance: tuple[float, ...] | None = None) -> dict:
     """The cell's requests through one replica at `price` (`spec`: the server's, `load.spec` where
-    the cell recorded its own): median TTFT, TPOT and E2E (seconds), TTFT and E2E with the
-    per-request overhead."""
+    the cell recorded its own), or through as many as its load was spread over, behind its router:
+    median TTFT, TPOT and E2E (seconds), TTFT and E2E with the per-request overhead."""
     spec = load.spec or spec
     speculative = load.draft != AR and load.k > 0
     reach = acceptance if acceptance is not None else load.acceptance
     speculation = Speculation(load.k, _monotone(reach, load.k), seed=1) if speculative else None
-    out = simulate(load.prompts, load.outputs, price.cost(load.draft if speculative else None), spec,
-                   arrivals_s=load.arrivals_s - load.arrivals_s[0], speculation=speculation)
+    cost, arrivals = price.cost(load.draft if speculative else None), load.arrivals_s - load.arrivals_s[0]
+    if load.replicas > 1:
+        out = simulate_fleet(load.prompts, load.outputs, arrivals, cost, spec, load.replicas, load.router,
+                             speculation).outcome
+    else:
+        out = simulate(load.prompts, load.outputs, cost, spec, arrivals_s=arrivals, speculation=speculation)
     ttft, e2e = out.ttft_s + price.overhead_s, out.e2e_s + price.overhead_s
     return {"ttft_p50_s": float(np.median(ttft)), "tpot_p50_s": float(np.nanmedian(out.tpot_s)),
             "e2e_p50_s": float(np.median(e2e))}

@@ -61,7 +61,7 @@ class Objective:
 
 
 def judged(fleet: FleetOutcome, objective: Objective) -> dict:
-    """Percentiles of TTFT, TPOT and E2E (ms), the share of requests meeting every bound, and
+    """Percentiles of TTFT, TPOT, E2E and the pooled inter-token latency (ms), the share of requests meeting every bound, and
     whether the objective's percentile of each bounded metric is within its bound."""
     out = fleet.outcome
     metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
@@ -75,6 +75,8 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
         kept = values[served & ~np.isnan(values)]
         for p in (50, 90, 99):
             row[f"{name}_p{p}_ms"] = float(np.percentile(kept, p)) * 1e3 if len(kept) else math.nan
+    for p in (50, 90, 99):
+        row[f"itl_p{p}_ms"] = out.itl_percentile(p) * 1e3
     meets = not fleet.stopped and bool(served.all())
     for name, bound in objective.bounds:
         values = np.nan_to_num(metrics[name], nan=0.0 if name == "tpot" else np.inf)

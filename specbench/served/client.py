@@ -10,6 +10,11 @@ speculative step emits them together): they are counted as tokens that arrived a
 time, so inter-token latency keeps the zeros of a burst, as on the native engine. The client's own
 CPU time is measured in its thread, so that every cell shows it is far below the latencies it
 reports.
+
+One load may be spread over several servers of the same model (a small fleet): a client-side
+router picks each request's server when it is sent, as a serving gateway would, `least-outstanding`
+(the fewest requests this client has in flight there; ties: the one chosen longest ago) or
+`round-robin` — the two routers the fleet simulator (specbench.fleet.router) models.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 import numpy as np
+
+from specbench.schema import ROUTERS
 
 
 @dataclass
@@ -39,6 +46,7 @@ class StreamedRequest:
     arrivals_s: list[float] = field(default_factory=list)  # per output token, seconds after sending
     tokens: list[int] = field(default_factory=list)
     error: str = ""
+    replica: int = 0  # which of the load's servers it went to (0 with one server)
 
     @property
     def ttft_s(self) -> float:
@@ -68,6 +76,42 @@ class LoadRun:
     @property
     def errors(self) -> list[str]:
         return [f"request {r.index}: {r.error}" for r in self.requests if r.error]
+
+
+class Router:
+    """Which server each request goes to, decided when it is sent: `least-outstanding` counts the
+    requests this client has sent to each server and not yet seen finish (ties: the server chosen
+    longest ago, so an idle fleet is used in turn), `round-robin` takes them in turn."""
+
+    def __init__(self, servers: int, kind: str = "least-outstanding") -> None:
+        if kind not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {kind!r}")
+        if servers < 1:
+            raise ValueError("a load needs at least one server")
+        self.kind = kind
+        self.outstanding = [0] * servers
+        self.chosen_at = [-1] * servers  # the send number each server was last chosen at
+        self.sent = 0
+
+    def choose(self) -> int:
+        if self.kind == "round-robin":
+            server = self.sent % len(self.outstanding)
+        else:
+            server = min(range(len(self.outstanding)), key=lambda n: (self.outstanding[n], self.chosen_at[n], n))
+        self.chosen_at[server] = self.sent
+        self.outstanding[server] += 1
+        self.sent += 1
+        return server
+
+    def finished(self, server: int) -> None:
+        self.outstanding[server] -= 1
+
+
+def _urls(url: str | Sequence[str]) -> list[str]:
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("a load needs at least one server URL")
+    return urls
 
 
 def _token_ids(choice: dict) -> list[int] | None:
@@ -127,18 +171,25 @@ def _steady_client():
         gc.unfreeze()
 
 
-async def _load(url: str, payloads: list[dict], requests: list[StreamedRequest], timeout_s: float,
-                headers: dict | None, drive: Callable[[Callable[[int], Awaitable[None]], float], Awaitable]) -> LoadRun:
-    """One load run: `drive(send, origin)` decides when request i is sent (`await send(i)`); the
-    session, the client's CPU time and the wall time (first send -> last token) are the same for
-    every load shape."""
+async def _load(url: str | Sequence[str], payloads: list[dict], requests: list[StreamedRequest], timeout_s: float,
+                headers: dict | None, drive: Callable[[Callable[[int], Awaitable[None]], float], Awaitable],
+                router: str = "least-outstanding") -> LoadRun:
+    """One load run: `drive(send, origin)` decides when request i is sent (`await send(i)`), the
+    router to which of `url`'s servers; the session, the client's CPU time and the wall time (first
+    send -> last token) are the same for every load shape."""
+    urls = _urls(url)
+    routing = Router(len(urls), router)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         origin = time.perf_counter()
 
         async def send(i: int) -> None:
-            await stream_completion(session, url, payloads[i], requests[i], origin, headers)
+            server = requests[i].replica = routing.choose()
+            try:
+                await stream_completion(session, urls[server], payloads[i], requests[i], origin, headers)
+            finally:
+                routing.finished(server)
 
         cpu = time.thread_time()
         with _steady_client():
@@ -149,8 +200,8 @@ async def _load(url: str, payloads: list[dict], requests: list[StreamedRequest],
     return LoadRun(requests, wall, client_cpu, origin)
 
 
-async def _closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
-                       timeout_s: float, headers: dict | None) -> LoadRun:
+async def _closed_loop(url: str | Sequence[str], payloads: list[dict], concurrency: int, prompt_lengths: list[int],
+                       timeout_s: float, headers: dict | None, router: str) -> LoadRun:
     requests = [StreamedRequest(i, prompt_lengths[i]) for i in range(len(payloads))]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(payloads)):
@@ -163,14 +214,15 @@ async def _closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(payloads)))))
 
-    return await _load(url, payloads, requests, timeout_s, headers, drive)
+    return await _load(url, payloads, requests, timeout_s, headers, drive, router)
 
 
-def run_closed_loop(url: str, payloads: list[dict], concurrency: int, prompt_lengths: list[int],
-                    timeout_s: float = 600.0, headers: dict | None = None) -> LoadRun:
-    """Every payload streamed to `url` with `concurrency` requests in flight (closed loop: a new
-    request starts when one finishes), in payload order."""
-    return asyncio.run(_closed_loop(url, payloads, concurrency, prompt_lengths, timeout_s, headers))
+def run_closed_loop(url: str | Sequence[str], payloads: list[dict], concurrency: int, prompt_lengths: list[int],
+                    timeout_s: float = 600.0, headers: dict | None = None,
+                    router: str = "least-outstanding") -> LoadRun:
+    """Every payload streamed to `url` (several: spread over them by `router`) with `concurrency`
+    requests in flight (closed loop: a new request starts when one finishes), in payload order."""
+    return asyncio.run(_closed_loop(url, payloads, concurrency, prompt_lengths, timeout_s, headers, router))
 
 
 def arrival_times(count: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
@@ -188,8 +240,8 @@ def arrival_times(count: int, rate: float, burstiness: float = 1.0, seed: int = 
     return times.tolist()
 
 
-async def _open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
-                     timeout_s: float, headers: dict | None) -> LoadRun:
+async def _open_loop(url: str | Sequence[str], payloads: list[dict], arrivals_s: list[float],
+                     prompt_lengths: list[int], timeout_s: float, headers: dict | None, router: str) -> LoadRun:
     requests = [StreamedRequest(i, prompt_lengths[i], scheduled_s=arrivals_s[i]) for i in range(len(payloads))]
 
     async def drive(send, origin: float) -> None:
@@ -223,11 +275,11 @@ async def _open_loop(url: str, payloads: list[dict], arrivals_s: list[float], pr
             for task in started:
                 task.cancel()
 
-    return await _load(url, payloads, requests, timeout_s, headers, drive)
+    return await _load(url, payloads, requests, timeout_s, headers, drive, router)
 
 
-def run_open_loop(url: str, payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
-                  timeout_s: float = 600.0, headers: dict | None = None) -> LoadRun:
-    """Payload i streamed to `url` from its arrival time arrivals_s[i] on, however many requests
-    are already in flight (open loop)."""
-    return asyncio.run(_open_loop(url, payloads, arrivals_s, prompt_lengths, timeout_s, headers))
+def run_open_loop(url: str | Sequence[str], payloads: list[dict], arrivals_s: list[float], prompt_lengths: list[int],
+                  timeout_s: float = 600.0, headers: dict | None = None, router: str = "least-outstanding") -> LoadRun:
+    """Payload i streamed to `url` (several: to the one `router` picks) from its arrival time
+    arrivals_s[i] on, however many requests are already in flight (open loop)."""
+    return asyncio.run(_open_loop(url, payloads, arrivals_s, prompt_lengths, timeout_s, headers, router))

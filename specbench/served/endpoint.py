@@ -1,6 +1,8 @@
 """Any running OpenAI-compatible server as an engine: `--endpoint URL` (the server with speculation)
-and `--baseline-endpoint URL` (the same model without it), started and configured by the user
-(vLLM, SGLang, TGI, llama.cpp: anything that streams /v1/completions).
+and `--baseline-endpoint URL` (the same model without it; alone, the baseline only), started and
+configured by the user (vLLM, SGLang, TGI, llama.cpp: anything that streams /v1/completions).
+Either may list several servers of one model (URL1,URL2): each load is spread over them by the
+client's router (served/client.py), their counters summed: a small fleet measured.
 
 The load, the requests table and the lossless checks are the served measurement's
 (served/measurement.py), as for the vLLM engine, its sibling. What differs is what the server tells: acceptance comes from vLLM's spec-decode counters (deltas around each repeat),
@@ -39,14 +41,27 @@ def base_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
+def endpoint_urls(text: str) -> list[str]:
+    """--endpoint's servers: one URL, or several of one model (URL1,URL2) that a load is spread over."""
+    return [url.strip() for url in text.split(",")] if text.strip() else []
+
+
 def validate_endpoint(config: SweepConfig) -> None:
-    if not config.endpoint:
+    if not config.endpoint and not config.baseline_endpoint:
         raise ValueError("the endpoint engine needs --endpoint URL (a running OpenAI-compatible server)")
-    for name, url in (("--endpoint", config.endpoint), ("--baseline-endpoint", config.baseline_endpoint)):
-        if url and not url.startswith(("http://", "https://")):
-            raise ValueError(f"{name} must be an http(s) URL, got {url!r}")
+    for name, text in (("--endpoint", config.endpoint), ("--baseline-endpoint", config.baseline_endpoint)):
+        urls = endpoint_urls(text)
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must be http(s) URLs, got {url!r}")
+        if len({base_url(url) for url in urls}) != len(urls):
+            raise ValueError(f"{name} names a server twice: {text}")
     if config.synthetic:
         raise ValueError("--weights random starts its own servers: it needs --engine vllm, not --endpoint")
+    if not config.endpoint:
+        if config.drafts:
+            raise ValueError("--drafts names what --endpoint runs: --baseline-endpoint alone measures the baseline")
+        return
     if len(config.drafts) != 1 or len(config.ks) != 1:
         raise ValueError("--endpoint measures one server: --drafts and --k name what it runs (one label and "
                          "one K, 0 for unknown; default: endpoint, 0)")
@@ -62,8 +77,8 @@ def api_headers(config: SweepConfig) -> dict | None:
 
 def check_reachable(config: SweepConfig) -> None:
     """A one-line error when an endpoint does not list a model (unreachable, refused, empty)."""
-    for url in filter(None, (config.endpoint, config.baseline_endpoint)):
-        RemoteServer(url, api_headers(config)).model_id()
+    for text in filter(None, (config.endpoint, config.baseline_endpoint)):
+        RemoteFleet(endpoint_urls(text), api_headers(config)).model_id()
 
 
 class RemoteServer:
@@ -121,6 +136,49 @@ class RemoteServer:
         return {}
 
 
+class RemoteFleet:
+    """The servers one load is spread over (one, or several of the same model), asked as one: its
+    metrics are theirs summed (each series labelled with its server's number), a request that needs
+    one server (scoring, a logit gap) goes to the first."""
+
+    def __init__(self, urls: list[str], headers: dict | None) -> None:
+        self.servers = [RemoteServer(url, headers) for url in urls]
+        self.urls = [server.url for server in self.servers]
+        self.url = self.urls[0]
+        self.label = ",".join(self.urls)
+        self.log_path = None
+
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        return all(server.healthy(timeout_s) for server in self.servers)
+
+    def process_tree(self) -> list:
+        return []
+
+    def model_id(self) -> str:
+        """The model every server lists first; a one-line error where one cannot be reached or they differ."""
+        models = {server.url: server.model_id() for server in self.servers}
+        if len(set(models.values())) > 1:
+            raise ValueError("the servers of one --endpoint list serve different models ("
+                             + ", ".join(f"{url}: {name}" for url, name in models.items()) + ")")
+        return next(iter(models.values()))
+
+    def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
+        return Snapshot.merged([server.scrape(only) for server in self.servers])
+
+    def server_info(self) -> dict:
+        return self.servers[0].server_info()
+
+    def kv_caches(self) -> list[dict]:
+        """What each server's vLLM says of its KV cache ({} where it does not): the fleet
+        simulator's replica."""
+        found = []
+        for server in self.servers:
+            labels = server.scrape(("vllm:cache_config_info",)).info_labels("vllm:cache_config_info")
+            found.append({key: labels.get(key) for key in ("kv_cache_size_tokens", "num_gpu_blocks", "block_size")
+                          if labels.get(key) not in (None, "", "None")})
+        return found
+
+
 class EndpointEngine(ServedEngine):
     """Servers the user runs: asked, never started or stopped."""
 
@@ -129,15 +187,16 @@ class EndpointEngine(ServedEngine):
     def __init__(self, config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> None:
         super().__init__(config, run_dir, replay)
         self.headers = api_headers(config)
-        self.endpoint = RemoteServer(config.endpoint, self.headers)
-        self.baseline = RemoteServer(config.baseline_endpoint, self.headers) if config.baseline_endpoint else None
+        self.endpoint = RemoteFleet(endpoint_urls(config.endpoint), self.headers) if config.endpoint else None
+        self.baseline = RemoteFleet(endpoint_urls(config.baseline_endpoint), self.headers) \
+            if config.baseline_endpoint else None
         self.served_names: dict[str, str] = {}
 
     def open(self) -> str:
 
         config = self.config
-        for server in filter(None, (self.endpoint, self.baseline)):
-            self.served_names[server.url] = server.model_id()
+        for fleet in filter(None, (self.endpoint, self.baseline)):
+            self.served_names[fleet.label] = fleet.model_id()
         names = set(self.served_names.values())
         if len(names) > 1:
             raise ValueError(f"the endpoints serve different models ({', '.join(sorted(names))}): the baseline "
@@ -153,10 +212,16 @@ class EndpointEngine(ServedEngine):
         self._probe_scoring()
         if self.baseline:
             self.pairing, self.pairing_reason = SIDE_BY_SIDE, "both endpoints are up"
-        pair = (f"; baseline {self.baseline.url}, repeats side by side" if self.baseline
-                else "; no --baseline-endpoint: no speed-ups")
-        return (f"endpoint {self.endpoint.url} serving {self.served_name!r}{pair}; prompts tokenized with "
-                f"{config.target}; sampled check: {'on' if self.scores_samples else self.scores_samples_note}")
+        if self.endpoint is None:
+            pair = "; no --endpoint: the baseline alone, no speed-ups"
+        elif self.baseline:
+            pair = f"; baseline {self.baseline.label}, repeats side by side"
+        else:
+            pair = "; no --baseline-endpoint: no speed-ups"
+        several = any(len(fleet.servers) > 1 for fleet in (self.endpoint, self.baseline) if fleet is not None)
+        routed = f"; each load spread over its servers ({config.router})" if several else ""
+        return (f"endpoint {(self.endpoint or self.baseline).label} serving {self.served_name!r}{pair}; prompts tokenized with "
+                f"{config.target}; sampled check: {'on' if self.scores_samples else self.scores_samples_note}{routed}")
 
     def _probe_scoring(self) -> None:
         """The sampled check scores outputs with prompt log-probabilities, a vLLM extension."""
@@ -184,8 +249,13 @@ class EndpointEngine(ServedEngine):
         return stages
 
     def annotate(self, meta: dict) -> None:
-        meta["engine"] = {"name": self.name, "endpoint": self.endpoint.url, "served_model": self.served_name,
-                          "baseline_endpoint": self.baseline.url if self.baseline else "", "pairing": self.pairing,
+        servers = [{"label": label, "url": url, "kv_cache": kv}
+                   for label, fleet in (("endpoint", self.endpoint), (AR, self.baseline)) if fleet is not None
+                   for url, kv in zip(fleet.urls, _quietly(fleet.kv_caches, [{}] * len(fleet.urls)))]
+        meta["engine"] = {"name": self.name, "endpoint": self.endpoint.label if self.endpoint else "",
+                          "served_model": self.served_name,
+                          "baseline_endpoint": self.baseline.label if self.baseline else "", "pairing": self.pairing,
+                          "router": self.config.router, "servers": servers,
                           "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
         shapes = self.architectures()
         if shapes:
@@ -195,8 +265,8 @@ class EndpointEngine(ServedEngine):
 class EndpointStage(Stage):
     """Cells measured on a running server; nothing to set up or tear down."""
 
-    def __init__(self, engine: EndpointEngine, server: RemoteServer, label: str, cells: list[Cell]) -> None:
-        super().__init__(f"{label} {server.url}", [[cell] for cell in cells])
+    def __init__(self, engine: EndpointEngine, server: RemoteFleet, label: str, cells: list[Cell]) -> None:
+        super().__init__(f"{label} {server.label}", [[cell] for cell in cells])
         self.engine, self.server = engine, server
         self.kv_cache: dict = {}
         self.record = None
@@ -212,7 +282,7 @@ class EndpointStage(Stage):
         return self.server.scrape(only)
 
     def failure_note(self) -> str:
-        return f"endpoint {self.server.url}" + ("" if self.server.healthy() else ", which no longer answers")
+        return f"endpoint {self.server.label}" + ("" if self.server.healthy() else ", which no longer answers")
 
     def measurement(self, cell: Cell, prompts, prompt_ids) -> "EndpointCellRun":
         """A speculative cell alternates its repeats with the baseline endpoint's (side by side)."""
@@ -235,7 +305,7 @@ class EndpointCellRun(ServedCellRun):
 
     def engine_columns(self) -> dict:
         unseen = float("nan")  # the server's processes are on another machine, or not specbench's
-        return {"endpoint": self.stage.server.url, "peak_memory_bytes": unseen, "memory_kind": "",
+        return {"endpoint": self.stage.server.label, "peak_memory_bytes": unseen, "memory_kind": "",
                 "target_param_bytes": unseen, "target_kv_cache_bytes": unseen, "draft_param_bytes": unseen,
                 "draft_kv_cache_bytes": unseen, "draft_memory_bytes": unseen}
 
@@ -258,6 +328,14 @@ class EndpointCellRun(ServedCellRun):
             return columns | {"tau": found, "acceptance_source": "sglang /server_info avg_spec_accept_length (over "
                                                                  "the server's life)"}
         return columns | {"acceptance_source": "unknown: the server exposes no speculative-decoding metrics"}
+
+
+def _quietly(read, otherwise):
+    """`read()`, or `otherwise` where the server does not answer it (what it tells is optional)."""
+    try:
+        return read()
+    except Exception:
+        return otherwise
 
 
 def _find_key(data, key: str) -> float | None:

@@ -230,8 +230,10 @@ class ServedCellRun:
         return payload
 
     @property
-    def url(self) -> str:
-        return self.stage.server.url + "/v1/completions"
+    def urls(self) -> list[str]:
+        """Where the load goes: the stage's server, or each of its servers (an endpoint list)."""
+        server = self.stage.server
+        return [url + "/v1/completions" for url in getattr(server, "urls", [server.url])]
 
     @property
     def headers(self) -> dict | None:
@@ -260,10 +262,12 @@ class ServedCellRun:
         payloads = [self.payload(p, i, repeat, lengths_out[i]) for i, p in enumerate(prompts)]
         lengths = [len(p) for p in prompts]
         if arrivals_s is not None:
-            run = run_open_loop(self.url, payloads, arrivals_s, lengths, headers=self.headers)
+            run = run_open_loop(self.urls, payloads, arrivals_s, lengths, headers=self.headers,
+                                router=self.config.router)
         else:
             concurrency = self.cell.batch_size or len(prompts)
-            run = run_closed_loop(self.url, payloads, concurrency, lengths, headers=self.headers)
+            run = run_closed_loop(self.urls, payloads, concurrency, lengths, headers=self.headers,
+                                  router=self.config.router)
         if run.errors:
             raise RuntimeError(f"{len(run.errors)} of {len(prompts)} requests failed ({self.stage.failure_note()}): "
                                + run.errors[0])
@@ -331,6 +335,7 @@ class ServedCellRun:
                 "output_tokens": tokens, "ttft_s": request.ttft_s, "e2e_s": request.e2e_s,
                 "tpot_s": (request.e2e_s - request.ttft_s) / (tokens - 1) if tokens > 1 else float("nan"),
                 "itl_s": gaps, "start_offset_s": request.sent_s, "tokens": list(request.tokens),
+                "replica": request.replica,  # which of the cell's servers served it (0 with one)
                 # open loop: when it was due (its arrival) and how late the client sent it
                 "arrival_s": request.scheduled_s if self.cell.request_rate else request.sent_s,
                 "send_lag_s": request.sent_s - request.scheduled_s if self.cell.request_rate else 0.0,

@@ -44,6 +44,15 @@ class Snapshot:
         with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
             return cls.parse(response.read().decode(), only)
 
+    @classmethod
+    def merged(cls, snapshots: list["Snapshot"], label: str = "server") -> "Snapshot":
+        """Several servers' scrapes as one, each sample labelled with its server's number: totals
+        and deltas are the fleet's, a counter's series stay apart (each server's own)."""
+        if len(snapshots) == 1:
+            return snapshots[0]
+        return cls([Sample(s.name, tuple(sorted((*s.labels, (label, str(n))))), s.value)
+                    for n, snapshot in enumerate(snapshots) for s in snapshot.samples])
+
     def find(self, name: str, **labels: str) -> list[Sample]:
         return [s for s in self.samples if s.name == name and all(s.label(k) == v for k, v in labels.items())]
 

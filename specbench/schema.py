@@ -220,11 +220,13 @@ CELLS: tuple[Column, ...] = (
     Column("trace_prompt_misses", "int", "requests", "prompts further from the trace's length than 2 % or 8 tokens",
            "trace"),
     Column("trace_output_mismatches", "int", "requests", "outputs whose length differs from the trace's", "trace"),
-    Column("running_mean", "float", "requests", "the server's running requests: mean", "trace"),
+    Column("running_mean", "float", "requests", "the server's running requests (each server's, with several): mean",
+           "trace"),
     Column("running_max", "float", "requests", "the server's running requests: maximum", "trace"),
     Column("running_share_large", "float", "share", "share of samples at B >= LARGE_BATCH", "trace"),
     Column("running_timeline_s", "list[float]", "s", "the first repeat's samples: seconds from the start", "trace"),
-    Column("running_timeline", "list[float]", "requests", "the first repeat's samples: running", "trace"),
+    Column("running_timeline", "list[float]", "requests", "the first repeat's samples: running (summed over servers)",
+           "trace"),
     Column("waiting_timeline", "list[float]", "requests", "the first repeat's samples: waiting", "trace"),
 )
 

@@ -96,6 +96,8 @@ def write_summary(table: pd.DataFrame, price) -> None:
             return f"{predicted * scale:.{digits}f} / {measured * scale:.{digits}f} ({predicted / measured - 1:+.0%})"
         lines.append(f"| {row.replay} | {row.servers} ({row.router}) | {row.rate:.3f} | {row.requests_per_server} | "
                      f"{row.running_mean:.1f} | {pair('ttft', 1, 2)} | {pair('tpot', 1e3, 0)} | {pair('e2e', 1, 1)} |")
+    lines += ["", "(running mean: vLLM's running requests, sampled every 0.25 s; two-servers was measured before a "
+              "fleet's samples were kept per server, so its figure is both servers' sum.)"]
     if len(table) == 2:
         one, two = table.iloc[0], table.iloc[1]
         lines += ["", "The second server's effect (two servers / one):", "", "| metric | measured | predicted |",

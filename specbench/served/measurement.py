@@ -212,7 +212,7 @@ class ServedCellRun:
         # side by side: the baseline cell measured on the baseline server, alternating with this one
         self.companion: ServedCellRun | None = None
         self.own_cpu = OwnCpu()
-        self.running: list[list[tuple[float, float, float]]] = []  # a trace replay: per repeat, the server's batch
+        self.running: list[list[tuple]] = []  # a trace replay: per repeat, the server's batch
         self.machine_stall_max_s = 0.0  # a trace replay: the longest stall of the machine itself (WakeProbe)
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
@@ -425,12 +425,13 @@ class ServedCellRun:
 class RunningSampler(PeriodicSampler):
     """The server's running and waiting requests (vLLM's `vllm:num_requests_running` and
     `_waiting` gauges), sampled from /metrics every `interval_s` while a trace replays: the batch
-    sizes the server really ran at. Samples are (seconds from the start, running, waiting)."""
+    sizes the server really ran at. Samples are (seconds from the start, running, waiting, each
+    server's running): several servers (an --endpoint list) are summed, and each one's batch kept."""
 
     def __init__(self, scrape: Callable[[tuple[str, ...]], Snapshot], interval_s: float = 0.25) -> None:
         super().__init__(interval_s)
         self.scrape = scrape
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float, float, tuple[float, ...]]] = []
         self.origin = time.monotonic()
 
     def sample(self) -> None:
@@ -439,8 +440,9 @@ class RunningSampler(PeriodicSampler):
         except OSError:
             return  # a scrape that failed is a sample missing, not a measurement lost
         if snapshot.has("vllm:num_requests_running"):
+            per_server = tuple(snapshot.by_label("vllm:num_requests_running", "server").values())
             self.samples.append((time.monotonic() - self.origin, snapshot.total("vllm:num_requests_running"),
-                                 snapshot.total("vllm:num_requests_waiting")))
+                                 snapshot.total("vllm:num_requests_waiting"), per_server))
 
     def __enter__(self) -> "RunningSampler":
         self.origin = time.monotonic()
@@ -448,16 +450,17 @@ class RunningSampler(PeriodicSampler):
         return super().__enter__()
 
 
-def trace_columns(replay, requests: list[dict], running: list[list[tuple[float, float, float]]],
+def trace_columns(replay, requests: list[dict], running: list[list[tuple]],
                   machine_stall_max_s: float = float("nan")) -> dict:
     """A trace cell's own columns: what was replayed, how late requests were sent (and how many of
     the late ones the machine itself stalled for), how closely prompts and outputs kept the trace's
-    lengths, and the batch sizes the server ran at."""
+    lengths, and the batch sizes the server ran at (with several servers: each server's batch, its
+    samples pooled; the timeline: their sum)."""
     lags = [r["send_lag_s"] for r in requests]
     late = [r for r in requests if r["send_lag_s"] > SEND_LAG_GOAL_S]
     prompt_error = [abs(r["prompt_tokens"] - r["trace_input_tokens"]) / r["trace_input_tokens"] for r in requests]
     samples = [s for repeat in running for s in repeat]
-    counts = np.array([s[1] for s in samples], dtype=float)
+    counts = np.array([n for s in samples for n in (s[3] if len(s) > 3 and s[3] else (s[1],))], dtype=float)
     first = running[0] if running else []
     return {
         "trace": replay.describe(),

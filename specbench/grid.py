@@ -174,6 +174,11 @@ class SweepConfig:
     def synthetic(self) -> bool:
         return self.weights == "random"
 
+    @property
+    def baseline_only(self) -> bool:
+        """Plain servers measured alone (--baseline-endpoint without --endpoint): baseline cells only."""
+        return self.engine == "endpoint" and not self.endpoint and bool(self.baseline_endpoint)
+
     def validate(self) -> None:
         """One-line errors for bad grid values, before anything loads. The engine's, the executor's
         and the SLO's own checks are the sweep's (`sweep.check_config`): the plan knows no engine."""
@@ -184,8 +189,7 @@ class SweepConfig:
 
             check_trace_config(self)
         load = ("--request-rates", self.request_rates) if self.request_rates else ("--batch-sizes", self.batch_sizes)
-        baseline_only = self.engine == "endpoint" and not self.endpoint and bool(self.baseline_endpoint)
-        for name, values in (*([] if baseline_only else [("--drafts", self.drafts)]), ("--k", self.ks),
+        for name, values in (*([] if self.baseline_only else [("--drafts", self.drafts)]), ("--k", self.ks),
                              *([] if self.trace else [load]),
                              ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
             if not values:

@@ -133,7 +133,8 @@ GRID_FIELDS = ("drafts", "ks", "batch_sizes", "request_rates", "temperatures", "
                "alphas")
 MEASURED_FIELDS = ("target", "max_new_tokens", "num_prompts", "repeats", "seed", "dtype", "device", "top_p", "top_k",
                    "chat_template", "weights", "target_layers", "cuda_graphs", "engine", "vllm", "burstiness",
-                   "endpoint", "baseline_endpoint", "router", "trace", "trace_window", "trace_speedup", "trace_max_requests")
+                   "endpoint", "baseline_endpoint", "router", "trace", "trace_window", "trace_speedup",
+                   "trace_max_requests")
 OPTION_NAMES = {"ks": "k", "alphas": "alpha", "allow_download": "download"}  # field -> its CLI option
 
 

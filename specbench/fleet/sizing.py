@@ -61,8 +61,9 @@ class Objective:
 
 
 def judged(fleet: FleetOutcome, objective: Objective) -> dict:
-    """Percentiles of TTFT, TPOT, E2E and the pooled inter-token latency (ms), the share of requests meeting every bound, and
-    whether the objective's percentile of each bounded metric is within its bound."""
+    """Percentiles of TTFT, TPOT, E2E and the pooled inter-token latency (ms), the share of requests
+    meeting every bound, and whether the objective's percentile of each bounded metric is within
+    its bound."""
     out = fleet.outcome
     metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
     served = ~np.isnan(out.finish_s)

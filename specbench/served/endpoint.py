@@ -26,7 +26,7 @@ from specbench.engines import Stage
 from specbench.grid import Cell, SweepConfig, split_schedule
 from specbench.models import ModelNotAvailable, load_tokenizer
 from specbench.schema import AR, SIDE_BY_SIDE
-from specbench.served.measurement import COUNTERS, ServedCellRun, ServedEngine
+from specbench.served.measurement import COUNTERS, ServedCellRun, ServedEngine, kv_cache_labels
 from specbench.served.prometheus import Snapshot
 from specbench.served.vllm_engine import model_path
 from specbench.traces import Replay
@@ -58,7 +58,7 @@ def validate_endpoint(config: SweepConfig) -> None:
             raise ValueError(f"{name} names a server twice: {text}")
     if config.synthetic:
         raise ValueError("--weights random starts its own servers: it needs --engine vllm, not --endpoint")
-    if not config.endpoint:
+    if config.baseline_only:
         if config.drafts:
             raise ValueError("--drafts names what --endpoint runs: --baseline-endpoint alone measures the baseline")
         return
@@ -169,14 +169,10 @@ class RemoteFleet:
         return self.servers[0].server_info()
 
     def kv_caches(self) -> list[dict]:
-        """What each server's vLLM says of its KV cache ({} where it does not): the fleet
+        """What each server's vLLM says of its KV cache (nothing where it does not): the fleet
         simulator's replica."""
-        found = []
-        for server in self.servers:
-            labels = server.scrape(("vllm:cache_config_info",)).info_labels("vllm:cache_config_info")
-            found.append({key: labels.get(key) for key in ("kv_cache_size_tokens", "num_gpu_blocks", "block_size")
-                          if labels.get(key) not in (None, "", "None")})
-        return found
+        return [{key: value for key, value in kv_cache_labels(server.scrape(("vllm:cache_config_info",))).items()
+                 if value not in (None, "", "None")} for server in self.servers]
 
 
 class EndpointEngine(ServedEngine):
@@ -220,8 +216,9 @@ class EndpointEngine(ServedEngine):
             pair = "; no --baseline-endpoint: no speed-ups"
         several = any(len(fleet.servers) > 1 for fleet in (self.endpoint, self.baseline) if fleet is not None)
         routed = f"; each load spread over its servers ({config.router})" if several else ""
-        return (f"endpoint {(self.endpoint or self.baseline).label} serving {self.served_name!r}{pair}; prompts tokenized with "
-                f"{config.target}; sampled check: {'on' if self.scores_samples else self.scores_samples_note}{routed}")
+        return (f"endpoint {(self.endpoint or self.baseline).label} serving {self.served_name!r}{pair}; prompts "
+                f"tokenized with {config.target}; sampled check: "
+                f"{'on' if self.scores_samples else self.scores_samples_note}{routed}")
 
     def _probe_scoring(self) -> None:
         """The sampled check scores outputs with prompt log-probabilities, a vLLM extension."""

@@ -44,6 +44,17 @@ COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tok
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
+KV_CACHE_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "kv_cache_memory_bytes", "num_gpu_blocks",
+                   "block_size")
+
+
+def kv_cache_labels(snapshot: Snapshot) -> dict:
+    """What a vLLM server's /metrics says of its KV cache (`vllm:cache_config_info`'s labels; None
+    where a label is missing): what the run records and the fleet simulator's replica holds."""
+    labels = snapshot.info_labels("vllm:cache_config_info")
+    return {key: labels.get(key) for key in KV_CACHE_LABELS}
+
+
 def dtype_name(config: SweepConfig) -> str:
     """--dtype, else bf16 on a GPU and fp32 on a CPU, as vLLM's --dtype spells it."""
     return str(config.torch_dtype).replace("torch.", "")

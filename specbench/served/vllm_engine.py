@@ -34,7 +34,7 @@ from specbench.models import (
     lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
 from specbench.schema import AR, BRACKETED, SIDE_BY_SIDE
-from specbench.served.measurement import ServedCellRun, ServedEngine, dtype_name, server_k
+from specbench.served.measurement import ServedCellRun, ServedEngine, dtype_name, kv_cache_labels, server_k
 from specbench.served.prometheus import Snapshot
 from specbench.served.server import ServerError, ServerProcess, free_port, root_cause
 from specbench.synthetic import config_parameters, shipped_config
@@ -387,10 +387,7 @@ class VllmStage(Stage):
             self.record.error = str(error)
             self.stop()
             raise StageFailed(str(error)) from None
-        snapshot = Snapshot.scrape(self.server.url)
-        labels = snapshot.info_labels("vllm:cache_config_info")
-        self.kv_cache = {key: labels.get(key) for key in ("kv_cache_size_tokens", "kv_cache_max_concurrency",
-                                                            "kv_cache_memory_bytes", "num_gpu_blocks", "block_size")}
+        self.kv_cache = kv_cache_labels(Snapshot.scrape(self.server.url))
         self.record.kv_cache = self.kv_cache
 
     def describe(self) -> str:

@@ -326,6 +326,9 @@ def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_d
     assert (base.draft, base.replicas, base.router) == ("autoregressive", 2, "least-outstanding")
     report = runner.invoke(app, ["report", str(tmp_path / "plain")])
     assert report.exit_code == 0, report.output
+    page = (tmp_path / "plain" / "report" / "report.html").read_text()
+    assert "no speculative cells (baselines only)" in page  # not an empty acceptance chart, nor "timing-only"
+    assert not (tmp_path / "plain" / "report" / "acceptance.png").exists()
 
 
 def test_a_fleets_batch_is_each_servers_and_its_timeline_their_sum():

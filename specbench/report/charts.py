@@ -191,7 +191,14 @@ def _interval_bars(group: pd.DataFrame):
             [max(0.0, i[1] - s) for _, s, i in rows])
 
 
+def _needs_speculative_cells(cells: pd.DataFrame) -> None:
+    """Acceptance is drawn from speculative cells; a run of baselines alone (plain servers) has none."""
+    if (cells["mode"] == AR).all():
+        raise NothingToDraw("the run has no speculative cells (baselines only), so no acceptance to draw")
+
+
 def chart_tau(a: Analysis, path: Path) -> None:
+    _needs_speculative_cells(a.cells)
     cells, drafts = a.cells, _drafts(a.cells)
     sd = cells[cells["mode"] != AR]
     fig, axes = _grid(1, max(1, len(drafts)))
@@ -218,6 +225,7 @@ def chart_tau(a: Analysis, path: Path) -> None:
 
 
 def chart_acceptance(a: Analysis, path: Path) -> None:
+    _needs_speculative_cells(a.cells)
     fig, axes = _grid(1, 2, width=5.5)
     ax = axes[0][0]
     alphas = a.alphas

@@ -298,8 +298,8 @@ def test_plan_on_a_served_run_says_served_engines_record_no_step_times(tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device", "b200"], "--device must be one of h100"),
-    (["--device", "h100"], "--device needs a run on a known GPU"),
+    (["--device", "tpu"], "tables hold no vLLM measurements for 'tpu'"),
+    (["--device", "h100"], "tables cannot price smollm2-135m"),  # a CPU run: its models on the GPU's tables
     (["--alpha", "1.5"], "--alpha must be in [0, 1)"),
     (["--context-lengths", "0"], "'0' is not a whole, positive number of tokens"),
 ])

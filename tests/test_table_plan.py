@@ -283,6 +283,87 @@ def test_corrected_tables_predict_a_held_out_batch_size():
     assert bare["speedup_error"].abs().median() > 0.15
 
 
+def test_corrected_tables_meet_the_held_out_bounds_on_every_committed_h100_run():
+    """Issue 39's bound, on every committed H100 run the tables can price (15 cells): median |error|
+    <= 6 % and the measured side of 1x in >= 90 % of cells. The one miss is the 2026-11-22 K = 4
+    cell (measured 1.17x), on that day's engine whose step cost grew with the batch."""
+    from specbench.fit.calibration import held_out_on_tables
+    from specbench.results import load_run
+
+    runs = ["h100-2026-11-23/synthetic-llama3-8b-1b-graphs", "h100-2026-11-23/synthetic-llama3-8b-1b-context",
+            "h100-2026-11-22/synthetic-llama3-8b-1b-graphs", "h100-2026-11-25/synthetic-llama3-8b",
+            "h100-2026-11-25/synthetic-llama3.2-3b", "h100-2026-11-25/synthetic-qwen2.5-7b"]
+    frames = []
+    for name in runs:
+        run = load_run(f"benchmarks/gpu/{name}")
+        frames.append(held_out_on_tables(run.cells, run.steps, run.requests, run.meta, "h100_sxm"))
+    pooled = pd.concat(frames)
+    assert len(pooled) == 15
+    assert pooled["speedup_error"].abs().median() <= 0.06 and pooled["same_side"].mean() >= 0.9
+
+
+def test_a_cpu_run_planned_on_a_gpu_is_priced_on_its_tables_with_its_acceptance(tmp_path):
+    """plan CPU_RUN --device h100: a CPU's fitted efficiencies say nothing of an H100's, so the run's
+    target and drafts are priced on the H100 tables with the α it measured: the same plan as
+    --target/--drafts/--acceptance, said on a NOTE line."""
+    import shutil
+
+    run = tmp_path / "cpu-llama"
+    shutil.copytree(GPU_RUN, run)  # llama3-8b with the 1b (simulated α 0.8), as if it ran on a CPU
+    meta = json.loads((run / "run.json").read_text())
+    meta["hardware"]["gpus"] = []
+    (run / "run.json").write_text(json.dumps(meta))
+    args = ["--k", "2", "--batch-sizes", "1,64", "--max-new-tokens", "128"]
+    routed = runner.invoke(app, ["plan", str(run), "--device", "h100", *args, "--json"])
+    assert routed.exit_code == 0, routed.output
+    routed = json.loads(routed.output)
+    direct = runner.invoke(app, ["plan", "--target", "llama3-8b", "--drafts", "llama3.2-1b", "--device", "h100",
+                                 "--acceptance", str(run), *args, "--json"])
+    direct = json.loads(direct.output)
+    assert routed["tables"] == direct["tables"] and routed["drafters"] == {"llama3.2-1b": "llama3.2-1b"}
+    assert routed["predictions"] == direct["predictions"] and routed["notes"][0].startswith(f"NOTE: {run} ran on a CPU")
+    shown = runner.invoke(app, ["plan", str(run), "--device", "h100", *args])
+    assert shown.exit_code == 0 and "its models are priced on the h100 kernel tables with its measured α" in \
+        " ".join(shown.output.split())
+    bad = runner.invoke(app, ["plan", str(run), "--device", "h100x", *args])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "hold no vLLM measurements" in bad.output
+
+
+def test_a_correction_passes_through_each_measured_size_and_holds_beyond():
+    """measured / tables by batch size: the median of each size, joined in log2 B, held flat past the
+    smallest and largest sizes measured (no trend extrapolated); one size: a constant."""
+    from specbench.fit.calibration import Correction
+
+    correction = Correction.fit(np.array([1, 1, 1, 8, 32]), np.array([1.2, 1.4, 9.0, 1.6, 1.9]))
+    assert [float(correction(b)) for b in (1, 8, 32)] == pytest.approx([1.4, 1.6, 1.9])
+    assert float(correction(4)) == pytest.approx(1.4 + (1.6 - 1.4) * 2 / 3)  # log2 4 between log2 1 and log2 8
+    assert float(correction(128)) == pytest.approx(1.9) and float(correction(0.5)) == pytest.approx(1.4)
+    assert float(Correction.fit(np.array([8, 8]), np.array([2.0, 3.0]))(64)) == pytest.approx(2.5)
+    line = Correction.fit(np.array([1, 2, 4]), np.array([1.0, 2.0, 2.0]), "loglinear")
+    assert float(line(1)) != pytest.approx(1.0)  # a least-squares line misses a size it was fitted on
+    with pytest.raises(ValueError, match="correction shape must be"):
+        Correction.fit(np.array([1, 2]), np.array([1.0, 2.0]), "cubic")
+
+
+def test_a_batch_prefill_is_corrected_at_the_batch_size_it_was_fitted_at():
+    """A batch of varied prompts runs several prefill forwards of a few rows each; its correction was
+    fitted per batch (measured batch / the tables' forwards summed), so a prediction scales the sum by
+    the correction at the batch's size, not each forward by the correction at its own rows."""
+    from specbench.fit.calibration import Correction, TableForward
+    from specbench.fit.cost import StepTimes, prefill_forwards
+    from specbench.fit.kernel_tables import Forward
+
+    forward = Forward(shipped_config("llama3-8b")[1], "h100_sxm", "vllm", 1, name="llama3-8b")
+    correction = Correction.fit(np.array([1, 64]), np.array([4.0, 2.0]))
+    prefill = TableForward(forward, prefill=True).corrected(correction)
+    lengths = [8, 9, 20, 22, 50, 54] * 8 + [100] * 16  # 64 rows, several forwards
+    groups = prefill_forwards(lengths)
+    assert len(groups) > 2 and max(rows for rows, _ in groups) < 64
+    table_s = sum(forward.prefill_ms(rows, positions) for rows, positions in groups) / 1000
+    times = StepTimes(TableForward(forward), {}, prefill, {})
+    assert times.prefill_s(lengths) == pytest.approx(table_s * 2.0)
+
+
 @pytest.fixture()
 def vllm_run_on_an_h100(tmp_path):
     """The committed vLLM CPU run (closed loop, B = 1 and 4, ngram and a draft model) renamed as if

@@ -27,9 +27,10 @@ def plan(
                                                              "prompt lengths, default 1k)."),
     device: Optional[str] = typer.Option(None, help="With --target: the GPU whose kernel tables price the plan "
                                                     "(h100, h200, b200, a100, ... or a tables' system name; default "
-                                                    "h100). With a run: carry its fitted efficiencies to this GPU's "
-                                                    "datasheet bandwidth and FLOP/s: h100, h200, a100 or l40s (an "
-                                                    "ESTIMATE)."),
+                                                    "h100). With a GPU run: carry its fitted efficiencies to this "
+                                                    "GPU's datasheet bandwidth and FLOP/s: h100, h200, a100 or l40s "
+                                                    "(an ESTIMATE). With a CPU run: price its models on this GPU's "
+                                                    "kernel tables, with its measured α."),
     gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
     gpus: int = typer.Option(1, help="Devices the deployment uses."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Output tokens per request the predictions assume "
@@ -124,9 +125,13 @@ def plan(
     try:
         ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
         check_price(gpu_price, gpus)
+        timings = load_run(timings or run_dir)
+        if device is not None and _ran_on_a_cpu(timings.meta):
+            _cpu_run_on_tables(timings, acceptance, device, ks, sizes, contexts, max_new_tokens, alpha, gpu_price,
+                               gpus, json_output)
+            return
         if device is not None and device.lower() not in fit.DEVICES:
             raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
-        timings = load_run(timings or run_dir)
         run_tokens = int((timings.meta.get("config") or {}).get("max_new_tokens", 1))
         output_tokens = max_new_tokens or run_tokens
         if contexts or max_new_tokens:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
@@ -258,6 +263,38 @@ def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
         moved[key] = clone
     return moved, (f"{fit.DEVICES[device]['name']}: efficiencies fitted on {gpus[0]['name']} carried to its "
                    f"datasheet bandwidth and FLOP/s; overheads kept")
+
+
+def _ran_on_a_cpu(meta: dict) -> bool:
+    return not (meta.get("hardware") or {}).get("gpus")
+
+
+def _cpu_run_on_tables(run, acceptance: Path | None, device: str, ks: list[int], sizes: list[int],
+                       contexts: list[int] | None, max_new_tokens: int | None, alpha: float | None,
+                       gpu_price: float | None, gpus: int, json_output: bool) -> None:
+    """`plan CPU_RUN --device GPU`: a CPU's fitted efficiencies say nothing of a GPU's, so the run's
+    target and drafts are priced on that GPU's kernel tables instead, with the α the run measured
+    (as `plan --target T --drafts D --acceptance RUN --device GPU` would)."""
+    from specbench.cli.plan_tables import plan_from_tables
+    from specbench.fit.calibration import run_configs
+
+    if gpus != 1:
+        raise UsageError("--gpus: a CPU run planned on a GPU's kernel tables is priced per replica at TP1; for "
+                         "other TP sizes use --target with --tp")
+    config = run.meta.get("config") or {}
+    target, _, model_drafts = run_configs(run.meta)
+    drafts = list(dict.fromkeys([name for name, _ in model_drafts.values()]
+                                + ["ngram" for label in config.get("drafts", []) if str(label).startswith("ngram")]))
+    if not drafts:
+        raise UsageError(f"{run.path} ran on a CPU and has no draft the kernel tables can price (a model draft of a "
+                         f"known alias, or n-gram)")
+    asked = f"--target {target} --drafts {','.join(drafts)} --acceptance {acceptance or run.path} --device {device}"
+    note = (f"NOTE: {run.path} ran on a CPU, whose efficiencies do not carry to a GPU: its models are priced on the "
+            f"{device} kernel tables with its measured α (as `specbench plan {asked}`)")
+    plan_from_tables(target, ",".join(drafts), device, "vllm", "1", None, ks, sizes, contexts or [1024],
+                     max_new_tokens or int(config.get("max_new_tokens") or 128),
+                     f"{alpha:g}" if alpha is not None else None, None if alpha is not None else (acceptance or run.path),
+                     gpu_price, None, json_output, notes=[note])
 
 
 def _one_alpha(text: str | None) -> float | None:

@@ -26,7 +26,7 @@ def parse_alphas(text: str) -> list[tuple[float, ...]]:
 def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None,
                      ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
                      alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
-                     json_output: bool, calibrate: Path | None = None) -> None:
+                     json_output: bool, calibrate: Path | None = None, notes: list[str] = ()) -> None:
     from specbench.fit import default_gpu_price, kernel_tables
     from specbench.fit import table_plan as tp_plan
 
@@ -72,7 +72,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
                           "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
-                          "corrected_by": corrected or None,
+                          "corrected_by": corrected or None, "notes": list(notes) or None,
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return
@@ -80,7 +80,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                   f"{', '.join(f'{d.name} ({d.label})' for d in drafters)}; α from {alpha_from}; "
                   f"{output_tokens} output tokens per request; prices {price_note}; not measurements",
                   highlight=False, soft_wrap=True)
-    for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+    for line in [*notes] + ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
             [f"left out: {why}" for why in left_out] + [("CORRECTED: " if not n else "") + line
                                                         for n, line in enumerate(corrected)]:
         console.print(line, highlight=False, soft_wrap=True)
@@ -241,6 +241,7 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, lis
     if not kinds:
         raise UsageError(f"--calibrate: {run.path} has no finished cells to correct the tables by")
     lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, {how}; "
-             f"measured / tables = a + b log2(B) per kind, carried to the plan's models and TP):"]
+             f"measured / tables per kind, through each measured B and held beyond, carried to the plan's models "
+             f"and TP):"]
     lines += [f"  {kind}: {correction.describe()}" for kind, correction in kinds.items()]
     return kinds, found.measured_models(), lines

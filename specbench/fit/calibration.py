@@ -9,8 +9,13 @@ gets its own correction, fitted on the run's measured forwards at the same shape
 - each draft model's decode;
 - the target's prefill (its first token's time) and each draft's (which follows it).
 
-A correction is measured / tables = a + b log2(rows) (least squares over the run's batch sizes;
-a constant where it measured one size). `TableForward` turns a corrected table into the
+A correction is measured / tables as a function of log2(rows): by default (`interp`) the line
+through each measured batch size's median ratio, held at the nearest measured size's beyond them
+(a constant where the run measured one size). Two reasons for not extrapolating: the tables'
+kernels already carry how a forward grows with the batch, so what is left (the engine's own
+overhead) has no trend to trust past the last size measured; and a least-squares line in log2 B
+(`loglinear`) does not even reproduce the sizes it was fitted on. Checked by hiding each H100 run's
+largest batch size (benchmarks/tables-2026-11-25/held_out_corrected.md). `TableForward` turns a corrected table into the
 forward-time model the cost model asks (`seconds(rows, positions, context)`), so a calibrated plan
 and the held-out check use exactly the arithmetic the run's own roofline uses.
 """
@@ -37,11 +42,14 @@ class Correction:
     slope: float = 0.0  # per doubling of rows
     points: int = 0
     rows: tuple[int, ...] = ()  # the batch sizes it was fitted on
+    # `interp`: (log2 rows, ratio) at each measured size, joined by lines and held flat beyond them
+    knots: tuple[tuple[float, float], ...] = ()
 
     @classmethod
-    def fit(cls, rows: np.ndarray, ratios: np.ndarray, shape: str = "loglinear") -> "Correction":
-        """`shape`: `loglinear` (least squares over every measured batch size), `constant` (their
-        median), `last` (the largest size's), `last2` (the line through the two largest)."""
+    def fit(cls, rows: np.ndarray, ratios: np.ndarray, shape: str = "interp") -> "Correction":
+        """`shape`: `interp` (through each measured batch size's median ratio, flat beyond them),
+        `loglinear` (least squares over every measured batch size), `constant` (their median), `last`
+        (the largest size's), `last2` (the line through the two largest)."""
         rows, ratios = np.asarray(rows, float), np.asarray(ratios, float)
         keep = np.isfinite(ratios) & (ratios > 0)
         rows, ratios = rows[keep], ratios[keep]
@@ -55,14 +63,19 @@ class Correction:
             return cls(float(np.median(y)), 0.0, len(ratios), sizes)
         if shape == "last":
             return cls(float(y[-1]), 0.0, len(ratios), sizes)
+        if shape == "interp":
+            return cls(float(y[0]), 0.0, len(ratios), sizes, tuple(zip(map(float, x), map(float, y))))
         if shape == "last2":
             x, y = x[-2:], y[-2:]
         elif shape != "loglinear":
-            raise ValueError(f"correction shape must be loglinear, constant, last or last2, got {shape!r}")
+            raise ValueError(f"correction shape must be interp, loglinear, constant, last or last2, got {shape!r}")
         slope, intercept = np.polyfit(x, y, 1)
         return cls(float(intercept), float(slope), len(ratios), sizes)
 
     def __call__(self, rows) -> np.ndarray:
+        if self.knots:
+            x, y = zip(*self.knots)
+            return np.interp(np.log2(np.maximum(np.asarray(rows, float), 1)), x, y)
         return np.maximum(self.intercept + self.slope * np.log2(np.maximum(np.asarray(rows, float), 1)), 0.05)
 
     def describe(self) -> str:
@@ -90,6 +103,15 @@ class TableForward:
         if positions == 1:
             return self.forward.decode_ms(rows, context) / 1000 * float(self.decode(rows))
         return self.forward.verify_ms(rows, context, positions) / 1000 * float(self.verify(rows))
+
+    def batch_prefill_s(self, lengths) -> float:
+        """A whole batch's prefill (a `prefill` model): its forwards on the tables, corrected at the
+        batch's size, as `_prefill_correction` fitted it (not at each forward's rows: a batch of
+        varied prompts runs several forwards of a few rows each)."""
+        from specbench.fit.cost import prefill_forwards
+
+        table_s = sum(self.forward.prefill_ms(rows, positions) for rows, positions in prefill_forwards(lengths)) / 1000
+        return table_s * float(self.decode(len(lengths)))
 
     def seconds(self, rows, positions, context) -> np.ndarray:
         r, p, c = np.broadcast_arrays(np.asarray(rows, float), np.asarray(positions, float), np.asarray(context, float))
@@ -178,7 +200,7 @@ def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
 
 
 def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,
-              backend: str = "vllm", correct: bool = True, shape: str = "loglinear",
+              backend: str = "vllm", correct: bool = True, shape: str = "interp",
               correct_prefill: bool = True) -> Calibration:
     """The run's step times on the tables of `system` (at TP1, as the native engine runs), each
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
@@ -277,7 +299,7 @@ def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str 
 
 
 def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict, system: str,
-                       backend: str = "vllm", correct: bool = True, shape: str = "loglinear",
+                       backend: str = "vllm", correct: bool = True, shape: str = "interp",
                        correct_prefill: bool = True) -> pd.DataFrame:
     """The largest batch size hidden: the tables corrected on the smaller sizes predict each of its
     speculative cells, with α from the smaller sizes (`speedup_error`) and with the cell's own α and

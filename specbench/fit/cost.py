@@ -168,6 +168,8 @@ class StepTimes:
     def _prefill(model: ForwardTimeModel | None, lengths) -> float:
         if model is None:
             return 0.0
+        if hasattr(model, "batch_prefill_s"):  # corrected tables: corrected as they were fitted, by the batch
+            return float(model.batch_prefill_s(lengths))
         return float(sum(model.seconds(rows, positions, 0) for rows, positions in prefill_forwards(lengths)))
 
     def prefill_s(self, lengths) -> float:

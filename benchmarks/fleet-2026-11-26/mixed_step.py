@@ -8,6 +8,9 @@ two-server replay's miss leaves (README: requests decoding through several 3-4k-
    and the prompt's TTFT.
 3. The fitted price's prediction of both (the simulator, the same requests at the same times).
 
+The gaps it prints are sorted longest first, not in the order they came (2026-11-26: read as their
+order, they said the first chunk was the dearer; mixed_lengths.py times them in order).
+
     python benchmarks/fleet-2026-11-26/mixed_step.py    # ~3 min; writes mixed_step.md
 """
 

@@ -332,7 +332,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
                 chart, gpu_price) -> None:
-    from specbench.cli.plan_fleet import FleetAsk, plan_fleet
+    from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
         if run_dir is not None:
@@ -352,12 +352,12 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
         if any(x < 1 for x in ks):
             raise UsageError("--k must be >= 1")
         check_price(gpu_price, 1)
+        traffic = TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"), slo, headroom,
+                             router, chart, gpu_price) if trace is not None else None
         ask = FleetAsk(target=target, drafts=drafts, device=device or "h100", backend=backend, tps=tp,
                        draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
-                       input_len=input_len, output_len=output_len, trace=trace, trace_window=trace_window,
-                       scales=split_list(trace_speedup, float, "--trace-speedup"), slo=slo, headroom=headroom,
-                       router=router, chart=chart, gpu_price=gpu_price)
+                       input_len=input_len, output_len=output_len, traffic=traffic)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))
@@ -365,14 +365,14 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
 
 def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
                        json_output) -> None:
-    from specbench.cli.plan_fleet import plan_served_fleet
+    from specbench.cli.plan_fleet import TrafficAsk, plan_served_fleet
 
     try:
         if slo is None:
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         check_price(gpu_price, 1)
-        plan_served_fleet(run_dir, trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"), slo,
-                          headroom, router, chart, gpu_price, json_output)
+        plan_served_fleet(run_dir, TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"),
+                                              slo, headroom, router, chart, gpu_price), json_output)
     except known_errors() as error:
         fail(str(error))
 

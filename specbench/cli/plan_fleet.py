@@ -23,8 +23,37 @@ QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
 
 @dataclass(frozen=True)
+class TrafficAsk:
+    """A trace to size a fleet for: which of it, at which scales, to which SLO, and how."""
+
+    trace: str
+    window: str = ""
+    scales: tuple[float, ...] | list[float] = (1.0,)
+    slo: str = ""
+    headroom: float = 0.2
+    router: str = "least-outstanding"
+    chart: Path | None = None
+    gpu_price: float | None = None
+
+    def check(self) -> None:
+        from specbench.fleet.router import ROUTERS
+
+        if not self.scales or any(not (math.isfinite(s) and s > 0) for s in self.scales):
+            raise UsageError(f"--trace-speedup must be positive numbers, got "
+                             f"{','.join(f'{s:g}' for s in self.scales)}")
+        if not (math.isfinite(self.headroom) and 0 <= self.headroom <= 10):
+            raise UsageError(f"--headroom must be a share of extra traffic in [0, 10] (0.2: 1.2×), got "
+                             f"{self.headroom:g}")
+        if self.router not in ROUTERS:
+            raise UsageError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if self.chart is not None and self.chart.suffix.lower() != ".png":
+            raise UsageError(f"--chart {self.chart}: write a .png file")
+
+
+@dataclass(frozen=True)
 class FleetAsk:
-    """What the command line asked for."""
+    """What the command line asked for on the kernel tables: the models and GPUs, and the load
+    (closed-loop clients, or `traffic`)."""
 
     target: str
     drafts: str
@@ -39,14 +68,7 @@ class FleetAsk:
     concurrencies: list[int]
     input_len: int
     output_len: int
-    trace: str | None = None
-    trace_window: str = ""
-    scales: tuple[float, ...] | list[float] = (1.0,)
-    slo: str | None = None
-    headroom: float = 0.2
-    router: str = "least-outstanding"
-    chart: Path | None = None
-    gpu_price: float | None = None
+    traffic: TrafficAsk | None = None
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
@@ -70,7 +92,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
             "dtype": ask.dtype or "bf16", "alpha_from": alpha_from, "acceptance_transferred": transferred or None}
-    if ask.trace is None:
+    if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                      json_output, started)
     else:
@@ -79,22 +101,12 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
 
 
 def _check(ask: FleetAsk) -> None:
-    from specbench.fleet.router import ROUTERS
-
     if (ask.dtype or "bf16") not in QUANTS:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
-    if ask.trace is None:
-        if ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
-            raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
-        return
-    if not ask.scales or any(not (math.isfinite(s) and s > 0) for s in ask.scales):
-        raise UsageError(f"--trace-speedup must be positive numbers, got {','.join(f'{s:g}' for s in ask.scales)}")
-    if not (math.isfinite(ask.headroom) and 0 <= ask.headroom <= 10):
-        raise UsageError(f"--headroom must be a share of extra traffic in [0, 10] (0.2: 1.2×), got {ask.headroom:g}")
-    if ask.router not in ROUTERS:
-        raise UsageError(f"--router must be one of {', '.join(ROUTERS)}, got {ask.router!r}")
-    if ask.chart is not None and ask.chart.suffix.lower() != ".png":
-        raise UsageError(f"--chart {ask.chart}: write a .png file")
+    if ask.traffic is not None:
+        ask.traffic.check()
+    elif ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
+        raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
 
 
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
@@ -124,12 +136,12 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     for (tp, concurrency), group in table.groupby(["tp", "concurrency"], sort=False):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
-                       "E2E p50 s", "tok/s/GPU", "TPOT speed-up", "time at B≥32"):
+                       "ITL p50 ms", "ITL p99 ms", "E2E p50 s", "tok/s/GPU", "TPOT speed-up", "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
                           f"{row.ttft_p99_ms:.0f}", f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}",
-                          f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
+                          f"{row.itl_p50_ms:.1f}", f"{row.itl_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
                           f"{row.share_at_large_batch:.0%}")
         console.print(shown)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
@@ -161,21 +173,21 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     from specbench.fleet.plan import traffic_table
     from specbench.fleet.sizing import Objective
 
-    slo = parse_slo(ask.slo)
-    traffic, replay = load_traffic(ask.trace, ask.trace_window, int(target_config.get("max_position_embeddings") or 0))
-    price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
+    wanted = ask.traffic
+    slo = parse_slo(wanted.slo)
+    traffic, replay = load_traffic(wanted.trace, wanted.window, int(target_config.get("max_position_embeddings") or 0))
+    price, price_note = (wanted.gpu_price, "given") if wanted.gpu_price is not None else \
         default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
-                                    list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom, ask.router,
+                                    list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
+                                    wanted.router,
                                     QUANTS[ask.dtype or "bf16"], price)
     where = f"{planner.system.split('_')[0].upper()}"
-    _show_traffic(table, traffic, replay, slo, ask, head, where, "", left_out + unpriced, transferred, price,
+    _show_traffic(table, traffic, replay, slo, wanted, head, where, "", left_out + unpriced, transferred, price,
                   price_note, json_output, started)
 
 
-def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: list[float], slo_text: str,
-                      headroom: float, router: str, chart: Path | None, gpu_price: float | None,
-                      json_output: bool) -> None:
+def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) -> None:
     """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
     (fleet.served): one replica is one server as that run's were."""
     from specbench.fit.slo import parse_slo
@@ -185,21 +197,18 @@ def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: lis
     from specbench.results import load_run
 
     started = time.perf_counter()
-    ask = FleetAsk(target="", drafts="", device="", backend="", tps="1", draft_tp=None, ks=[], alpha=None,
-                   acceptance=None, dtype=None, concurrencies=[], input_len=1, output_len=1, trace=trace,
-                   trace_window=window, scales=scales, slo=slo_text, headroom=headroom, router=router, chart=chart,
-                   gpu_price=gpu_price)
-    _check(ask)
+    ask.check()
     run = load_run(run_dir)
     engine = (run.meta.get("engine") or {}).get("name", "native")
     if engine not in ("vllm", "endpoint"):
         raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace fits a served step on a served run's requests "
                          f"(sweep --engine vllm or --endpoint), or plans on the kernel tables with --target MODEL")
-    slo = parse_slo(slo_text)
+    slo = parse_slo(ask.slo)
     config = run.meta.get("config") or {}
     found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
-    traffic, replay = load_traffic(trace, window, min(c.spec.kv_capacity_tokens for c in found))
-    table = size_fleets(found, traffic, scales, Objective(slo.bounds, slo.percentile), headroom, router, gpu_price)
+    traffic, replay = load_traffic(ask.trace, ask.window, min(c.spec.kv_capacity_tokens for c in found))
+    table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
+                        ask.router, ask.gpu_price)
     target = str(config.get("target", "the target"))
     head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": target, "device": "as measured",
             "backend": "vllm", "dtype": config.get("dtype") or "as measured",
@@ -207,11 +216,11 @@ def plan_served_fleet(run_dir: Path | None, trace: str, window: str, scales: lis
             "step_fitted": {name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s")}}
     _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
-                  gpu_price, "given" if gpu_price is not None else "none (device-hours)", json_output, started,
+                  ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output, started,
                   device="server")
 
 
-def _show_traffic(table, traffic, replay, slo, ask, head, where, replica, left_out, transferred, price, price_note,
+def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, replica, left_out, transferred, price, price_note,
                   json_output, started, device: str = "GPU") -> None:
     """The sized fleets as tables and sentences (or JSON); `device`: what one replica's devices
     are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
@@ -240,19 +249,20 @@ def _show_traffic(table, traffic, replay, slo, ask, head, where, replica, left_o
         shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{traffic.name} at {scale:g}× "
                             f"({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
         for column in ("configuration", "replicas", f"{device}s", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
-                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s", "good", "time at B≥32"):
+                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "E2E p50 s", "good", "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             if not row.replicas == row.replicas:
                 shown.add_row(row.configuration, f">{MOST_REPLICAS}" if row.reachable else "none (alone misses)",
-                              *[""] * 10)
+                              *[""] * 11)
                 continue
             monthly = row.dollars_per_month if price is not None else row.gpus * HOURS_PER_MONTH
             per_million = row.dollars_per_million_tokens if price is not None else \
                 row.gpus / (traffic.output_tokens_per_s(scale) * 3600) * 1e6
             shown.add_row(row.configuration, str(int(row.replicas)), str(int(row.gpus)), f"{monthly:,.0f}",
                           f"{per_million:.2f}", f"{row.ttft_p50_ms:.0f}", f"{row.ttft_p99_ms:.0f}",
-                          f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.1f}",
+                          f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}", f"{row.itl_p99_ms:.0f}",
+                          f"{row.e2e_p50_ms / 1e3:.1f}",
                           f"{row.good_share:.1%}", f"{row.share_at_large_batch_mean:.0%} (max "
                                                    f"{row.share_at_large_batch_max:.0%})")
         console.print(shown)

@@ -14,13 +14,20 @@ measure.py measured.
    from the simulated router sending requests elsewhere.
 
     python benchmarks/fleet-2026-11-26/fleet_check.py
+    python benchmarks/fleet-2026-11-26/fleet_check.py --probed
 
-Writes fleet_check.csv and fleet_check.md next to this file.
+Writes fleet_check.csv and fleet_check.md next to this file. `--probed`: the runs of probed.py
+(probed/), each replay predicted twice: as above, and with the price scaled by the machine's speed
+then against during the calibration (the probes' median TPOT around the replay, on each server,
+over theirs around the calibration: every part of the price scaled alike); writes
+fleet_check_probed.csv/.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +47,35 @@ METRICS = ("ttft", "tpot", "e2e")
 SLO = {"ttft": 5.0, "tpot": 0.15}  # an SLO one server misses at this rate: how many servers meet it
 
 
+def scaled(price, factor: float):
+    """The price on a machine `factor` times slower: every part of a step, and the per-request overhead."""
+    return replace(price, floor_s=price.floor_s * factor, per_token_s=price.per_token_s * factor,
+                   overhead_s=price.overhead_s * factor, per_context_token_s=price.per_context_token_s * factor,
+                   per_prefill_pair_s=price.per_prefill_pair_s * factor)
+
+
+def speed_factors(probes: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per replay, per server: the probes' TPOT around the replay over server A's around the calibration."""
+    around = lambda server, what: float(probes[(probes["server"] == server)  # noqa: E731
+                                               & probes["when"].str.endswith(what)]["tpot_s"].mean())
+    calibration = around("A", "calibration")
+    return {"one-server": {"A": around("A", "one-server") / calibration},
+            "two-servers": {s: around(s, "two-servers") / calibration for s in ("A", "B")}}
+
+
 def main() -> None:
-    runs = [load_run(path) for path in CALIBRATION]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--probed", action="store_true", help="probed.py's runs, predicted at the probed speed too")
+    args = parser.parse_args()
+    base = HERE / "probed" if args.probed else HERE
+    factors = speed_factors(pd.read_csv(base / "probes.csv")) if args.probed else {}
+    runs = [load_run(base / path.name) for path in CALIBRATION]
     cells = pd.concat([run.cells for run in runs], ignore_index=True)
     requests = pd.concat([run.requests for run in runs], ignore_index=True)
     price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(path.name for path in CALIBRATION))
     rows = []
     for path in REPLAYS:
-        run = load_run(path)
+        run = load_run(base / path.name)
         for load in cell_loads(run.cells, run.requests, meta=run.meta):
             measured = {"ttft": np.median(load.ttft_s), "tpot": np.nanmedian(load.tpot_s), "e2e": np.median(load.e2e_s)}
             predicted = simulate_load(price, served_replica(run.meta), load)
@@ -57,15 +85,24 @@ def main() -> None:
                    "requests_per_server": "/".join(str(int(n)) for n in mine["replica"].value_counts().sort_index()),
                    "running_mean": float(run.cells.set_index("cell_id").loc[load.cell_id, "running_mean"])}
             routed = as_routed(price, served_replica(run.meta), load, mine)
+            speed = factors.get(path.name, {})
+            if speed:  # the router's replicas share one price: the servers' mean factor
+                at_speed = simulate_load(scaled(price, float(np.mean(list(speed.values())))),
+                                         served_replica(run.meta), load)
+                row["speed_factors"] = " ".join(f"{s} {f:.3f}" for s, f in speed.items())
             for m in METRICS:
                 row[f"{m}_p50_measured_s"] = measured[m]
                 row[f"{m}_p50_predicted_s"] = predicted[f"{m}_p50_s"]
                 row[f"{m}_error"] = predicted[f"{m}_p50_s"] / measured[m] - 1
                 row[f"{m}_p50_as_routed_s"] = routed[m]
+                if speed:
+                    row[f"{m}_p50_at_speed_s"] = at_speed[f"{m}_p50_s"]
+                    row[f"{m}_error_at_speed"] = at_speed[f"{m}_p50_s"] / measured[m] - 1
             rows.append(row)
     table = pd.DataFrame(rows)
-    table.to_csv(HERE / "fleet_check.csv", index=False, float_format="%.6g")
-    write_summary(table, price)
+    suffix = "_probed" if args.probed else ""
+    table.to_csv(HERE / f"fleet_check{suffix}.csv", index=False, float_format="%.6g")
+    write_summary(table, price, HERE / f"fleet_check{suffix}.md", base)
 
 
 def as_routed(price, spec, load, requests: pd.DataFrame) -> dict[str, float]:
@@ -82,8 +119,9 @@ def as_routed(price, spec, load, requests: pd.DataFrame) -> dict[str, float]:
     return {"ttft": float(np.median(ttft)), "tpot": float(np.nanmedian(tpot)), "e2e": float(np.median(e2e))}
 
 
-def write_summary(table: pd.DataFrame, price) -> None:
+def write_summary(table: pd.DataFrame, price, out: Path, base: Path) -> None:
     lines = ["# One replay on one vLLM CPU server and on two: the fleet simulator against the measurement", "",
+             f"Runs: {base.relative_to(HERE.parents[1])}.", "",
              f"Fitted on {', '.join(path.name for path in CALIBRATION)} (closed loop, no trace). Step (seconds): "
              + ", ".join(f"{name} {getattr(price, name):.4g}" for name in
                          ("floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s",
@@ -124,7 +162,22 @@ def write_summary(table: pd.DataFrame, price) -> None:
     errors = {m: table[f"{m}_error"].abs() for m in METRICS}
     lines += ["", "Within the issue's targets: " + ", ".join(
         f"p50 {m.upper()} {int((errors[m] <= TARGETS[m]).sum())} of {len(table)} (≤ {TARGETS[m]:.0%})" for m in METRICS)]
-    (HERE / "fleet_check.md").write_text("\n".join(lines) + "\n")
+    if "speed_factors" in table:
+        lines += ["", "At the machine's probed speed (the price scaled by the probes' TPOT around each replay over "
+                  "theirs around the calibration; the router's replicas at the servers' mean factor):", "",
+                  "| replay | speed factors | p50 TTFT s (predicted / measured) | p50 TPOT ms | p50 E2E s |",
+                  "|---|---|---|---|---|"]
+        for row in table.itertuples():
+            cells = []
+            for m, scale, digits in (("ttft", 1, 2), ("tpot", 1e3, 0), ("e2e", 1, 1)):
+                predicted, measured = getattr(row, f"{m}_p50_at_speed_s"), getattr(row, f"{m}_p50_measured_s")
+                cells.append(f"{predicted * scale:.{digits}f} / {measured * scale:.{digits}f} "
+                             f"({predicted / measured - 1:+.0%})")
+            lines.append(f"| {row.replay} | {row.speed_factors} | " + " | ".join(cells) + " |")
+        at_speed = {m: table[f"{m}_error_at_speed"].abs() for m in METRICS}
+        lines += ["", "Within the issue's targets at the probed speed: " + ", ".join(
+            f"p50 {m.upper()} {int((at_speed[m] <= TARGETS[m]).sum())} of {len(table)}" for m in METRICS)]
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

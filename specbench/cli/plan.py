@@ -291,10 +291,10 @@ def _cpu_run_on_tables(run, acceptance: Path | None, device: str, ks: list[int],
     asked = f"--target {target} --drafts {','.join(drafts)} --acceptance {acceptance or run.path} --device {device}"
     note = (f"NOTE: {run.path} ran on a CPU, whose efficiencies do not carry to a GPU: its models are priced on the "
             f"{device} kernel tables with its measured α (as `specbench plan {asked}`)")
+    given, measured = (f"{alpha:g}", None) if alpha is not None else (None, acceptance or run.path)
     plan_from_tables(target, ",".join(drafts), device, "vllm", "1", None, ks, sizes, contexts or [1024],
-                     max_new_tokens or int(config.get("max_new_tokens") or 128),
-                     f"{alpha:g}" if alpha is not None else None, None if alpha is not None else (acceptance or run.path),
-                     gpu_price, None, json_output, notes=[note])
+                     max_new_tokens or int(config.get("max_new_tokens") or 128), given, measured, gpu_price, None,
+                     json_output, notes=[note])
 
 
 def _one_alpha(text: str | None) -> float | None:

@@ -141,7 +141,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
                           f"{row.ttft_p99_ms:.0f}", f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}",
-                          f"{row.itl_p50_ms:.1f}", f"{row.itl_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
+                          f"{row.itl_p50_ms:.1f}", f"{row.itl_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.2f}",
+                          f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
                           f"{row.share_at_large_batch:.0%}")
         console.print(shown)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
@@ -216,12 +217,12 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
             "step_fitted": {name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s")}}
     _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
-                  ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output, started,
-                  device="server")
+                  ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
+                  started, device="server")
 
 
-def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, replica, left_out, transferred, price, price_note,
-                  json_output, started, device: str = "GPU") -> None:
+def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, replica, left_out, transferred, price,
+                  price_note, json_output, started, device: str = "GPU") -> None:
     """The sized fleets as tables and sentences (or JSON); `device`: what one replica's devices
     are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
@@ -249,7 +250,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
         shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{traffic.name} at {scale:g}× "
                             f"({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
         for column in ("configuration", "replicas", f"{device}s", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
-                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "E2E p50 s", "good", "time at B≥32"):
+                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "E2E p50 s", "good",
+                       "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             if not row.replicas == row.replicas:

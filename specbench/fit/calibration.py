@@ -15,9 +15,10 @@ through each measured batch size's median ratio, held at the nearest measured si
 kernels already carry how a forward grows with the batch, so what is left (the engine's own
 overhead) has no trend to trust past the last size measured; and a least-squares line in log2 B
 (`loglinear`) does not even reproduce the sizes it was fitted on. Checked by hiding each H100 run's
-largest batch size (benchmarks/tables-2026-11-25/held_out_corrected.md). `TableForward` turns a corrected table into the
-forward-time model the cost model asks (`seconds(rows, positions, context)`), so a calibrated plan
-and the held-out check use exactly the arithmetic the run's own roofline uses.
+largest batch size (benchmarks/tables-2026-11-25/held_out_corrected.md). `TableForward` turns a
+corrected table into the forward-time model the cost model asks (`seconds(rows, positions,
+context)`), so a calibrated plan and the held-out check use exactly the arithmetic the run's own
+roofline uses.
 """
 
 from __future__ import annotations
@@ -104,14 +105,17 @@ class TableForward:
             return self.forward.decode_ms(rows, context) / 1000 * float(self.decode(rows))
         return self.forward.verify_ms(rows, context, positions) / 1000 * float(self.verify(rows))
 
+    def table_prefill_ms(self, lengths) -> float:
+        """A whole batch's prefill on the uncorrected tables: its forwards as the engine groups them."""
+        from specbench.fit.cost import prefill_forwards
+
+        return float(sum(self.forward.prefill_ms(rows, positions) for rows, positions in prefill_forwards(lengths)))
+
     def batch_prefill_s(self, lengths) -> float:
         """A whole batch's prefill (a `prefill` model): its forwards on the tables, corrected at the
         batch's size, as `_prefill_correction` fitted it (not at each forward's rows: a batch of
         varied prompts runs several forwards of a few rows each)."""
-        from specbench.fit.cost import prefill_forwards
-
-        table_s = sum(self.forward.prefill_ms(rows, positions) for rows, positions in prefill_forwards(lengths)) / 1000
-        return table_s * float(self.decode(len(lengths)))
+        return self.table_prefill_ms(lengths) / 1000 * float(self.decode(len(lengths)))
 
     def seconds(self, rows, positions, context) -> np.ndarray:
         r, p, c = np.broadcast_arrays(np.asarray(rows, float), np.asarray(positions, float), np.asarray(context, float))
@@ -261,9 +265,7 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
 def _prefill_correction(model: TableForward, batches: list[tuple[object, list[int], float]],
                         shape: str) -> Correction:
     """measured / tables for whole batches' prefills (chunked as the engine chunks them), by rows."""
-    from specbench.fit.cost import prefill_forwards
-
-    table = [sum(_table_ms(model, r, p, 0) for r, p in prefill_forwards(lengths)) for _, lengths, _ in batches]
+    table = [model.table_prefill_ms(lengths) for _, lengths, _ in batches]
     return Correction.fit(np.array([len(lengths) for _, lengths, _ in batches]),
                           np.array([s for _, _, s in batches]) * 1000 / np.array(table, float), shape)
 

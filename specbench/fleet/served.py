@@ -230,14 +230,13 @@ def _measured_start(base: list[CellLoad], tpot: float) -> np.ndarray:
     shortest = min(lone, key=lambda load: float(np.median(load.prompts)))
     longest = max(lone, key=lambda load: float(np.median(load.prompts)))
     floor = float(np.nanmin([np.nanmedian(load.tpot_s) for load in lone]))
+    floor = floor if floor > 0 else tpot
     short_n = float(np.median(shortest.prompts))
     per_token = float(np.median(shortest.ttft_s)) / max(short_n, 1.0)
     long_n = float(np.median(longest.prompts))
     beyond = float(np.median(longest.ttft_s)) - per_token * long_n
-    pairs = long_n * long_n / 2
-    per_pair = beyond / pairs if beyond > 0 and long_n > short_n else per_token / 1e3
-    return np.array([floor if floor > 0 else tpot, per_token, floor / 10 if floor > 0 else tpot / 10,
-                     floor / 1e4 if floor > 0 else tpot / 1e4, per_pair])
+    per_pair = beyond / (long_n * long_n / 2) if beyond > 0 and long_n > short_n else per_token / 1e3
+    return np.array([floor, per_token, floor / 10, floor / 1e4, per_pair])
 
 
 def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = "",

@@ -63,6 +63,11 @@ def plan(
                                   help="--concurrency: prompt tokens per request."),
     output_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
                                    help="--concurrency: output tokens per request."),
+    clients: str = typer.Option("steady", rich_help_panel="Served, simulated on kernel tables",
+                                help="--concurrency: how the clients send. steady: started apart, the steady "
+                                     "state measured; inferencemax: as InferenceMAX's benchmark_serving run (all "
+                                     "at once, 10 requests each, lengths 0.8-1× the given, every request "
+                                     "measured), to compare with such a benchmark."),
     dtype: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                         help="--concurrency, --trace: the target's GEMMs: bf16 (default), fp8 or "
                                              "fp4."),
@@ -93,10 +98,12 @@ def plan(
     with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
     import pandas as pd
 
+    if clients != "steady" and concurrency is None:
+        fail("--clients says how --concurrency's clients send: give --target MODEL --concurrency C")
     if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
-                    headroom, router, chart, gpu_price)
+                    headroom, router, chart, gpu_price, clients)
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
@@ -331,7 +338,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
-                chart, gpu_price) -> None:
+                chart, gpu_price, clients="steady") -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -346,6 +353,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
         if trace is None and (slo is not None or chart is not None or trace_window or trace_speedup != "1"):
             raise UsageError("--slo, --chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
                              "with --trace instead")
+        if trace is not None and clients != "steady":
+            raise UsageError("--clients says how --concurrency's clients send; a --trace's arrivals are its own")
         if trace is not None and slo is None:
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         ks = split_list(k, int, "--k")
@@ -357,7 +366,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
         ask = FleetAsk(target=target, drafts=drafts, device=device or "h100", backend=backend, tps=tp,
                        draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
-                       input_len=input_len, output_len=output_len, traffic=traffic)
+                       input_len=input_len, output_len=output_len, traffic=traffic, clients=clients)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

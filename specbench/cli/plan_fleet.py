@@ -69,6 +69,7 @@ class FleetAsk:
     input_len: int
     output_len: int
     traffic: TrafficAsk | None = None
+    clients: str = "steady"  # fleet.plan.CLIENTS
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
@@ -101,6 +102,10 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
 
 
 def _check(ask: FleetAsk) -> None:
+    from specbench.fleet.plan import CLIENTS
+
+    if ask.clients not in CLIENTS:
+        raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {ask.clients!r}")
     if (ask.dtype or "bf16") not in QUANTS:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
     if ask.traffic is not None:
@@ -120,18 +125,23 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
 
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
-    from specbench.fleet.plan import closed_loop_table
+    from specbench.fleet.plan import CLIENTS, closed_loop_table
 
+    clients = CLIENTS[ask.clients]
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
-                                        ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"])
+                                        ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
+                                        clients)
     left_out += unpriced
     seconds = time.perf_counter() - started
     if json_output:
-        print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len,
+        print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
-    _print_head(head, f"one vLLM-like replica, closed loop of C clients, {ask.input_len} tokens in and "
+    how = ("started apart, the steady state" if not clients.together else
+           f"all started at once, {clients.requests_per_client} requests each, lengths {clients.shortest_share:g}-1× "
+           f"these, every request measured (as InferenceMAX's benchmark)")
+    _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in and "
                       f"{ask.output_len} out", left_out, transferred)
     for (tp, concurrency), group in table.groupby(["tp", "concurrency"], sort=False):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")

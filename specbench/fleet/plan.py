@@ -13,6 +13,8 @@ DataFrames a notebook can use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -26,19 +28,56 @@ from specbench.schema import AR, LARGE_BATCH
 REQUESTS_PER_CLIENT = 12  # each client's first and last request are left out (warm-up, drain)
 
 
+@dataclass(frozen=True)
+class Clients:
+    """How C closed-loop clients send their requests and which of them are measured. A closed
+    loop's TTFT depends on it more than on the GPU: clients started together stay in waves whose
+    prefills queue behind each other; clients started apart do not."""
+
+    name: str
+    together: bool  # all C first requests at t = 0 (a benchmark's burst), else a C-th of a lifetime apart
+    requests_per_client: int
+    shortest_share: float  # each request's lengths uniform in [share·L, L] (1.0: every request L)
+    measure_all: bool  # the means over every request (a benchmark's report), else the steady state's
+    seed: int = 0
+
+    def lengths(self, count: int, isl: int, osl: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.shortest_share >= 1.0:
+            return np.full(count, isl), np.full(count, osl)
+        rng = np.random.default_rng(self.seed)  # as benchmark_serving's random dataset: randint(int(r·L), L + 1)
+        return (rng.integers(int(isl * self.shortest_share), isl + 1, count),
+                rng.integers(max(1, int(osl * self.shortest_share)), osl + 1, count))
+
+
+# a steady state: what one replica serves once the benchmark's start is forgotten
+STEADY = Clients("steady", together=False, requests_per_client=REQUESTS_PER_CLIENT, shortest_share=1.0,
+                 measure_all=False)
+# InferenceMAX's client (SemiAnalysis; the setup of NVIDIA's measured Llama-3.1-70B vLLM rows: the
+# same length pairs and concurrencies): benchmark_serving.py --dataset-name random
+# --random-range-ratio 0.8 --num-prompts 10·C --max-concurrency C --request-rate inf --ignore-eos,
+# every request in its means
+INFERENCEMAX = Clients("inferencemax", together=True, requests_per_client=10, shortest_share=0.8, measure_all=True)
+CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX)}
+
+
 def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: Speculation | None = None,
-                requests_per_client: int = REQUESTS_PER_CLIENT) -> tuple[Outcome, np.ndarray]:
-    """C clients, their first requests a C-th of a request's lifetime apart (a benchmark's steady
-    state, not its first burst), each sending its next when the last finished. Returns the outcome
-    and the mask of requests measured (each client's first, and the drain at the end, left out)."""
-    cycle = cost(min(isl, spec.max_num_batched_tokens), 0) + osl * cost(0, concurrency)
-    count = concurrency * requests_per_client
-    out = simulate(np.full(count, isl), np.full(count, osl), cost, spec, concurrency=concurrency,
-                   client_starts_s=np.arange(concurrency) * cycle / concurrency, client_turnaround_s=1e-3,
-                   speculation=speculation)
+                clients: Clients = STEADY) -> tuple[Outcome, np.ndarray]:
+    """C `clients`, each sending its next request 1 ms after its last one's final token. Returns
+    the outcome and the mask of requests measured (STEADY leaves out each client's first, and the
+    drain at the end)."""
+    count = concurrency * clients.requests_per_client
+    prompts, outputs = clients.lengths(count, isl, osl)
+    if clients.together:
+        starts = np.zeros(concurrency)
+    else:
+        cycle = cost(min(isl, spec.max_num_batched_tokens), 0) + osl * cost(0, concurrency)
+        starts = np.arange(concurrency) * cycle / concurrency
+    out = simulate(prompts, outputs, cost, spec, concurrency=concurrency, client_starts_s=starts,
+                   client_turnaround_s=1e-3, speculation=speculation)
     keep = np.ones(count, bool)
-    keep[:concurrency] = False
-    keep[np.argsort(out.finish_s)[-concurrency:]] = False
+    if not clients.measure_all:
+        keep[:concurrency] = False
+        keep[np.argsort(out.finish_s)[-concurrency:]] = False
     return out, keep
 
 
@@ -51,6 +90,7 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             **{f"tpot_p{p}_ms": float(np.nanpercentile(tpot, p)) for p in (50, 90, 99)},
             **{f"e2e_p{p}_ms": float(np.percentile(e2e, p)) for p in (50, 90, 99)},
             **{f"itl_p{p}_ms": out.itl_percentile(p) * 1e3 for p in (50, 90, 99)},
+            "ttft_mean_ms": float(np.mean(ttft)), "tpot_mean_ms": float(np.nanmean(tpot)),
             "tokens_per_s": tokens / span, "tokens_per_s_per_gpu": tokens / span / gpus,
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}
 
@@ -118,10 +158,11 @@ def mtp_left_out(drafters: list[Drafter]) -> list[str]:
 
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
-                      gemm_quant: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+                      gemm_quant: str | None = None, clients: Clients = STEADY) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
-    TTFT, TPOT and E2E percentiles, tokens/s per GPU, the share of time at B >= 32, and TPOT's
-    speed-up over the baseline. Drafters the tables cannot price here are named in the lines."""
+    TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
+    tokens/s per GPU, the share of time at B >= 32, and TPOT's speed-up over the baseline, the
+    clients sending as `clients` says. Drafters the tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant)
@@ -129,7 +170,7 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
             base = None
             for configuration in found:
                 out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
-                                        configuration.speculation)
+                                        configuration.speculation, clients)
                 row = _row(out, keep, tp)
                 base = base or row
                 rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,

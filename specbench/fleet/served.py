@@ -13,9 +13,11 @@ ones (least squares on their logarithms):
   over (their KV cache, read once however many positions verify it) and per (query, key) pair of
   the prompt chunks;
 - a request's first token also waits `overhead` (the API server's own work: HTTP, tokenizing);
-- each speculative configuration adds, per step that drafts, `spec_fixed + per_draft × K`
-  (n-gram lookup, rejection sampling) and, for a draft model (a self draft: the target's own),
-  its forwards at the target's price: its prefill of the prompt and its K decodes of every row.
+- each speculative configuration adds, per step that drafts, `spec_fixed + per_draft × K × rows`
+  (the proposer's and rejection sampler's work: per step, and per draft position of every
+  decoding row, as vLLM looks up n-grams and samples row by row) and, for a draft model (a self
+  draft: the target's own), its forwards at the target's price: its prefill of the prompt and its
+  K decodes of every row.
 
 The target is fitted on the autoregressive cells, then each draft on its own cells with the
 target's price held. Acceptance is an input (measured per position), not fitted.
@@ -52,8 +54,11 @@ PRIOR_WEIGHT = 0.02
 
 @dataclass(frozen=True)
 class DraftPrice:
-    spec_fixed_s: float = 0.0  # per step that drafts (n-gram lookup, rejection sampling)
-    per_draft_s: float = 0.0  # per draft position (a draft model's forward beyond its floor; a lookup)
+    spec_fixed_s: float = 0.0  # per step that drafts (the proposer's and rejection sampler's own work)
+    # per draft position of each decoding row (an n-gram lookup, a position's rejection sampling);
+    # per position alone (constant in the rows) fitted the calibration worse: rms 0.071 / 0.088 against
+    # 0.061 / 0.071 for ngram / a self draft (benchmarks/fleet-2026-11-25/cpu)
+    per_draft_s: float = 0.0
     model_share: float = 0.0  # a draft model's forwards (prefill and K decodes) as a share of the target's
 
 
@@ -89,7 +94,7 @@ class ServedPrice:
                 seconds += price.model_share * (self.forward_s(prefill_tokens)
                                                 + self.per_prefill_pair_s * prefill_pairs)
             if draft and k and decode_rows:
-                seconds += price.spec_fixed_s + k * price.per_draft_s
+                seconds += price.spec_fixed_s + k * decode_rows * price.per_draft_s
                 if price.model_share:  # its K decodes of every row
                     seconds += k * price.model_share * (self.forward_s(decode_rows)
                                                         + self.per_context_token_s * context)

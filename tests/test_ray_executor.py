@@ -194,7 +194,8 @@ def test_a_signal_stops_the_cluster_sweep_within_seconds_and_resume_completes_it
                                                                                   background_cluster, signum, code):
     """A pipeline cancels with SIGTERM (a terminal with Ctrl-C) and expects the job gone in seconds:
     the tasks are cancelled mid-grid (not left to measure every cell), none is left running, the
-    run says interrupted, and --resume measures the rest."""
+    run says interrupted, and --resume measures the rest (after SIGTERM only: the resume does not
+    know which signal stopped the run, and measuring the rest twice cost CI 40 s)."""
     output = tmp_path / "run"
     command = [sys.executable, "-m", "specbench.cli", *native_grid(tiny_model_dirs, output, "--executor", "ray",
                                                                    ks="2,3")]
@@ -220,6 +221,8 @@ def test_a_signal_stops_the_cluster_sweep_within_seconds_and_resume_completes_it
     while task_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not task_processes()
+    if signum != signal.SIGTERM:
+        return
     resumed = subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", "--resume", "--output", str(output)],
                              capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

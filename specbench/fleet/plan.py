@@ -1,9 +1,9 @@
 """Served traffic simulated on the kernel tables (issue 40): a target at each TP size, without
 speculation and with each drafter × K at each acceptance (`configurations`), either
 
-- as one vLLM-like replica serving C closed-loop clients with fixed lengths (`closed_loop_table`:
-  how NVIDIA's measured rows were taken, so the same simulator is checked against them:
-  benchmarks/fleet-2026-11-25/silicon.py), or
+- as one vLLM-like replica serving C closed-loop clients (`closed_loop_table`; `Clients` says how
+  they send: a steady state, or as InferenceMAX's benchmark, which took NVIDIA's measured rows, so
+  the same simulator is checked against them: benchmarks/fleet-2026-11-25/silicon.py), or
 - as a fleet of replicas behind a router serving a trace at one or more speeds, sized to the
   fewest replicas that meet an SLO with headroom (`traffic_table`, over `sizing.size_fleets`,
   which also sizes a vLLM run's own configurations: `served.served_configurations`).

@@ -23,7 +23,6 @@ estimate of the same rows where silicon_aic.csv, written by silicon_aic.py, is t
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -37,18 +36,15 @@ from specbench.fit import kernel_tables  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
 from specbench.fleet.tables import replica_spec, step_cost  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import silicon_aic  # noqa: E402  (the rows and their models, shared with aiconfigurator's own estimate)
+from silicon_aic import MODELS  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-# the rows' model ids -> the configs the package ships (same architecture; the FP8 8B is Llama-3.1-8B
-# with FP8 GEMMs, which the row's precision gives)
-MODELS = {"meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
-          "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
-          "Qwen/Qwen3-32B": "Qwen/Qwen3-32B"}
 
 
 def dense_vllm_rows() -> list[dict]:
-    with open(kernel_tables.silicon_rows_path()) as handle:
-        return [row for row in csv.DictReader(handle)
-                if row["backend"] == "vllm" and row["mode"] == "agg" and row["model_path"] in MODELS]
+    return silicon_aic.dense_vllm_rows(kernel_tables.silicon_rows_path())
 
 
 def simulate_row(row: dict, forwards: dict) -> dict:

@@ -21,10 +21,19 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# the rows' model ids -> the model ids aiconfigurator ships configs for (as silicon.MODELS)
+# the rows' model ids -> the configs aiconfigurator ships (same architecture; the FP8 8B is
+# Llama-3.1-8B with FP8 GEMMs, which the row's precision gives). silicon.py uses these too: this file
+# imports nothing of specbench, so that it runs in aiconfigurator's own environment.
 MODELS = {"meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
           "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
           "Qwen/Qwen3-32B": "Qwen/Qwen3-32B"}
+
+
+def dense_vllm_rows(source: Path) -> list[dict]:
+    """The dense aggregated vLLM rows of `source` (a silicon_sample.csv) whose models MODELS maps."""
+    with open(source) as handle:
+        return [row for row in csv.DictReader(handle)
+                if row["backend"] == "vllm" and row["mode"] == "agg" and row["model_path"] in MODELS]
 
 
 def main() -> None:
@@ -32,10 +41,7 @@ def main() -> None:
     from aiconfigurator.cli.api import cli_estimate
 
     logging.disable(logging.WARNING)
-    source = Path(aiconfigurator_core.__file__).parent / "systems" / "silicon_sample.csv"
-    with open(source) as handle:
-        rows = [row for row in csv.DictReader(handle)
-                if row["backend"] == "vllm" and row["mode"] == "agg" and row["model_path"] in MODELS]
+    rows = dense_vllm_rows(Path(aiconfigurator_core.__file__).parent / "systems" / "silicon_sample.csv")
     started = time.perf_counter()
     out = []
     for row in rows:

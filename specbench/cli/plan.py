@@ -338,7 +338,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
-                chart, gpu_price, clients="steady") -> None:
+                chart, gpu_price, clients) -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -353,8 +353,6 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
         if trace is None and (slo is not None or chart is not None or trace_window or trace_speedup != "1"):
             raise UsageError("--slo, --chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
                              "with --trace instead")
-        if trace is not None and clients != "steady":
-            raise UsageError("--clients says how --concurrency's clients send; a --trace's arrivals are its own")
         if trace is not None and slo is None:
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         ks = split_list(k, int, "--k")

@@ -206,6 +206,18 @@ CELLS: tuple[Column, ...] = (
     Column("endpoint", "str", "", "the URL measured", "endpoint"),
     Column("acceptance_source", "str", "", "where α and τ came from (vLLM's counters, SGLang's gauges or "
                                            "/server_info, or none)", "endpoint speculative cells"),
+    # every served cell: the batch the server really ran at (vLLM's running gauge, sampled) and the
+    # machine's stalls (a probe process), instruments a closed loop runs as a trace replay does
+    Column("machine_stall_max_s", "float", "s", "the machine's longest stall (a probe process's latest wake)",
+           "served"),
+    Column("running_mean", "float", "requests", "the server's running requests (each server's, with several): mean",
+           "served"),
+    Column("running_max", "float", "requests", "the server's running requests: maximum", "served"),
+    Column("running_share_large", "float", "share", "share of samples at B >= LARGE_BATCH", "served"),
+    Column("running_timeline_s", "list[float]", "s", "the first repeat's samples: seconds from the start", "served"),
+    Column("running_timeline", "list[float]", "requests", "the first repeat's samples: running (summed over servers)",
+           "served"),
+    Column("waiting_timeline", "list[float]", "requests", "the first repeat's samples: waiting", "served"),
     # trace replays
     Column("trace", "str", "", "what was replayed (azure-conv 600–720 s at 0.05× speed)", "trace"),
     Column("send_lag_p50_s", "float", "s", "how late the client sent requests against their trace times: median",
@@ -214,20 +226,11 @@ CELLS: tuple[Column, ...] = (
     Column("late_sends", "int", "requests", "requests sent later than the send-lag goal", "trace"),
     Column("late_sends_machine", "int", "requests", "late requests the machine itself stalled for (at least half the "
                                                     "lateness)", "trace"),
-    Column("machine_stall_max_s", "float", "s", "the machine's longest stall (a probe process's latest wake)", "trace"),
     Column("trace_prompt_error_max", "float", "share", "largest relative difference between a prompt's tokens and "
                                                        "the trace's input length", "trace"),
     Column("trace_prompt_misses", "int", "requests", "prompts further from the trace's length than 2 % or 8 tokens",
            "trace"),
     Column("trace_output_mismatches", "int", "requests", "outputs whose length differs from the trace's", "trace"),
-    Column("running_mean", "float", "requests", "the server's running requests (each server's, with several): mean",
-           "trace"),
-    Column("running_max", "float", "requests", "the server's running requests: maximum", "trace"),
-    Column("running_share_large", "float", "share", "share of samples at B >= LARGE_BATCH", "trace"),
-    Column("running_timeline_s", "list[float]", "s", "the first repeat's samples: seconds from the start", "trace"),
-    Column("running_timeline", "list[float]", "requests", "the first repeat's samples: running (summed over servers)",
-           "trace"),
-    Column("waiting_timeline", "list[float]", "requests", "the first repeat's samples: waiting", "trace"),
 )
 
 REQUESTS: tuple[Column, ...] = (

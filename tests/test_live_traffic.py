@@ -334,16 +334,13 @@ def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_d
 def test_a_fleets_batch_is_each_servers_and_its_timeline_their_sum():
     """Two servers at 20 + 20, then 33 + 0 running: no server ran at B >= 32 in the first sample
     (40 in all is not one batch of 40); one of four server-samples did; the timeline sums."""
-    from types import SimpleNamespace
+    from specbench.served.measurement import batch_columns
 
-    from specbench.served.measurement import trace_columns
-
-    replay = SimpleNamespace(describe=lambda: "a trace")
-    columns = trace_columns(replay, [], [[(0.0, 40.0, 1.0, (20.0, 20.0)), (0.25, 33.0, 0.0, (33.0, 0.0))]])
+    columns = batch_columns([[(0.0, 40.0, 1.0, (20.0, 20.0)), (0.25, 33.0, 0.0, (33.0, 0.0))]])
     assert columns["running_max"] == 33 and columns["running_mean"] == pytest.approx(73 / 4)
     assert columns["running_share_large"] == pytest.approx(0.25)
     assert columns["running_timeline"] == [40.0, 33.0] and columns["waiting_timeline"] == [1.0, 0.0]
-    one = trace_columns(replay, [], [[(0.0, 40.0, 0.0, ())]])  # one server (no server label): its own count
+    one = batch_columns([[(0.0, 40.0, 0.0, ())]])  # one server (no server label): its own count
     assert one["running_max"] == 40 and one["running_share_large"] == 1.0
 
 

@@ -16,7 +16,6 @@ import os
 import statistics
 import time
 import urllib.request
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -223,8 +222,8 @@ class ServedCellRun:
         # side by side: the baseline cell measured on the baseline server, alternating with this one
         self.companion: ServedCellRun | None = None
         self.own_cpu = OwnCpu()
-        self.running: list[list[tuple]] = []  # a trace replay: per repeat, the server's batch
-        self.machine_stall_max_s = 0.0  # a trace replay: the longest stall of the machine itself (WakeProbe)
+        self.running: list[list[tuple]] = []  # per repeat, the server's batch (RunningSampler)
+        self.machine_stall_max_s = 0.0  # the longest stall of the machine itself (WakeProbe)
 
     def payload(self, prompt: list[int], index: int, repeat: int, max_tokens: int) -> dict:
         cell, config = self.cell, self.config
@@ -316,15 +315,15 @@ class ServedCellRun:
         cuda = self.config.device.startswith("cuda")
         replay = self.replay
         outputs = [r.output_tokens for r in replay.requests] if replay is not None else self.config.max_new_tokens
-        running = RunningSampler(self.stage.scrape) if replay is not None else nullcontext()
-        probe = WakeProbe() if replay is not None else nullcontext()
-        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory, running as batch, probe as stalls:
+        # Every cell runs the same instruments, a closed loop as a trace replay: on a server that
+        # shares its core with them (a one-core CPU server) they cost it a few per cent, and a step
+        # price fitted on closed-loop cells must carry that cost to the replays it predicts.
+        with PeakSampler(server_memory(server, cuda), interval_s=0.1) as memory, \
+                RunningSampler(self.stage.scrape) as batch, WakeProbe() as stalls:
             arrivals = self.arrivals(len(self.prompts), repeat) if self.cell.request_rate else None
             run = self._load(self.prompts, repeat, outputs, arrivals)
-        if batch is not None:
-            self.running.append(batch.samples)
-        if stalls is not None:
-            self.machine_stall_max_s = max(self.machine_stall_max_s, stalls.longest_s)
+        self.running.append(batch.samples)
+        self.machine_stall_max_s = max(self.machine_stall_max_s, stalls.longest_s)
         after = self._settled_snapshot(before, run)
         self.runs.append(run)
         for name in COUNTERS:
@@ -396,8 +395,9 @@ class ServedCellRun:
             "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
             **self.engine_columns(),
         }
+        row.update(batch_columns(self.running, self.machine_stall_max_s))
         if self.replay is not None:
-            row.update(trace_columns(self.replay, requests, self.running, self.machine_stall_max_s))
+            row.update(trace_columns(self.replay, requests))
         if self.companion is not None:
             row["baseline_tokens_per_s_runs"] = [float(x) for x in self.companion.throughput_per_repeat]
         if cell.is_speculative:
@@ -461,34 +461,39 @@ class RunningSampler(PeriodicSampler):
         return super().__enter__()
 
 
-def trace_columns(replay, requests: list[dict], running: list[list[tuple]],
-                  machine_stall_max_s: float = float("nan")) -> dict:
-    """A trace cell's own columns: what was replayed, how late requests were sent (and how many of
-    the late ones the machine itself stalled for), how closely prompts and outputs kept the trace's
-    lengths, and the batch sizes the server ran at (with several servers: each server's batch, its
-    samples pooled; the timeline: their sum)."""
-    lags = [r["send_lag_s"] for r in requests]
-    late = [r for r in requests if r["send_lag_s"] > SEND_LAG_GOAL_S]
-    prompt_error = [abs(r["prompt_tokens"] - r["trace_input_tokens"]) / r["trace_input_tokens"] for r in requests]
+def batch_columns(running: list[list[tuple]], machine_stall_max_s: float = float("nan")) -> dict:
+    """Every served cell's batch the server really ran at (with several servers: each server's
+    batch, its samples pooled; the timeline: their sum) and the machine's longest stall."""
     samples = [s for repeat in running for s in repeat]
     counts = np.array([n for s in samples for n in (s[3] if len(s) > 3 and s[3] else (s[1],))], dtype=float)
     first = running[0] if running else []
     return {
-        "trace": replay.describe(),
-        "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
-        "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
-        "late_sends": len(late),
-        "late_sends_machine": sum(stalled_by_machine(r.get("machine_stall_s", 0.0), r["send_lag_s"]) for r in late),
         "machine_stall_max_s": machine_stall_max_s,
-        "trace_prompt_error_max": max(prompt_error, default=float("nan")),
-        "trace_prompt_misses": sum(not within_length(r["prompt_tokens"], r["trace_input_tokens"]) for r in requests),
-        "trace_output_mismatches": sum(r["output_tokens"] != r["trace_output_tokens"] for r in requests),
         "running_mean": float(counts.mean()) if len(counts) else float("nan"),
         "running_max": float(counts.max()) if len(counts) else float("nan"),
         "running_share_large": float((counts >= LARGE_BATCH).mean()) if len(counts) else float("nan"),
         "running_timeline_s": [round(s[0], 3) for s in first],
         "running_timeline": [s[1] for s in first],
         "waiting_timeline": [s[2] for s in first],
+    }
+
+
+def trace_columns(replay, requests: list[dict]) -> dict:
+    """A trace cell's own columns: what was replayed, how late requests were sent (and how many of
+    the late ones the machine itself stalled for), how closely prompts and outputs kept the trace's
+    lengths."""
+    lags = [r["send_lag_s"] for r in requests]
+    late = [r for r in requests if r["send_lag_s"] > SEND_LAG_GOAL_S]
+    prompt_error = [abs(r["prompt_tokens"] - r["trace_input_tokens"]) / r["trace_input_tokens"] for r in requests]
+    return {
+        "trace": replay.describe(),
+        "send_lag_p50_s": float(np.percentile(lags, 50)) if lags else float("nan"),
+        "send_lag_p99_s": float(np.percentile(lags, 99)) if lags else float("nan"),
+        "late_sends": len(late),
+        "late_sends_machine": sum(stalled_by_machine(r.get("machine_stall_s", 0.0), r["send_lag_s"]) for r in late),
+        "trace_prompt_error_max": max(prompt_error, default=float("nan")),
+        "trace_prompt_misses": sum(not within_length(r["prompt_tokens"], r["trace_input_tokens"]) for r in requests),
+        "trace_output_mismatches": sum(r["output_tokens"] != r["trace_output_tokens"] for r in requests),
     }
 
 

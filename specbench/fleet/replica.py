@@ -5,9 +5,13 @@ requests in the order they were admitted (a decoding request takes one token, a 
 its prefill takes the next chunk of its prompt that fits), then waiting requests, first come first
 served, while the budget, `max_num_seqs` and the KV cache allow. A request whose next tokens find no
 free KV block preempts the most recently admitted running request, which goes back to the front of
-the queue and computes its prompt and output again (vLLM's recompute preemption). The step's time
-comes from a `StepCost` (the kernel tables' mixed prefill+decode step, or a run's fitted model);
-the step that finishes a prompt emits its first token, each decode step one token per row.
+the queue and computes its prompt and output again (vLLM's recompute preemption); a step that
+preempted admits no waiting request, and a waiting request is admitted only when its whole prompt
+fits in the free KV blocks (`reserve_full_input`, vLLM's default). `fleet.vllm_oracle` runs vLLM's
+own scheduler on the same requests and step prices, and the tests hold the two timelines equal.
+The step's time comes from a `StepCost` (the kernel tables' mixed prefill+decode step, or a run's
+fitted model); the step that finishes a prompt emits its first token, each decode step one token
+per row.
 
 Speculative decoding (`Speculation`): each decoding row drafts K tokens and the target verifies
 K + 1 positions; the row emits 1 + the tokens accepted, drawn each step from the per-position
@@ -86,6 +90,9 @@ class ReplicaSpec:
     max_num_batched_tokens: int = 8192
     kv_capacity_tokens: int = 1 << 40
     block_size: int = 16
+    # vLLM's `scheduler_reserve_full_isl` (on by default in current vLLM): a waiting request is
+    # admitted only when the KV cache holds its whole prompt, not only its first chunk
+    reserve_full_input: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size"):
@@ -288,6 +295,7 @@ class Replica:
         prefills: dict[_Request, int] = {}  # prompt tokens each prefilling request computes this step
         decodes: list[_Request] = []
         # 1. running requests, in admission order
+        preempted_before = self.preemptions
         position = 0
         while position < len(running) and budget > 0:
             request = running[position]
@@ -310,12 +318,14 @@ class Replica:
                 decodes.append(request)
             budget -= need
             position += 1
-        # 2. waiting requests, first come first served
-        while waiting and budget > 0 and len(running) < spec.max_num_seqs:
+        # 2. waiting requests, first come first served; none in a step that preempted (as vLLM's
+        # scheduler: the blocks a preemption freed go to the running requests, the queue waits)
+        while waiting and budget > 0 and len(running) < spec.max_num_seqs and self.preemptions == preempted_before:
             request = waiting[0]
             need = min(request.to_prefill - request.computed, budget)
             blocks = -(-(request.computed + need) // block_size)
-            if blocks > self.free_blocks:
+            whole = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
+            if max(blocks, whole) > self.free_blocks:
                 break
             waiting.popleft()
             self.free_blocks -= blocks

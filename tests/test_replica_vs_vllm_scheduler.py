@@ -22,38 +22,35 @@ def model_config_dir(tmp_path_factory):
 
 
 def step_cost(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
-    return 0.005 + 2e-5 * prefill_tokens + 1e-4 * decode_rows
+    return 0.005 + 2e-5 * prefill_tokens + 1e-4 * decode_rows * (1 + k)  # a verify of K + 1 positions a row
 
 
-def both(model_dir, spec: ReplicaSpec, arrivals, prompts, outputs, k: int = 0, accept_all: bool = False):
+def same_timelines(model_dir, spec: ReplicaSpec, arrivals, prompts, outputs, k: int = 0, accept_all: bool = False):
+    """Both schedulers on the same requests: every first and last token at the same time (1e-9 s);
+    the replica's outcome and vLLM's preemptions."""
     timed = run_vllm_scheduler(vllm_scheduler(model_dir, spec, k=k), step_cost, list(zip(arrivals, prompts, outputs)),
                                k=k, accept_all=accept_all)
     speculation = Speculation(k=k, acceptance=(float(accept_all),) * k) if k else None
     ours = simulate(np.asarray(prompts), np.asarray(outputs), step_cost, spec, arrivals_s=np.asarray(arrivals, float),
                     speculation=speculation)
-    theirs_first = np.array([t.first_token_s for t in timed])
-    theirs_finish = np.array([t.finish_s for t in timed])
-    return ours, theirs_first, theirs_finish, sum(t.preemptions for t in timed)
+    np.testing.assert_allclose(ours.first_token_s, [t.first_token_s for t in timed], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ours.finish_s, [t.finish_s for t in timed], rtol=0, atol=1e-9)
+    return ours, sum(t.preemptions for t in timed)
 
 
 def test_a_burst_chunked_under_the_budget_and_the_sequence_limit_is_scheduled_as_vllm_does(model_config_dir):
     rng = np.random.default_rng(0)
     n = 12
     spec = ReplicaSpec(max_num_seqs=4, max_num_batched_tokens=1024, kv_capacity_tokens=1 << 20)
-    ours, first, finish, _ = both(model_config_dir, spec, [0.0] * n, rng.integers(200, 3000, n),
-                                  rng.integers(20, 200, n))
-    np.testing.assert_allclose(ours.first_token_s, first, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(ours.finish_s, finish, rtol=0, atol=1e-9)
+    same_timelines(model_config_dir, spec, [0.0] * n, rng.integers(200, 3000, n), rng.integers(20, 200, n))
 
 
 def test_poisson_arrivals_past_the_knee_are_scheduled_as_vllm_does(model_config_dir):
     rng = np.random.default_rng(1)
     n = 40
     spec = ReplicaSpec(max_num_seqs=16, max_num_batched_tokens=2048, kv_capacity_tokens=1 << 20)
-    ours, first, finish, _ = both(model_config_dir, spec, np.cumsum(rng.exponential(0.15, n)),
-                                  rng.integers(50, 4000, n), rng.integers(10, 400, n))
-    np.testing.assert_allclose(ours.first_token_s, first, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(ours.finish_s, finish, rtol=0, atol=1e-9)
+    same_timelines(model_config_dir, spec, np.cumsum(rng.exponential(0.15, n)), rng.integers(50, 4000, n),
+                   rng.integers(10, 400, n))
 
 
 @pytest.mark.parametrize("reserve_full_input", [True, False])
@@ -64,11 +61,9 @@ def test_a_full_kv_cache_preempts_as_vllm_does(model_config_dir, reserve_full_in
     n = 10
     spec = ReplicaSpec(max_num_seqs=16, max_num_batched_tokens=2048, kv_capacity_tokens=6000,
                        reserve_full_input=reserve_full_input)
-    ours, first, finish, preemptions = both(model_config_dir, spec, 0.01 * np.arange(n), rng.integers(500, 1500, n),
-                                            rng.integers(200, 600, n))
+    ours, preemptions = same_timelines(model_config_dir, spec, 0.01 * np.arange(n), rng.integers(500, 1500, n),
+                                       rng.integers(200, 600, n))
     assert preemptions > 0 and ours.preemptions == preemptions
-    np.testing.assert_allclose(ours.first_token_s, first, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(ours.finish_s, finish, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("accept_all", [True, False])
@@ -78,7 +73,5 @@ def test_speculative_rows_take_k_plus_one_of_the_budget_as_in_vllm(model_config_
     rng = np.random.default_rng(3)
     n = 16
     spec = ReplicaSpec(max_num_seqs=8, max_num_batched_tokens=1024, kv_capacity_tokens=1 << 20)
-    ours, first, finish, _ = both(model_config_dir, spec, np.cumsum(rng.exponential(0.1, n)),
-                                  rng.integers(50, 3000, n), rng.integers(10, 300, n), k=2, accept_all=accept_all)
-    np.testing.assert_allclose(ours.first_token_s, first, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(ours.finish_s, finish, rtol=0, atol=1e-9)
+    same_timelines(model_config_dir, spec, np.cumsum(rng.exponential(0.1, n)), rng.integers(50, 3000, n),
+                   rng.integers(10, 300, n), k=2, accept_all=accept_all)

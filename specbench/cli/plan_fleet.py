@@ -146,8 +146,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     for (tp, concurrency), group in table.groupby(["tp", "concurrency"], sort=False):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
-                       "TPOT p99 ms",
-                       "ITL p50 ms", "ITL p99 ms", "E2E p50 s", "tok/s/GPU", "TPOT speed-up", "time at B≥32"):
+                       "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms", "E2E p50 s", "tok/s/GPU", "TPOT speed-up",
+                       "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",

@@ -324,8 +324,9 @@ class Replica:
             request = waiting[0]
             need = min(request.to_prefill - request.computed, budget)
             blocks = -(-(request.computed + need) // block_size)
-            whole = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
-            if max(blocks, whole) > self.free_blocks:
+            # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
+            admitted = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
+            if admitted > self.free_blocks:
                 break
             waiting.popleft()
             self.free_blocks -= blocks

@@ -32,6 +32,8 @@ def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int 
     prefill on, prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps
     back as its null block), and with `k` > 0 n-gram speculation of K tokens. `model_dir` only
     gives the model's config (no weights read)."""
+    if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
+        raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -47,8 +49,6 @@ def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int 
                                     prompt_lookup_min=1) if k else None
     config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache,
                         speculative_config=speculative)
-    if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
-        raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
     blocks = spec.kv_blocks + 1  # vLLM's block pool keeps one block back (the null block)
     cache.num_gpu_blocks = blocks
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
@@ -101,11 +101,12 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, in
                 sampled.append([1] if computed + n >= total else [])  # a partial prefill samples nothing
         for rid in step.preempted_req_ids or ():
             preempted[int(rid)] += 1
-        now += cost(prefill_tokens, decode_rows, k) if k else cost(prefill_tokens, decode_rows)
+        # priced as the replica prices it: K only with rows decoding
+        now += cost(prefill_tokens, decode_rows, k) if k and decode_rows else cost(prefill_tokens, decode_rows)
         ids = list(step.num_scheduled_tokens)
-        scheduler.update_from_output(step, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
-                                                                                            enumerate(ids)},
-                                                             sampled_token_ids=sampled))
+        output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                   sampled_token_ids=sampled)
+        scheduler.update_from_output(step, output)
         for rid, tokens in zip(ids, sampled):
             index = int(rid)
             if tokens and math.isnan(first[index]):

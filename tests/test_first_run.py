@@ -4,7 +4,6 @@ first cell, progress in logs, tables that never cut, and the default `check`."""
 import io
 import json
 import pathlib
-import re
 
 import pytest
 from rich.console import Console

@@ -1,6 +1,5 @@
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -11,7 +11,8 @@ part 3).
 3. Compare p50 TTFT, TPOT and E2E with what each replay measured, and the sign of speculation's
    effect on each (speculative cell against the same replay's baseline).
 
-    python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [--out DIR] [REPLAY_DIR ...]
+    python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [--acceptance-from DIR ...]
+        [--out DIR] [REPLAY_DIR ...]
 
 Writes cpu_replays.csv and cpu_replays.md next to this file (or in --out).
 """
@@ -39,6 +40,10 @@ ROOT = HERE.parents[1]
 REPLAYS = sorted((HERE / "cpu" / "replays").glob("*/"))
 CALIBRATION = [HERE / "cpu" / "calibration", HERE / "cpu" / "calibration-4k"]
 SELF_DRAFTS = ("smollm2-135m",)  # the target's own model as its draft (its prefill costs the target's)
+# every replay with content measured here: where a trace's other windows' acceptance is read from
+ACCEPTANCE_FROM = sorted((HERE / "cpu" / "replays").glob("*/")) + sorted(
+    (HERE.parent / "fleet-2026-11-26" / "one-sitting" / "replays").glob("*/"))
+LABELS = ("calibration", "workload", "replay")
 TARGETS = {"tpot": 0.10, "ttft": 0.20, "e2e": 0.10}  # issue 40: p50 within 10 %, 20 %, 10 %
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -55,10 +60,38 @@ def calibration_acceptance(cells: pd.DataFrame) -> dict[tuple[str, int], tuple[f
     return found
 
 
+def window_acceptance(paths: list[Path]) -> dict[tuple[str, tuple, str, int], tuple[float, ...]]:
+    """Per (trace, window, draft, K): the acceptance per position a replay of that window measured."""
+    found = {}
+    for path in paths:
+        run = load_run(path)
+        trace = run.meta.get("trace") or {}
+        if not trace.get("trace"):
+            continue
+        window = (tuple(trace.get("window", ())), trace.get("requests"))
+        ok = run.cells[(run.cells["status"] == "ok") & (run.cells["draft"] != AR)]
+        for row in ok.itertuples():
+            if row.acceptance_by_position is not None and len(row.acceptance_by_position):
+                found[(trace["trace"], window, row.draft, int(row.k))] = tuple(float(x)
+                                                                             for x in row.acceptance_by_position)
+    return found
+
+
+def workload_acceptance(windows: dict, trace: dict, draft: str, k: int) -> tuple[float, ...]:
+    """The mean acceptance per position over the trace's *other* windows (never the replay's own requests)."""
+    own = (tuple(trace.get("window", ())), trace.get("requests"))
+    others = [reach for (name, window, d, kk), reach in windows.items()
+              if name == trace.get("trace") and window != own and d == draft and kk == k]
+    return tuple(np.mean(others, axis=0)) if others else ()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", type=Path, action="append",
                         help=f"a calibration run, repeatable (default: {', '.join(str(p) for p in CALIBRATION)})")
+    parser.add_argument("--acceptance-from", type=Path, action="append",
+                        help="replays whose other windows give each trace's workload α, repeatable "
+                             "(default: every replay committed under fleet-2026-11-25/cpu and fleet-2026-11-26/one-sitting)")
     parser.add_argument("--out", type=Path, default=HERE, help="where cpu_replays.csv and .md go")
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()
@@ -67,6 +100,7 @@ def main() -> None:
     requests = pd.concat([run.requests for run in runs], ignore_index=True)
     price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS)
     accepted = calibration_acceptance(cells)
+    windows = window_acceptance(args.acceptance_from or ACCEPTANCE_FROM)
     rows = []
     for path in args.replays:
         run = load_run(path)
@@ -77,7 +111,9 @@ def main() -> None:
             row = {"replay": str(path.resolve().relative_to(ROOT)), "describe": replay.get("describe", ""),
                    "cell_id": load.cell_id, "draft": load.draft, "k": load.k, "requests": len(load.prompts),
                    **{f"{m}_p50_measured_s": measured[m] for m in METRICS}}
+            trace = run.meta.get("trace") or {}
             for label, acceptance in (("calibration", accepted.get((load.draft, load.k), ())),
+                                      ("workload", workload_acceptance(windows, trace, load.draft, load.k)),
                                       ("replay", load.acceptance)):
                 if load.draft != AR and not acceptance:
                     continue
@@ -88,8 +124,10 @@ def main() -> None:
             rows.append(row)
     table = pd.DataFrame(rows)
     # the sign of speculation's effect: each speculative cell against its replay's baseline
-    for label in ("calibration", "replay"):
+    for label in LABELS:
         for m in METRICS:
+            if f"{m}_p50_{label}_s" not in table:
+                continue
             signs = []
             for row in table.itertuples():
                 base = table[(table["replay"] == row.replay) & (table["draft"] == AR)]
@@ -97,6 +135,9 @@ def main() -> None:
                     signs.append(np.nan)
                     continue
                 b = base.iloc[0]
+                if np.isnan(getattr(row, f"{m}_p50_{label}_s")):  # no acceptance of this kind for the draft
+                    signs.append(np.nan)
+                    continue
                 measured = np.sign(getattr(row, f"{m}_p50_measured_s") - b[f"{m}_p50_measured_s"])
                 predicted = np.sign(getattr(row, f"{m}_p50_{label}_s") - b[f"{m}_p50_{label}_s"])
                 signs.append(float(measured == predicted))
@@ -117,23 +158,27 @@ def write_summary(table: pd.DataFrame, price, calibration: list[Path], out: Path
                                        f"model share {p.model_share:g}" for d, p in price.drafts.items()), "",
              "| acceptance | metric | median abs error | within target | sign of speculation's effect right |",
              "|---|---|---|---|---|"]
-    for label in ("calibration", "replay"):
+    for label in LABELS:
         for m in METRICS:
+            if f"{m}_sign_right_{label}" not in table:
+                continue
             errors = table[f"{m}_error_{label}"].abs().dropna() if f"{m}_error_{label}" in table else pd.Series()
             signs = table[f"{m}_sign_right_{label}"].dropna()
             lines.append(f"| {label} α | p50 {m.upper()} | {errors.median():.1%} | "
                          f"{(errors <= TARGETS[m]).mean():.0%} (≤ {TARGETS[m]:.0%}) | "
                          f"{int(signs.sum())} of {len(signs)} |")
-    lines += ["", "Per cell (p50, predicted with the calibration's α / measured):", "",
-              "| replay | cell | TTFT s | TPOT ms | E2E s |", "|---|---|---|---|---|"]
+    lines += ["", "Per cell (p50, predicted with the calibration's α / measured; the last column TPOT with the "
+              "workload α, the trace's other windows):", "",
+              "| replay | cell | TTFT s | TPOT ms | E2E s | TPOT ms, workload α |", "|---|---|---|---|---|---|"]
     for row in table.itertuples():
         def cell(m: str, scale: float, digits: int, row=row) -> str:
             predicted = getattr(row, f"{m}_p50_calibration_s", np.nan)
             return f"{predicted * scale:.{digits}f} / {getattr(row, f'{m}_p50_measured_s') * scale:.{digits}f}"
         lines.append(f"| {row.replay.split('/', 2)[-1]} | {row.draft} K={row.k} | {cell('ttft', 1, 2)} | "
-                     f"{cell('tpot', 1e3, 0)} | {cell('e2e', 1, 1)} |")
+                     f"{cell('tpot', 1e3, 0)} | {cell('e2e', 1, 1)} | "
+                     f"{getattr(row, 'tpot_p50_workload_s', np.nan) * 1e3:.0f} |")
     (out / "cpu_replays.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:12]))
+    print("\n".join(lines[:15]))
 
 
 if __name__ == "__main__":

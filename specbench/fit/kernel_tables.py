@@ -163,13 +163,15 @@ class Forward:
     """One model at one TP size on one system's tables: forward times in ms."""
 
     def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model",
-                 gemm_quant: str | None = None):
+                 gemm_quant: str | None = None, kv_quant: str | None = None):
         _core()
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         self.tp, self.nextn, self.name = tp, nextn, name
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
         quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
+        if kv_quant:  # the KV cache's precision (vLLM's --kv-cache-dtype fp8): what decode attention reads
+            quant["kvcache_quant_mode"] = kv_quant
         try:
             self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn,
                                                 **quant)

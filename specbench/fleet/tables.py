@@ -10,9 +10,10 @@ from specbench.fleet.replica import ReplicaSpec, StepCost
 
 GIB = 1024 ** 3
 # Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
-# vLLM keeps it unless --kv-cache-dtype says otherwise.
+# vLLM keeps it unless --kv-cache-dtype says otherwise (KV_BYTES).
 WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
                 "int4_wo": 0.5, "int8_wo": 1}
+KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
 
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,
@@ -52,16 +53,20 @@ def vllm_defaults(system: str) -> tuple[int, int]:
 
 
 def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
-                 draft_tp: int | None = None) -> ReplicaSpec:
+                 draft_tp: int | None = None, kv_cache_dtype: str = "auto") -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
-    too, at `draft_tp`) and the tables' runtime reserve (a draft's KV shares every token's slot)."""
+    too, at `draft_tp`) and the tables' runtime reserve (a draft's KV shares every token's slot),
+    at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype: "auto" keeps 16 bits)."""
+    if kv_cache_dtype not in KV_BYTES:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
     device = kernel_tables.device(system)
     weights = parameters(config) * WEIGHT_BYTES.get(gemm_quant, 2) / tp
     per_token = kv_bytes_per_token(config, tp)
     if draft is not None:
         weights += parameters(draft) * 2 / (draft_tp or tp)
         per_token += kv_bytes_per_token(draft, draft_tp or tp)
+    per_token *= KV_BYTES[kv_cache_dtype] / 2  # kv_bytes_per_token counts 16-bit values
     reserve = device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))
     free = GPU_MEMORY_UTILIZATION * device.memory_bytes - weights - reserve
     if free <= 0:

@@ -355,11 +355,13 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_is_priced_as_the_tables_read
     from specbench.fleet.tables import replica_spec
 
     config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-70B")
-    half, full = (replica_spec(config, "h100_sxm", 4, "fp8", kv_cache_dtype=d).kv_capacity_tokens for d in ("auto", "fp8"))
+    half, full = (replica_spec(config, "h100_sxm", 4, "fp8", kv_cache_dtype=d).kv_capacity_tokens
+                  for d in ("auto", "fp8"))
     assert abs(full - 2 * half) <= 2, (half, full)
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp4'"):
         replica_spec(config, "h100_sxm", 4, "fp8", kv_cache_dtype="fp4")
-    bf16, fp8 = (kernel_tables.Forward(config, "h100_sxm", "vllm", 4, gemm_quant="fp8", kv_quant=q) for q in (None, "fp8"))
+    bf16, fp8 = (kernel_tables.Forward(config, "h100_sxm", "vllm", 4, gemm_quant="fp8", kv_quant=q)
+                 for q in (None, "fp8"))
     assert fp8.decode_ms(64, 8192) < bf16.decode_ms(64, 8192)
 
 

@@ -91,7 +91,8 @@ def main() -> None:
                         help=f"a calibration run, repeatable (default: {', '.join(str(p) for p in CALIBRATION)})")
     parser.add_argument("--acceptance-from", type=Path, action="append",
                         help="replays whose other windows give each trace's workload α, repeatable "
-                             "(default: every replay committed under fleet-2026-11-25/cpu and fleet-2026-11-26/one-sitting)")
+                             "(default: every replay committed under fleet-2026-11-25/cpu and "
+                             "fleet-2026-11-26/one-sitting)")
     parser.add_argument("--out", type=Path, default=HERE, help="where cpu_replays.csv and .md go")
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()

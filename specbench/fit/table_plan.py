@@ -142,11 +142,12 @@ class TablePlanner:
     measured_models: list = field(default_factory=list)
     _forwards: dict = field(default_factory=dict)
 
-    def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "") -> kernel_tables.Forward:
-        key = (id(config), tp, nextn)
+    def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
+                kv_quant: str | None = None) -> kernel_tables.Forward:
+        key = (id(config), tp, nextn, kv_quant)
         if key not in self._forwards:
             self._forwards[key] = kernel_tables.Forward(config, self.system, self.backend, tp, nextn,
-                                                        name or self.target_name)
+                                                        name or self.target_name, kv_quant=kv_quant)
         return self._forwards[key]
 
     def _scale(self, kind: str, batch_size: int) -> float:

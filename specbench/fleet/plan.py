@@ -102,8 +102,8 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
     """The baseline, then each drafter × acceptance × K the tables price (not MTP), at `tp`; steps
     priced for requests of `isl` tokens in and `osl` out, the target's KV cache at `kv_cache_dtype`
     (vLLM's --kv-cache-dtype). `schedules`: each drafter × acceptance's K schedule too (`_scheduled`)."""
-    kv_quant = None if KV_BYTES[kv_cache_dtype] == 2 else kv_cache_dtype
-    target = planner.forward(planner.target, tp) if gemm_quant is None and kv_quant is None else kernel_tables.Forward(
+    kv_quant = None if KV_BYTES[kv_cache_dtype] == 2 else kv_cache_dtype  # a draft model's cache too, as vLLM's
+    target = planner.forward(planner.target, tp, kv_quant=kv_quant) if gemm_quant is None else kernel_tables.Forward(
         planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant,
         kv_quant=kv_quant)
     spec = replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype)
@@ -113,7 +113,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         if drafter is None or drafter.kind == "mtp":
             continue
         size = tp if draft_tp is None else draft_tp
-        draft = planner.forward(drafter.config, size, name=drafter.label) if drafter.config else None
+        draft = planner.forward(drafter.config, size, name=drafter.label, kv_quant=kv_quant) if drafter.config else None
         cost = step_cost(target, isl, osl, draft)
         with_draft = replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config, size,
                                   kv_cache_dtype) \
@@ -188,7 +188,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
 def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                   draft_tp: int | None, ks: list[int], traffic: Traffic, scales: list[float], objective: Objective,
                   headroom: float, router: str, gemm_quant: str | None = None,
-                  price_per_gpu_hour: float | None = None, kv_cache_dtype: str = "auto") -> tuple[pd.DataFrame, list[str]]:
+                  price_per_gpu_hour: float | None = None,
+                  kv_cache_dtype: str = "auto") -> tuple[pd.DataFrame, list[str]]:
     """`size_fleets` for every configuration the kernel tables price at each TP (and each
     drafter's K schedule), requests priced at the traffic's mean lengths."""
     isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))

@@ -646,6 +646,22 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
     assert "smollm2-135m servers as measured in" in plan["answers"][0]
 
 
+def test_acceptance_per_row_step_counts_the_rows_a_drafter_proposed_nothing_for():
+    """vLLM's per-position acceptance is per draft; n-gram drafting proposes nothing for some
+    row-steps, which emit one token. Two requests of 11 tokens decode 20 after their first; 6 were
+    accepted drafts, so the rows took 14 steps, 7 of which drafted: every position's rate halves."""
+    import pandas as pd
+
+    from specbench.fleet.served import row_step_acceptance
+
+    requests = pd.DataFrame({"cell_id": ["c", "c", "other"], "output_tokens": [11, 11, 500]})
+    cell = {"cell_id": "c", "acceptance_by_position": [0.6, 0.3], "num_drafts": 7.0, "accepted": 6.0}
+    assert row_step_acceptance(cell, requests) == pytest.approx((0.3, 0.15))
+    assert row_step_acceptance({**cell, "num_drafts": 14.0}, requests) == pytest.approx((0.6, 0.3))
+    assert row_step_acceptance({**cell, "num_drafts": float("nan")}, requests) == (0.6, 0.3)  # no counters
+    assert row_step_acceptance({**cell, "acceptance_by_position": None}, requests) == ()
+
+
 def test_the_trace_plan_on_a_run_that_is_not_served_is_one_line(tmp_path):
     from typer.testing import CliRunner
 

@@ -28,7 +28,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from specbench.fleet.served import cell_loads, fit_served, served_replica, simulate_load  # noqa: E402
+from specbench.fleet.served import (  # noqa: E402
+    cell_loads, fit_served, row_step_acceptance, served_replica, simulate_load,
+)
 from specbench.results import load_run  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
@@ -48,15 +50,16 @@ TARGETS = {"tpot": 0.10, "ttft": 0.20, "e2e": 0.10}  # issue 40: p50 within 10 %
 METRICS = ("ttft", "tpot", "e2e")
 
 
-def calibration_acceptance(cells: pd.DataFrame) -> dict[tuple[str, int], tuple[float, ...]]:
-    """Per (draft, K): the calibration's acceptance per position (its longest prompts' cell)."""
+def calibration_acceptance(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple[str, int], tuple[float, ...]]:
+    """Per (draft, K): the calibration's acceptance per position and decoding row-step (its longest
+    prompts' cell)."""
     found = {}
     ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR)]
     for (draft, k), group in ok.groupby(["draft", "k"]):
         group = group.sort_values("context_length") if "context_length" in group else group
-        reach = group["acceptance_by_position"].iloc[-1]
-        if reach is not None and len(reach):
-            found[(draft, int(k))] = tuple(float(x) for x in reach)
+        reach = row_step_acceptance(group.iloc[-1].to_dict(), requests)
+        if reach:
+            found[(draft, int(k))] = reach
     return found
 
 
@@ -70,10 +73,10 @@ def window_acceptance(paths: list[Path]) -> dict[tuple[str, tuple, str, int], tu
             continue
         window = (tuple(trace.get("window", ())), trace.get("requests"))
         ok = run.cells[(run.cells["status"] == "ok") & (run.cells["draft"] != AR)]
-        for row in ok.itertuples():
-            if row.acceptance_by_position is not None and len(row.acceptance_by_position):
-                found[(trace["trace"], window, row.draft, int(row.k))] = tuple(float(x)
-                                                                             for x in row.acceptance_by_position)
+        for row in ok.to_dict("records"):
+            reach = row_step_acceptance(row, run.requests)
+            if reach:
+                found[(trace["trace"], window, row["draft"], int(row["k"]))] = reach
     return found
 
 
@@ -100,7 +103,7 @@ def main() -> None:
     cells = pd.concat([run.cells for run in runs], ignore_index=True)
     requests = pd.concat([run.requests for run in runs], ignore_index=True)
     price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS)
-    accepted = calibration_acceptance(cells)
+    accepted = calibration_acceptance(cells, requests)
     windows = window_acceptance(args.acceptance_from or ACCEPTANCE_FROM)
     rows = []
     for path in args.replays:

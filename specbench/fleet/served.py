@@ -137,6 +137,28 @@ class CellLoad:
     router: str = "least-outstanding"  # ... by this router
 
 
+def row_step_acceptance(cell: dict, requests: pd.DataFrame) -> tuple[float, ...]:
+    """The cell's acceptance per position for *every* decoding row-step, as the replica draws it.
+
+    vLLM counts acceptance per position over the drafts it made (`acceptance_by_position`), but a
+    drafter may propose nothing for a row at a step: n-gram drafting finds no match for 20-35 % of
+    them here, and that row emits one token. So each position's rate is scaled by the share of
+    row-steps that drafted: the drafts (`num_drafts`) over the decode steps the cell's requests
+    took (their output tokens less their first and less the accepted ones). Without those counters
+    the measured rates as they are."""
+    reach = cell.get("acceptance_by_position")
+    if reach is None or not len(reach):
+        return ()
+    acceptance = tuple(float(x) for x in reach)
+    drafts, accepted = cell.get("num_drafts"), cell.get("accepted")
+    if drafts is None or accepted is None or not np.isfinite(drafts) or not np.isfinite(accepted) or drafts <= 0:
+        return acceptance
+    mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["output_tokens"] >= 1)]
+    steps = float(mine["output_tokens"].sum()) - len(mine) - float(accepted)
+    share = min(1.0, float(drafts) / steps) if steps > 0 else 1.0
+    return tuple(share * a for a in acceptance)
+
+
 def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
                meta: dict | None = None) -> list[CellLoad]:
     """Every finished cell's requests of one repeat, in arrival order (with `meta`: each on the
@@ -149,9 +171,7 @@ def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
         mine = mine[mine["output_tokens"] >= 1].sort_values("arrival_s")
         if mine.empty:
             continue
-        reach = cell.get("acceptance_by_position")
-        acceptance = tuple(float(x) for x in reach) if reach is not None and len(reach) else ()
-        loads.append(CellLoad(cell["cell_id"], cell["draft"], int(cell["k"]), acceptance,
+        loads.append(CellLoad(cell["cell_id"], cell["draft"], int(cell["k"]), row_step_acceptance(cell, requests),
                               mine["arrival_s"].to_numpy(float), mine["prompt_tokens"].to_numpy(int),
                               mine["output_tokens"].to_numpy(int), mine["ttft_s"].to_numpy(float),
                               mine["tpot_s"].to_numpy(float), mine["e2e_s"].to_numpy(float),
@@ -283,8 +303,9 @@ def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: 
 def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = ""):
     """A vLLM run's configurations for the fleet simulator: its baseline and each draft × K it
     measured, priced by the step fitted on the run, each with the acceptance per position the run
-    measured (its longest prompts' cell). One replica is one server (`tp` 1). A draft that is the
-    run's target model is a self draft (its prefill costs the target's)."""
+    measured (its longest prompts' cell; per decoding row-step, `row_step_acceptance`). One replica
+    is one server (`tp` 1). A draft that is the run's target model is a self draft (its prefill
+    costs the target's)."""
     target = str((meta.get("config") or {}).get("target", ""))
     drafts = tuple(d for d in cells["draft"].unique() if d != AR and target and d == target)
     price, spec = fit_served(cells, requests, meta, source, drafts)
@@ -292,10 +313,10 @@ def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dic
     ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR) & (cells["k"] > 0)]
     for (draft, k), group in ok.groupby(["draft", "k"], sort=True):
         group = group.sort_values("context_length") if "context_length" in group else group
-        reach = group["acceptance_by_position"].iloc[-1]
-        if reach is None or not len(reach):
+        reach = row_step_acceptance(group.iloc[-1].to_dict(), requests)
+        if not reach:
             continue
-        acceptance = _monotone(tuple(float(x) for x in reach), int(k))
+        acceptance = _monotone(reach, int(k))
         found.append(Configuration(1, draft, int(k), "measured α", price.cost(draft),
                                    served_replica(meta, draft, int(k)), Speculation(int(k), acceptance, seed=int(k))))
     return found, price

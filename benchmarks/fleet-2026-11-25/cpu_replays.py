@@ -63,6 +63,11 @@ def calibration_acceptance(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[
     return found
 
 
+def _window(trace: dict) -> tuple:
+    """A replay's window and how many of its requests it sent: the same requests, the same key."""
+    return tuple(trace.get("window", ())), trace.get("requests")
+
+
 def window_acceptance(paths: list[Path]) -> dict[tuple[str, tuple, str, int], tuple[float, ...]]:
     """Per (trace, window, draft, K): the acceptance per position a replay of that window measured."""
     found = {}
@@ -71,7 +76,7 @@ def window_acceptance(paths: list[Path]) -> dict[tuple[str, tuple, str, int], tu
         trace = run.meta.get("trace") or {}
         if not trace.get("trace"):
             continue
-        window = (tuple(trace.get("window", ())), trace.get("requests"))
+        window = _window(trace)
         ok = run.cells[(run.cells["status"] == "ok") & (run.cells["draft"] != AR)]
         for row in ok.to_dict("records"):
             reach = row_step_acceptance(row, run.requests)
@@ -82,7 +87,7 @@ def window_acceptance(paths: list[Path]) -> dict[tuple[str, tuple, str, int], tu
 
 def workload_acceptance(windows: dict, trace: dict, draft: str, k: int) -> tuple[float, ...]:
     """The mean acceptance per position over the trace's *other* windows (never the replay's own requests)."""
-    own = (tuple(trace.get("window", ())), trace.get("requests"))
+    own = _window(trace)
     others = [reach for (name, window, d, kk), reach in windows.items()
               if name == trace.get("trace") and window != own and d == draft and kk == k]
     return tuple(np.mean(others, axis=0)) if others else ()

@@ -93,7 +93,8 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
-            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "alpha_from": alpha_from, "acceptance_transferred": transferred or None}
+            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "alpha_from": alpha_from,
+            "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                      json_output, started)
@@ -118,8 +119,9 @@ def _check(ask: FleetAsk) -> None:
 
 
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
+    kv = ", KV cache fp8" if head.get("kv_cache_dtype") == "fp8" else ""
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
-                  f"({head['dtype']}{', KV cache fp8' if head.get('kv_cache_dtype') == 'fp8' else ''}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
+                  f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
     for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
             [f"left out: {why}" for why in left_out]:

@@ -205,6 +205,26 @@ def load_run(run_dir: Path | str | None = None, root: Path = DEFAULT_RESULTS_DIR
     return Run(path, meta, tables["cells"], tables["requests"], tables["steps"], copies)
 
 
+def pool_runs(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Several runs' cells, requests and steps as one set of tables. A cell id that more than one
+    run holds (the same grid measured twice) is prefixed with its run's place in the list
+    (`1:chat|C512|B1|...`), so a cell's requests and steps stay its own."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for cell_id in set(run.cells["cell_id"]):
+            counts[cell_id] = counts.get(cell_id, 0) + 1
+    repeated = {cell_id for cell_id, n in counts.items() if n > 1}
+    pooled: dict[str, list[pd.DataFrame]] = {"cells": [], "requests": [], "steps": []}
+    for index, run in enumerate(runs):
+        for name, frame in (("cells", run.cells), ("requests", run.requests), ("steps", run.steps)):
+            if repeated and not frame.empty and "cell_id" in frame:
+                frame = frame.copy()
+                frame["cell_id"] = frame["cell_id"].map(lambda c: f"{index}:{c}" if c in repeated else c)
+            pooled[name].append(frame)
+    return tuple(pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+                 for frames in pooled.values())
+
+
 def read_meta(path: Path) -> dict:
     where = path / "run.json"
     try:

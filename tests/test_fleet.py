@@ -587,6 +587,37 @@ def test_a_served_step_price_is_recovered_from_what_its_cells_measured():
         simulate_load(truth, spec, unseen)["e2e_p50_s"], rel=0.05)
 
 
+def test_a_closed_loop_cell_is_simulated_as_a_closed_loop():
+    """One client sending 8 requests back to back (the sweep's closed loop at B 1), measured at a
+    price: the next prompt reaches the server 1 ms after the last request ended. At a price 5 %
+    dearer the simulated TPOT is 5 % higher, as a closed loop's would be. Replayed at the measured
+    arrival times instead, each request would still be decoding when the next prompt arrived and
+    share its steps with that prefill: a TPOT 40 % off from the same 5 %."""
+    import pandas as pd
+
+    from specbench.fleet.replica import simulate
+    from specbench.fleet.served import ServedPrice, cell_loads, simulate_load
+
+    truth = ServedPrice(0.045, 0.0015, 0.0, 2e-6, 2e-7)
+    spec = ReplicaSpec(max_num_seqs=128, max_num_batched_tokens=2048, kv_capacity_tokens=46592, block_size=128)
+    prompts, outputs = np.full(8, 2000), np.full(8, 64)
+    out = simulate(prompts, outputs, truth.cost(None), spec, concurrency=1, client_turnaround_s=0.001)
+    cell_id = "chat|C2048|B1|T0|autoregressive"
+    cells = pd.DataFrame([{"cell_id": cell_id, "status": "ok", "draft": "autoregressive", "k": 0,
+                           "batch_size": 1, "request_rate": 0.0, "acceptance_by_position": None}])
+    requests = pd.DataFrame({"cell_id": cell_id, "repeat": 0, "arrival_s": out.arrival_s, "prompt_tokens": prompts,
+                             "output_tokens": outputs, "ttft_s": out.ttft_s, "tpot_s": out.tpot_s, "e2e_s": out.e2e_s})
+    (load,) = cell_loads(cells, requests)
+    assert load.concurrency == 1 and load.turnaround_s == pytest.approx(0.001, abs=1e-6)
+    dearer = ServedPrice(0.045 * 1.05, 0.0015 * 1.05, 0.0, 2e-6 * 1.05, 2e-7 * 1.05)
+    measured = float(np.median(out.tpot_s))
+    assert simulate_load(dearer, spec, load)["tpot_p50_s"] == pytest.approx(measured * 1.05, rel=0.01)
+    from dataclasses import replace
+
+    replayed = simulate_load(dearer, spec, replace(load, concurrency=None))["tpot_p50_s"]
+    assert replayed > measured * 1.3  # the open-loop replay of a closed loop: what the fix removed
+
+
 def test_a_served_fit_on_a_measured_calibration_reproduces_its_cells():
     """The committed probed calibration (a one-core vLLM CPU server, B 1/4/8 at 512 and 2k tokens, B
     1/2 at 4k): the fitted price reproduces its cells' median TTFT and TPOT at rms log error < 0.1.
@@ -652,7 +683,7 @@ def test_acceptance_per_row_step_counts_the_rows_a_drafter_proposed_nothing_for(
     accepted drafts, so the rows took 14 steps, 7 of which drafted: every position's rate halves."""
     import pandas as pd
 
-    from specbench.fleet.served import row_step_acceptance
+    from specbench.fit.acceptance import acceptance_by_position, row_step_acceptance
 
     requests = pd.DataFrame({"cell_id": ["c", "c", "other"], "output_tokens": [11, 11, 500]})
     cell = {"cell_id": "c", "acceptance_by_position": [0.6, 0.3], "num_drafts": 7.0, "accepted": 6.0}
@@ -660,6 +691,11 @@ def test_acceptance_per_row_step_counts_the_rows_a_drafter_proposed_nothing_for(
     assert row_step_acceptance({**cell, "num_drafts": 14.0}, requests) == pytest.approx((0.6, 0.3))
     assert row_step_acceptance({**cell, "num_drafts": float("nan")}, requests) == (0.6, 0.3)  # no counters
     assert row_step_acceptance({**cell, "acceptance_by_position": None}, requests) == ()
+    assert row_step_acceptance(cell, None) == (0.6, 0.3)  # no requests at hand: per draft
+    # the table planner's acceptance (plan --target --acceptance RUN) reads the same per row-step
+    cells = pd.DataFrame([{**cell, "k": 2}])
+    assert acceptance_by_position(cells, requests) == pytest.approx([0.3, 0.15])
+    assert acceptance_by_position(cells) == pytest.approx([0.6, 0.3])
 
 
 def test_the_trace_plan_on_a_run_that_is_not_served_is_one_line(tmp_path):
@@ -708,3 +744,24 @@ def test_a_load_spread_over_two_servers_is_simulated_on_two_replicas_behind_its_
     assert predicted_two["tpot_p50_s"] == pytest.approx(
         np.nanmedian(np.concatenate([half.tpot_s for half in halves])), rel=1e-9)
     assert predicted_one["ttft_p50_s"] > 3 * predicted_two["ttft_p50_s"]  # one replica's queue grows
+
+
+def test_pooled_runs_keep_each_cells_requests_apart():
+    """Two runs of the same grid hold the same cell ids: pooled, each cell keeps its own requests
+    (a served fit on two calibrations would otherwise read every request twice, under both cells)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from specbench.results import Run, pool_runs
+
+    def run(ttft: float, other: str) -> Run:
+        cells = pd.DataFrame({"cell_id": ["chat|B1", other]})
+        requests = pd.DataFrame({"cell_id": ["chat|B1", other], "ttft_s": [ttft, 9.0]})
+        return Run(Path("."), {}, cells, requests, pd.DataFrame())
+
+    cells, requests, steps = pool_runs([run(1.0, "only-first"), run(2.0, "only-second")])
+    assert sorted(cells["cell_id"]) == ["0:chat|B1", "1:chat|B1", "only-first", "only-second"]
+    assert requests.set_index("cell_id")["ttft_s"].to_dict() == {"0:chat|B1": 1.0, "only-first": 9.0,
+                                                                 "1:chat|B1": 2.0, "only-second": 9.0}
+    assert steps.empty

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specbench.fleet.served import (  # noqa: E402
     cell_loads, fit_served, row_step_acceptance, served_replica, simulate_load,
 )
-from specbench.results import load_run  # noqa: E402
+from specbench.results import load_run, pool_runs  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -105,8 +105,7 @@ def main() -> None:
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()
     runs = [load_run(path) for path in args.calibration or CALIBRATION]
-    cells = pd.concat([run.cells for run in runs], ignore_index=True)
-    requests = pd.concat([run.requests for run in runs], ignore_index=True)
+    cells, requests, _ = pool_runs(runs)
     price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS)
     accepted = calibration_acceptance(cells, requests)
     windows = window_acceptance(args.acceptance_from or ACCEPTANCE_FROM)

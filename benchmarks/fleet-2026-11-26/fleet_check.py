@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specbench.fleet.replica import simulate  # noqa: E402
 from specbench.fleet.served import cell_loads, fit_served, served_replica, simulate_load  # noqa: E402
-from specbench.results import load_run  # noqa: E402
+from specbench.results import load_run, pool_runs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CALIBRATION = [HERE / "one-core-calibration", HERE / "one-core-calibration-4k"]
@@ -74,8 +74,7 @@ def main() -> None:
     out = base if args.runs else HERE
     factors = speed_factors(pd.read_csv(base / "probes.csv")) if args.probed else {}
     runs = [load_run(base / path.name) for path in CALIBRATION]
-    cells = pd.concat([run.cells for run in runs], ignore_index=True)
-    requests = pd.concat([run.requests for run in runs], ignore_index=True)
+    cells, requests, _ = pool_runs(runs)
     price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(path.name for path in CALIBRATION))
     rows = []
     for path in REPLAYS:

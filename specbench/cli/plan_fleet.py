@@ -105,21 +105,28 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
 
 def _check(ask: FleetAsk) -> None:
     from specbench.fleet.plan import CLIENTS
+    from specbench.fleet.tables import KV_CACHE_DTYPES
 
     if ask.clients not in CLIENTS:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {ask.clients!r}")
     if (ask.dtype or "bf16") not in QUANTS:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
-    if ask.kv_cache_dtype not in ("auto", "fp8"):
-        raise UsageError(f"--kv-cache-dtype must be auto or fp8, got {ask.kv_cache_dtype!r}")
+    if ask.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {ask.kv_cache_dtype!r}")
     if ask.traffic is not None:
         ask.traffic.check()
     elif ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
 
 
+def _kv_note(head: dict) -> str:
+    """", KV cache fp8" where the replica's KV cache is not the model's own 16 bits."""
+    dtype = head.get("kv_cache_dtype") or "auto"
+    return "" if dtype == "auto" else f", KV cache {dtype}"
+
+
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
-    kv = ", KV cache fp8" if head.get("kv_cache_dtype") == "fp8" else ""
+    kv = _kv_note(head)
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
                   f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
@@ -247,8 +254,9 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
     sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]
     if ask.chart is not None:
-        replicas_chart(table, ask.chart, f"SIMULATED: {head['target']}" + (f" on {where}" if where else "")
-                       + f", {traffic.name}; {slo.describe()} at {1 + ask.headroom:g}× the traffic; {ask.router} router")
+        title = f"SIMULATED: {head['target']}{_kv_note(head)}" + (f" on {where}" if where else "")
+        replicas_chart(table, ask.chart, title + f", {traffic.name}; {slo.describe()} at {1 + ask.headroom:g}× "
+                                                 f"the traffic; {ask.router} router")
     seconds = time.perf_counter() - started
     if json_output:
         print(json.dumps({**head, "trace": traffic.name, "requests": len(traffic.prompts),

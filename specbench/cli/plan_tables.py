@@ -140,7 +140,8 @@ def gather_acceptance(drafters: list, alpha: str | None, acceptance: Path | None
 
         run = load_run(acceptance)
         run_target = (run.meta.get("config") or {}).get("target", "?")
-        measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path))
+        measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path),
+                                                   run.requests)
         accepted += measured
         left_out += missing if alpha is None else [line.replace(" (give --alpha to plan it)", " (planned at --alpha only)")
                                                    for line in missing]

@@ -136,17 +136,50 @@ def alpha_table(cells: pd.DataFrame, steps: pd.DataFrame, include_synthetic: boo
     return pd.DataFrame(rows)
 
 
-def acceptance_by_position(cells: pd.DataFrame) -> np.ndarray:
+def drafting_share(cell: dict, requests: pd.DataFrame | None) -> float:
+    """The share of a cell's decoding row-steps that drafted anything.
+
+    vLLM counts acceptance per position over the drafts it made, but a drafter may propose nothing
+    for a row at a step: n-gram drafting finds no match for 18-34 % of them on chat traces, and
+    such a row emits one token. The drafts (`num_drafts`) over the decode steps the cell's requests
+    took (their output tokens less their first and less the accepted ones). 1 where the counters or
+    the requests are missing (a draft model always proposes)."""
+    drafts, accepted = cell.get("num_drafts"), cell.get("accepted")
+    if requests is None or requests.empty or drafts is None or accepted is None:
+        return 1.0
+    drafts, accepted = float(drafts), float(accepted)
+    if not np.isfinite(drafts) or not np.isfinite(accepted) or drafts <= 0:
+        return 1.0
+    mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["output_tokens"] >= 1)]
+    steps = float(mine["output_tokens"].sum()) - len(mine) - accepted
+    return min(1.0, drafts / steps) if steps > 0 else 1.0
+
+
+def row_step_acceptance(cell: dict, requests: pd.DataFrame | None) -> tuple[float, ...]:
+    """The cell's acceptance per position for *every* decoding row-step (what a replica or a
+    static batch draws): each position's rate per draft times the cell's `drafting_share`; empty
+    where the cell recorded no rates."""
+    reach = cell.get("acceptance_by_position")
+    if reach is None or not isinstance(reach, (list, tuple, np.ndarray)) or not len(reach):
+        return ()
+    share = drafting_share(cell, requests)
+    return tuple(share * float(x) for x in reach)
+
+
+def acceptance_by_position(cells: pd.DataFrame, requests: pd.DataFrame | None = None) -> np.ndarray:
     """Per draft position i, the share of tokens drafted at i that were accepted (the chance a
     step's position i is accepted), averaged over the cells of one draft at their deepest K; NaN at
-    a position no cell measured, empty where the cells recorded none (an endpoint's gauges)."""
+    a position no cell measured, empty where the cells recorded none (an endpoint's gauges). With
+    the run's `requests`, per decoding row-step (`row_step_acceptance`): a row n-gram drafting
+    proposed nothing for counts as a step that accepted nothing."""
     import warnings
 
     if cells.empty or "acceptance_by_position" not in cells:
         return np.array([])
     deepest = cells[cells["k"] == cells["k"].max()]
-    rates = [np.asarray(r, dtype=float) for r in deepest["acceptance_by_position"]
-             if isinstance(r, (list, tuple, np.ndarray)) and len(r) == int(deepest["k"].iloc[0])]
+    k = int(deepest["k"].iloc[0])
+    rates = [np.asarray(row_step_acceptance(cell, requests), dtype=float) for cell in deepest.to_dict("records")]
+    rates = [r for r in rates if len(r) == k]
     if not rates:
         return np.array([])
     with warnings.catch_warnings():  # a position no cell measured stays NaN

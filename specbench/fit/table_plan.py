@@ -442,10 +442,12 @@ def given_acceptance(drafters: list[Drafter], alphas: list[tuple[float, ...]]) -
 
 
 def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, drafters: list[Drafter],
-                   family: str | None, source: str) -> tuple[list[Acceptance], list[str]]:
+                   family: str | None, source: str,
+                   requests: pd.DataFrame | None = None) -> tuple[list[Acceptance], list[str]]:
     """Each drafter's α per (workload, temperature[, context]) from a run, with its per-position
-    acceptance at the deepest K measured; and a line for every drafter the run has no α for (never
-    taken from another pair)."""
+    acceptance at the deepest K measured (per decoding row-step where the run's `requests` and
+    draft counters say how many row-steps drafted nothing: an n-gram miss emits one token); and a
+    line for every drafter the run has no α for (never taken from another pair)."""
     alphas = alpha_table(cells, steps, include_synthetic=True)
     run_spec = lookup_alias(run_target)
     run_family = run_spec.family if run_spec else family
@@ -472,7 +474,7 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
             mine = labelled[(labelled["draft"] == row.draft) & (labelled["workload"] == row.workload)
                             & (labelled["temperature"] == row.temperature)] if not labelled.empty else labelled
             simulated = row.alpha_source == "simulated"
-            reach = () if simulated else tuple(float(x) for x in acceptance_by_position(mine))
+            reach = () if simulated else tuple(float(x) for x in acceptance_by_position(mine, requests))
             if simulated:  # a timing-only run: the α it was asked to simulate
                 key += f" (simulated α {row.alpha_iid:.2f})"
             elif row.draft != drafter.name:

@@ -58,7 +58,7 @@ class Speculation:
     """Speculative decoding on a replica: K draft tokens a step (or a schedule of K by running rows),
     and the chance each draft position is accepted at a decoding row's step (position i: P(the
     first i+1 drafts all accepted), non-increasing: `acceptance_by_position`, per draft, times the
-    share of row-steps that drafted; `served.row_step_acceptance`)."""
+    share of row-steps that drafted; `fit.acceptance.row_step_acceptance`)."""
 
     k: int = 0
     acceptance: tuple[float, ...] = ()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from specbench.fit.acceptance import row_step_acceptance
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
 from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import Configuration
@@ -135,28 +136,10 @@ class CellLoad:
     spec: ReplicaSpec | None = None  # the server this cell ran on, where the run logged it
     replicas: int = 1  # servers the load was spread over (an --endpoint list)
     router: str = "least-outstanding"  # ... by this router
-
-
-def row_step_acceptance(cell: dict, requests: pd.DataFrame) -> tuple[float, ...]:
-    """The cell's acceptance per position for *every* decoding row-step, as the replica draws it.
-
-    vLLM counts acceptance per position over the drafts it made (`acceptance_by_position`), but a
-    drafter may propose nothing for a row at a step: n-gram drafting finds no match for 20-35 % of
-    them here, and that row emits one token. So each position's rate is scaled by the share of
-    row-steps that drafted: the drafts (`num_drafts`) over the decode steps the cell's requests
-    took (their output tokens less their first and less the accepted ones). Without those counters
-    the measured rates as they are."""
-    reach = cell.get("acceptance_by_position")
-    if reach is None or not len(reach):
-        return ()
-    acceptance = tuple(float(x) for x in reach)
-    drafts, accepted = cell.get("num_drafts"), cell.get("accepted")
-    if drafts is None or accepted is None or not np.isfinite(drafts) or not np.isfinite(accepted) or drafts <= 0:
-        return acceptance
-    mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["output_tokens"] >= 1)]
-    steps = float(mine["output_tokens"].sum()) - len(mine) - float(accepted)
-    share = min(1.0, float(drafts) / steps) if steps > 0 else 1.0
-    return tuple(share * a for a in acceptance)
+    # a closed-loop cell (request_rate 0): its clients, each sending its next request when its last
+    # one finished, and how long after that finish the next one reached the server (measured)
+    concurrency: int | None = None
+    turnaround_s: float = 0.0
 
 
 def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
@@ -171,13 +154,33 @@ def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
         mine = mine[mine["output_tokens"] >= 1].sort_values("arrival_s")
         if mine.empty:
             continue
+        arrivals, e2e = mine["arrival_s"].to_numpy(float), mine["e2e_s"].to_numpy(float)
+        clients = _clients(cell)
         loads.append(CellLoad(cell["cell_id"], cell["draft"], int(cell["k"]), row_step_acceptance(cell, requests),
-                              mine["arrival_s"].to_numpy(float), mine["prompt_tokens"].to_numpy(int),
-                              mine["output_tokens"].to_numpy(int), mine["ttft_s"].to_numpy(float),
-                              mine["tpot_s"].to_numpy(float), mine["e2e_s"].to_numpy(float),
+                              arrivals, mine["prompt_tokens"].to_numpy(int), mine["output_tokens"].to_numpy(int),
+                              mine["ttft_s"].to_numpy(float), mine["tpot_s"].to_numpy(float), e2e,
                               served_replica(meta, cell["draft"], int(cell["k"])) if meta else None,
-                              _servers(cell), router))
+                              _servers(cell), router, clients,
+                              _turnaround(arrivals, arrivals + e2e, clients) if clients else 0.0))
     return loads
+
+
+def _clients(cell: dict) -> int | None:
+    """A closed-loop cell's clients (its batch size; `request_rate` 0), None for an open loop."""
+    rate, batch = cell.get("request_rate"), cell.get("batch_size")
+    closed = rate is not None and rate == rate and float(rate) == 0.0
+    return int(batch) if closed and batch is not None and batch == batch and int(batch) >= 1 else None
+
+
+def _turnaround(arrivals: np.ndarray, finishes: np.ndarray, clients: int) -> float:
+    """The median time from a request's end to the next request a closed loop sent (each request
+    after the clients' first: its arrival less the latest finish before it)."""
+    gaps = []
+    for at in arrivals[clients:]:
+        before = finishes[finishes <= at]
+        if len(before):
+            gaps.append(at - before.max())
+    return float(np.median(gaps)) if gaps else 0.0
 
 
 def _servers(cell: dict) -> int:
@@ -199,6 +202,13 @@ def simulate_load(price: ServedPrice, spec: ReplicaSpec, load: CellLoad,
     if load.replicas > 1:
         out = simulate_fleet(load.prompts, load.outputs, arrivals, cost, spec, load.replicas, load.router,
                              speculation).outcome
+    elif load.concurrency:
+        # a closed loop is simulated as one: replayed at its measured arrival times instead, a
+        # request the simulation ends later than the server did collides with its client's next
+        # prompt, and a cell's median TPOT jumps 3x on a price a few per cent off
+        out = simulate(load.prompts, load.outputs, cost, spec, concurrency=load.concurrency,
+                       client_starts_s=arrivals[:load.concurrency], client_turnaround_s=load.turnaround_s,
+                       speculation=speculation)
     else:
         out = simulate(load.prompts, load.outputs, cost, spec, arrivals_s=arrivals, speculation=speculation)
     ttft, e2e = out.ttft_s + price.overhead_s, out.e2e_s + price.overhead_s

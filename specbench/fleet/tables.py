@@ -14,6 +14,8 @@ GIB = 1024 ** 3
 WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
                 "int4_wo": 0.5, "int8_wo": 1}
 KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
+# what `plan --kv-cache-dtype` offers: the model's own 16 bits, or fp8 (the tables' kvcache_quant_mode)
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,

@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -209,10 +210,7 @@ def pool_runs(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
     """Several runs' cells, requests and steps as one set of tables. A cell id that more than one
     run holds (the same grid measured twice) is prefixed with its run's place in the list
     (`1:chat|C512|B1|...`), so a cell's requests and steps stay its own."""
-    counts: dict[str, int] = {}
-    for run in runs:
-        for cell_id in set(run.cells["cell_id"]):
-            counts[cell_id] = counts.get(cell_id, 0) + 1
+    counts = Counter(cell_id for run in runs for cell_id in set(run.cells["cell_id"]))
     repeated = {cell_id for cell_id, n in counts.items() if n > 1}
     pooled: dict[str, list[pd.DataFrame]] = {"cells": [], "requests": [], "steps": []}
     for index, run in enumerate(runs):

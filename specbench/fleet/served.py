@@ -168,8 +168,9 @@ def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
 def _clients(cell: dict) -> int | None:
     """A closed-loop cell's clients (its batch size; `request_rate` 0), None for an open loop."""
     rate, batch = cell.get("request_rate"), cell.get("batch_size")
-    closed = rate is not None and rate == rate and float(rate) == 0.0
-    return int(batch) if closed and batch is not None and batch == batch and int(batch) >= 1 else None
+    if pd.isna(rate) or float(rate) != 0.0 or pd.isna(batch) or int(batch) < 1:
+        return None
+    return int(batch)
 
 
 def _turnaround(arrivals: np.ndarray, finishes: np.ndarray, clients: int) -> float:

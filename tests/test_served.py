@@ -326,7 +326,8 @@ def test_ctrl_c_stops_the_server_and_its_children(fake_vllm, target_dir, tmp_pat
     wait_for_line(process, "vLLM server: autoregressive ready")
     assert server_processes(), "the stand-in and its child are running"
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130
+    code = process.wait(timeout=60)
+    assert code == 130, process.stdout.read()
     time.sleep(0.5)
     assert not server_processes()
     # interrupted before its first cell finished: run.json says so; report/check/plan skip such a run

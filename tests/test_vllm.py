@@ -208,17 +208,22 @@ def _real_server(tmp_path, *extra: str):
 
 
 # vLLM's own server argument parser and engine config: what `vllm serve ... --speculative-config X`
-# does with X before it loads a model, without the minute a server takes to start.
+# does with each X before it loads a model, without the minute a server takes to start (and with
+# one import of vLLM for all of them).
 VLLM_CONFIG_CHECK = """
 import sys
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-    ["--model", sys.argv[1], "--dtype", "float32", "--enforce-eager", "--speculative-config", sys.argv[2]])
-speculative = AsyncEngineArgs.from_cli_args(args).create_engine_config().speculative_config
-print("built", speculative.method, speculative.num_speculative_tokens,
-      speculative.num_speculative_tokens_per_batch_size)
+for config in sys.argv[2:]:
+    try:
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            ["--model", sys.argv[1], "--dtype", "float32", "--enforce-eager", "--speculative-config", config])
+        speculative = AsyncEngineArgs.from_cli_args(args).create_engine_config().speculative_config
+        print("built", speculative.method, speculative.num_speculative_tokens,
+              speculative.num_speculative_tokens_per_batch_size)
+    except Exception as error:
+        print("rejected", type(error).__name__, " ".join(str(error).split()))
 """
 
 
@@ -255,15 +260,15 @@ def test_a_k_schedule_runs_as_the_counters_say_and_check_pastes_a_config_vllm_ac
     from specbench.grid import SweepConfig
     from specbench.served.vllm_engine import model_path
 
-    built = subprocess.run([sys.executable, "-c", VLLM_CONFIG_CHECK, model_path("smollm2-135m", SweepConfig()), pasted],
-                           capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
-    assert built.returncode == 0, built.stderr[-3000:]
-    assert f"built draft_model {config['num_speculative_tokens']}" in built.stdout, built.stdout
-    broken = subprocess.run([sys.executable, "-c", VLLM_CONFIG_CHECK, model_path("smollm2-135m", SweepConfig()),
-                             pasted.replace("per_batch_size", "per_batch_sizes")], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
-    assert broken.returncode != 0 and "unexpected_keyword_argument" in broken.stderr  # the check can fail
+    broken = pasted.replace("per_batch_size", "per_batch_sizes")  # the check can fail
+    checked = subprocess.run([sys.executable, "-c", VLLM_CONFIG_CHECK, model_path("smollm2-135m", SweepConfig()),
+                              pasted, broken], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    verdicts = [line for line in checked.stdout.splitlines() if line.startswith(("built ", "rejected "))]
+    assert len(verdicts) == 2, checked.stdout[-3000:]
+    assert verdicts[0].startswith(f"built draft_model {config['num_speculative_tokens']}"), verdicts
+    assert verdicts[1].startswith("rejected") and "unexpected_keyword_argument" in verdicts[1], verdicts
 
 
 def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 
 import typer
@@ -155,6 +156,25 @@ def measured_batch_sizes(cells) -> list[int]:
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised wherever the program is, so that it stops as on Ctrl-C: finished cells kept,
     servers stopped, run.json `interrupted`."""
+
+
+# SIGINT and SIGTERM this command received, in order (main() installs on_stop_signal for both).
+signals_received: list[int] = []
+
+
+def on_stop_signal(signum: int, frame) -> None:
+    signals_received.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def raise_if_stopped() -> None:
+    """Raise again for a stop signal whose exception never arrived. Python raises a signal's
+    exception wherever the main thread is, and it can be lost on the way: raised inside a
+    finaliser (`__del__` of a socket the garbage collector frees), Python only prints it, and a
+    library may catch it. Called where the work can stop cleanly (before a cell starts), this makes
+    such a Ctrl-C or SIGTERM stop the command there instead of being forgotten."""
+    if signals_received:
+        raise Terminated() if signals_received[-1] == signal.SIGTERM else KeyboardInterrupt()
 
 
 INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them

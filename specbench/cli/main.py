@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 
 from specbench.cli.check import check
-from specbench.cli.common import INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, TERMINATED, UNANSWERABLE, Terminated, errors
+from specbench.cli.common import (INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, TERMINATED, UNANSWERABLE, errors,
+                                  on_stop_signal, signals_received)
 from specbench.cli.models import models
 from specbench.cli.plan import plan
 from specbench.cli.report import report
@@ -22,14 +23,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions
                        "error, 130/143 stopped by SIGINT/SIGTERM, 141 output pipe closed.")
 for command in (sweep, report, check, plan, models, workloads):
     app.command()(command)
-
-_signals_received: list[int] = []
-
-
-def _raise_terminated(signum, frame) -> None:
-    _signals_received.append(signum)
-    raise Terminated()
-
 
 def main(argv: list[str] | None = None) -> None:
     """The `specbench` command. Exit codes (docs/gate.md): 0 pass, 1 fail, 2 cannot
@@ -46,8 +39,14 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
 
-    _signals_received.clear()  # this call's signals only (a notebook or a test calls main() again)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    signals_received.clear()  # this call's signals only (a notebook or a test calls main() again)
+    # Both stop signals are counted, so that one whose exception was lost still stops the command
+    # (common.raise_if_stopped). SIGINT only where Python's own handler is in place: a job started
+    # in the background inherits SIGINT ignored, and keeps it so.
+    previous_term = signal.signal(signal.SIGTERM, on_stop_signal)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_stop_signal)
     try:
         code = app(args=argv, prog_name="specbench", standalone_mode=False)
     except usage_errors as error:  # bad usage: typer's own message
@@ -72,8 +71,11 @@ def main(argv: list[str] | None = None) -> None:
                      f"{escape(type(error).__name__)}: {escape((str(error).splitlines() or [''])[0])}; "
                      f"traceback in {_save_traceback()}", highlight=False, soft_wrap=True)
     finally:  # past the command, SIGTERM ends the process as it would have (no exception in atexit code)
-        signal.signal(signal.SIGTERM, previous)
-    if code == INTERRUPTED and _signals_received:  # typer reports any KeyboardInterrupt (Terminated too) as 130
+        signal.signal(signal.SIGTERM, previous_term)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+    # typer reports any KeyboardInterrupt (Terminated too) as 130
+    if code == INTERRUPTED and signals_received and signals_received[-1] == signal.SIGTERM:
         code = TERMINATED
     sys.exit(code if isinstance(code, int) else 0)
 

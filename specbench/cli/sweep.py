@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -16,8 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbench.cli.common import (
-    INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries, split_drafts,
-    split_list, token_counts,
+    INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries,
+    raise_if_stopped, signals_received, split_drafts, split_list, token_counts,
 )
 from specbench.cli.render import as_text, cells_table, load_text, print_warnings, progress_line
 
@@ -285,6 +286,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     started = time.monotonic()
 
     def on_event(event) -> None:
+        if event.kind == "start":  # a Ctrl-C lost on its way stops the sweep before the next cell
+            raise_if_stopped()
         if event.kind == "loaded":
             console.print(escape(event.message), highlight=False, soft_wrap=True)
             completed[0], total[0] = event.index, event.total
@@ -318,6 +321,9 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     except known_errors() as error:
         fail(str(error))
     print_summary(run_dir)
+    if signals_received:  # it came as the last cell finished and was lost on its way: the run is complete
+        errors.print("[yellow]stopped[/] after the last cell: the run is complete", highlight=False)
+        raise typer.Exit(TERMINATED if signals_received[-1] == signal.SIGTERM else INTERRUPTED)
 
 
 

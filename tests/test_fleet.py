@@ -587,6 +587,33 @@ def test_a_served_step_price_is_recovered_from_what_its_cells_measured():
         simulate_load(truth, spec, unseen)["e2e_p50_s"], rel=0.05)
 
 
+def test_a_verifys_re_reads_beyond_the_cache_are_found_in_the_speculative_cells():
+    """vLLM's CPU attention reads a row's KV cache again for each of a verify's extra query
+    positions, free while the step's decoding context fits a cache. Cells simulated with re-reads
+    free up to 3,000 tokens (B 4 at 2k-token prompts pays them, B 1 does not): the fit finds the
+    threshold on the grid's neighbours of 3,000, and n-gram's cells within 3 %; priced as if every
+    re-read were free, its B 4 2k cell would be predicted over 10 % fast."""
+    from dataclasses import replace
+
+    from specbench.fleet.served import DraftPrice, ServedPrice, cell_loads, fit_served, simulate_load
+
+    truth = ServedPrice(0.045, 0.0015, 0.05, 7e-6, 7e-7, drafts={"ngram": DraftPrice(0.008, 0.004, 0.0)},
+                        reread_cached_tokens=3000.0)  # the KV's price of the CPU calibrations
+    spec = ReplicaSpec(max_num_seqs=128, max_num_batched_tokens=2048, kv_capacity_tokens=46592, block_size=128)
+    cells, requests, meta = synthetic_served_run(truth, spec, np.random.default_rng(0))
+    keep = ~cells["draft"].eq("self")
+    cells, requests = cells[keep], requests[requests["cell_id"].isin(cells["cell_id"])]
+    price, _ = fit_served(cells, requests, meta, "synthetic")
+    assert 2000 <= price.reread_cached_tokens <= 4500
+    for load in cell_loads(cells, requests):
+        if load.draft == "ngram":
+            assert simulate_load(price, spec, load)["tpot_p50_s"] == pytest.approx(np.nanmedian(load.tpot_s),
+                                                                                   rel=0.03), load.cell_id
+    (long,) = [load for load in cell_loads(cells, requests) if load.cell_id == "chat|B4|C2048|ngram"]
+    free = replace(truth, reread_cached_tokens=float("inf"))
+    assert simulate_load(free, spec, long)["tpot_p50_s"] < 0.9 * np.nanmedian(long.tpot_s)
+
+
 def test_a_closed_loop_cell_is_simulated_as_a_closed_loop():
     """One client sending 8 requests back to back (the sweep's closed loop at B 1), measured at a
     price: the next prompt reaches the server 1 ms after the last request ended. At a price 5 %

@@ -12,7 +12,7 @@ part 3).
    effect on each (speculative cell against the same replay's baseline).
 
     python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [--acceptance-from DIR ...]
-        [--out DIR] [REPLAY_DIR ...]
+        [--reread-cached-tokens N] [--out DIR] [REPLAY_DIR ...]
 
 Writes cpu_replays.csv and cpu_replays.md next to this file (or in --out).
 """
@@ -101,12 +101,16 @@ def main() -> None:
                         help="replays whose other windows give each trace's workload α, repeatable "
                              "(default: every replay committed under fleet-2026-11-25/cpu and "
                              "fleet-2026-11-26/one-sitting)")
+    parser.add_argument("--reread-cached-tokens", type=float,
+                        help="hold the decoding context a verify's re-reads find in a cache at this (fitted on the "
+                             "calibration otherwise)")
     parser.add_argument("--out", type=Path, default=HERE, help="where cpu_replays.csv and .md go")
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()
     runs = [load_run(path) for path in args.calibration or CALIBRATION]
     cells, requests, _ = pool_runs(runs)
-    price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS)
+    price, _ = fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs), SELF_DRAFTS,
+                          args.reread_cached_tokens)
     accepted = calibration_acceptance(cells, requests)
     windows = window_acceptance(args.acceptance_from or ACCEPTANCE_FROM)
     rows = []
@@ -152,16 +156,19 @@ def main() -> None:
             table[f"{m}_sign_right_{label}"] = signs
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "cpu_replays.csv", index=False, float_format="%.6g")
-    write_summary(table, price, [run.path for run in runs], args.out)
+    write_summary(table, price, [run.path for run in runs], args.out, held=bool(args.reread_cached_tokens))
 
 
-def write_summary(table: pd.DataFrame, price, calibration: list[Path], out: Path = HERE) -> None:
+def write_summary(table: pd.DataFrame, price, calibration: list[Path], out: Path = HERE, held: bool = False) -> None:
     fitted_on = ", ".join(str(Path(path).resolve().relative_to(ROOT)) for path in calibration)
     lines = [f"# The fleet simulator against vLLM CPU trace replays ({len(table)} cells of "
              f"{table['replay'].nunique()} replays; fitted on {fitted_on})", "",
              "Fitted step (seconds): " + ", ".join(f"{name} {getattr(price, name):.4g}" for name in
                                                    ("floor_s", "fixed_s", "per_token_s", "per_context_token_s",
-                                                    "per_prefill_pair_s", "overhead_s")),
+                                                    "per_prefill_pair_s", "overhead_s"))
+             + f" (a sampled position's output head: {price.head_share:.3g} of a prompt token's compute, not fitted); "
+             f"a verify's re-reads free up to {price.reread_cached_tokens:g} tokens of decoding context "
+             f"({'held' if held else 'fitted'})",
              "; drafts: " + "; ".join(f"{d}: per step {p.spec_fixed_s:.4g}, per draft token {p.per_draft_s:.4g}, "
                                        f"model share {p.model_share:g}" for d, p in price.drafts.items()), "",
              "| acceptance | metric | median abs error | within target | sign of speculation's effect right |",

@@ -237,8 +237,10 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
     head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": target, "device": "as measured",
             "backend": "vllm", "dtype": config.get("dtype") or "as measured",
             "alpha_from": f"{run.path} (each draft's measured acceptance per position)", "acceptance_transferred": None,
-            "step_fitted": {name: float(getattr(price, name)) for name in (
-                "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s")}}
+            "step_fitted": {**{name: float(getattr(price, name)) for name in (
+                "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s",
+                "head_share")}, "reread_cached_tokens": (None if math.isinf(price.reread_cached_tokens)
+                                                         else float(price.reread_cached_tokens))}}
     _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
                   ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
                   started, device="server")

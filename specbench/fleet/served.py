@@ -8,10 +8,13 @@ chooses the step price whose simulated per-cell median TTFT and TPOT come closes
 ones (least squares on their logarithms):
 
 - the target's step: the engine's own work, then the forward as a roofline: the weights' read (a
-  floor) or the compute of the tokens it runs (prompt and decode tokens alike; a decode row runs
-  1 + K when speculating), whichever is longer; then attention: per token the decoding rows attend
-  over (their KV cache, read once however many positions verify it) and per (query, key) pair of
-  the prompt chunks;
+  floor) or the compute of the tokens it runs (a decode row runs 1 + K when speculating, and each
+  of those sampled positions also runs the output head, which a prompt's tokens skip: its share
+  from the model's shape), whichever is longer; then attention: per token the decoding rows attend
+  over (their KV cache) and per (query, key) pair of the prompt chunks;
+- a verify's K extra query positions read each row's KV cache again: free while the step's
+  decoding context fits `reread_cached_tokens` (a cache), at the first read's price beyond it
+  (vLLM's CPU attention; fitted with the drafts, on a grid);
 - a request's first token also waits `overhead` (the API server's own work: HTTP, tokenizing);
 - each speculative configuration adds, per step that drafts, `spec_fixed + per_draft × K × rows`
   (the proposer's and rejection sampler's work: per step, and per draft position of every
@@ -76,6 +79,19 @@ class ServedPrice:
     per_prefill_pair_s: float = 0.0  # per (query, key) pair a prefill chunk's attention computes
     drafts: dict[str, DraftPrice] = field(default_factory=dict)
     source: str = ""
+    # A sampled position (each decoding row's 1 + K) also runs the output head, which a prompt's
+    # other tokens skip (vLLM computes logits only where it samples): its compute as a share of a
+    # prompt token's, from the model's shape (`head_share`), not fitted
+    head_share: float = 0.0
+    # A verify's K extra query positions attend over each decoding row's KV cache again. Where the
+    # step's decoding context (tokens, every row's) fits this many tokens the re-reads come from a
+    # cache, free; the part beyond it pays the first read's price again (fitted on the speculative
+    # cells; infinite, every re-read free, where a run has none)
+    reread_cached_tokens: float = math.inf
+
+    def reread_share(self, context: float) -> float:
+        """The share of a step's decoding context a verify's extra positions read again at full price."""
+        return max(0.0, 1.0 - self.reread_cached_tokens / context) if context > 0 else 0.0
 
     @property
     def fixed_s(self) -> float:
@@ -89,20 +105,35 @@ class ServedPrice:
 
         def step(prefill_tokens: int, decode_rows: int, k: int = 0, context: int = 0,
                  prefill_pairs: float = 0.0) -> float:
-            attention = self.per_context_token_s * context + self.per_prefill_pair_s * prefill_pairs
-            seconds = self.fixed_s + self.forward_s(prefill_tokens + decode_rows * (1 + k)) + attention
+            attention = (self.per_context_token_s * context * (1 + k * self.reread_share(context))
+                         + self.per_prefill_pair_s * prefill_pairs)
+            sampled = decode_rows * (1 + k)
+            seconds = self.fixed_s + self.forward_s(prefill_tokens + sampled * (1 + self.head_share)) + attention
             if draft and price.model_share and prefill_tokens:  # a draft model prefills the prompt too
                 seconds += price.model_share * (self.forward_s(prefill_tokens)
                                                 + self.per_prefill_pair_s * prefill_pairs)
             if draft and k and decode_rows:
                 seconds += price.spec_fixed_s + k * decode_rows * price.per_draft_s
                 if price.model_share:  # its K decodes of every row
-                    seconds += k * price.model_share * (self.forward_s(decode_rows)
+                    seconds += k * price.model_share * (self.forward_s(decode_rows * (1 + self.head_share))
                                                         + self.per_context_token_s * context)
             return seconds
 
         step.uses_context = True
         return step
+
+
+def head_share(meta: dict) -> float:
+    """The output head's compute per sampled position as a share of a prompt token's (its layers'),
+    from the shape the run recorded; 0 where it recorded none. SmolLM2-135M: 0.27 (a 49k vocabulary
+    on a small model); Llama-3.1-70B: 0.015."""
+    from specbench.shapes import Architecture
+
+    recorded = (meta.get("architectures") or {}).get("target")
+    if not recorded:
+        return 0.0
+    shape = Architecture.from_dict(recorded)
+    return shape.vocab * shape.hidden / (shape.layers * shape.layer_parameters)
 
 
 def served_replica(meta: dict, draft: str = AR, k: int = 0) -> ReplicaSpec:
@@ -276,10 +307,12 @@ def _measured_start(base: list[CellLoad], tpot: float) -> np.ndarray:
 
 
 def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = "",
-               self_drafts: tuple[str, ...] = ()) -> tuple[ServedPrice, ReplicaSpec]:
+               self_drafts: tuple[str, ...] = (), reread_cached_tokens: float | None = None
+               ) -> tuple[ServedPrice, ReplicaSpec]:
     """The step price that makes the simulator reproduce a vLLM run's cells (see the module's
     docstring), and the replica its server was. `self_drafts`: drafts that are the target's own
-    model (their prefill costs the target's)."""
+    model (their prefill costs the target's). `reread_cached_tokens`: held at this instead of
+    fitted (the machine's, from a calibration that reached past it, for one that did not)."""
     spec = served_replica(meta)
     loads = cell_loads(cells, requests, meta=meta)
     base = [load for load in loads if load.draft == AR]
@@ -289,15 +322,34 @@ def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: 
     start = np.array([tpot * 0.9, tpot / 50, tpot / 10, tpot / 1e4, tpot / 1e6])
 
     prior = _measured_start(base, tpot)
+    head = head_share(meta)
 
     def target(x: np.ndarray) -> np.ndarray:
         # a weak pull towards the price read off the calibration: a parameter the cells cannot tell
         # apart from another (attention pairs, where every prompt is short) stays near its reading
         # instead of wandering to whatever extrapolates worst
-        return np.concatenate([_residuals(ServedPrice(*x), spec, base), PRIOR_WEIGHT * np.log(x / prior)])
+        return np.concatenate([_residuals(ServedPrice(*x, head_share=head), spec, base),
+                               PRIOR_WEIGHT * np.log(x / prior)])
 
-    price = ServedPrice(*_least_squares(target, start, prior), {}, source)
-    drafts = {}
+    price = ServedPrice(*_least_squares(target, start, prior), {}, source, head)
+    found = [_fit_drafts(replace(price, reread_cached_tokens=cached), spec, loads, self_drafts)
+             for cached in ((reread_cached_tokens,) if reread_cached_tokens else REREAD_CACHED_TOKENS)
+             if any(load.draft != AR for load in loads)]
+    return (min(found, key=lambda pair: pair[1])[0] if found else price), spec
+
+
+# The decoding context (tokens) a verify's re-reads find in a cache, tried in turn: a simulation of
+# discrete steps is piecewise in it, so a grid on a log scale rather than a descent; infinity, every
+# re-read free (a GPU kernel that reads a row's KV once for all its query positions), is one of them
+REREAD_CACHED_TOKENS = (250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4500.0, 7000.0, 10000.0, 15000.0,
+                        25000.0, 50000.0, math.inf)
+
+
+def _fit_drafts(price: ServedPrice, spec: ReplicaSpec, loads: list[CellLoad],
+                self_drafts: tuple[str, ...]) -> tuple[ServedPrice, float]:
+    """Each draft's price on its own cells, the target's held: `price` with them, and the sum of
+    squared residuals over every speculative cell."""
+    drafts, squares = {}, 0.0
     for draft in sorted({load.draft for load in loads} - {AR}):
         mine = [load for load in loads if load.draft == draft and load.k > 0]
         share = 1.0 if draft in self_drafts else 0.0
@@ -308,7 +360,8 @@ def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: 
 
         spec_fixed, per_draft = _least_squares(speculative, np.array([price.fixed_s, price.fixed_s / 4]))
         drafts[draft] = DraftPrice(spec_fixed, per_draft, share)
-    return replace(price, drafts=drafts), spec
+        squares += float(np.sum(speculative(np.array([spec_fixed, per_draft])) ** 2))
+    return replace(price, drafts=drafts), squares
 
 
 def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = ""):

@@ -1,4 +1,4 @@
-"""What a served replay's engine steps cost, read off its streamed tokens (issue 40, part 3: why
+"""What a served run's engine steps cost, read off its streamed tokens (issue 40, part 3: why
 ngram K=2 decodes slower than the baseline past the knee).
 
 A served run records no step times, but every request's token arrival times: a decode step ends
@@ -27,8 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.results import load_run  # noqa: E402
 
-REPLAYS = [HERE / "wide-sitting/replays/conv-1800-0.05", HERE / "wide-sitting/replays/conv-600-0.1",
-           HERE / "one-sitting/replays/conv-1800-0.05"]
+# the wide sitting's closed-loop calibration at B 8 and 16 first: a fixed batch, no arrivals but each
+# client's next prompt, so its steps are the cleanest; then replays, whose sparser context ranges hold
+# steps that shared a short prefill chunk too
+REPLAYS = [HERE / "wide-sitting/calibration-wide", HERE / "wide-sitting/replays/conv-1800-0.05",
+           HERE / "wide-sitting/replays/conv-600-0.1", HERE / "one-sitting/replays/conv-1800-0.05"]
 CONTEXT_BINS = [0, 5_000, 10_000, 20_000, 30_000, 45_000, 80_000]
 SAME_STEP_S = 0.003  # tokens of one step arrive within this of each other
 PREFILL_STALL_S = 2.0
@@ -57,7 +60,7 @@ def steps(requests: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:]] or REPLAYS
-    lines = ["# A replay's engine steps, read off its streamed tokens", "",
+    lines = ["# A served run's engine steps, read off its streamed tokens", "",
              "Median step (ms) and median running rows, by the decoding context (tokens, every running "
              "row's prompt and output so far) at the step; the number of steps in brackets. "
              "`python benchmarks/fleet-2026-11-26/replay_steps.py`", ""]
@@ -72,7 +75,7 @@ def main() -> None:
             binned = found.groupby(pd.cut(found["context"], CONTEXT_BINS, labels=labels), observed=False)
             cells = [f"{1e3 * g['step_s'].median():.0f} ms, {g['rows'].median():.0f} rows ({len(g)})" if len(g) else ""
                      for _, g in binned]
-            lines.append(f"| {cell_id.split('|', 3)[-1]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {cell_id.split('|', 1)[-1].replace('|', ' ')} | " + " | ".join(cells) + " |")
         lines.append("")
     (HERE / "replay_steps.md").write_text("\n".join(lines))
     print("\n".join(lines))

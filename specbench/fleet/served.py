@@ -86,7 +86,9 @@ class ServedPrice:
     # A verify's K extra query positions attend over each decoding row's KV cache again. Where the
     # step's decoding context (tokens, every row's) fits this many tokens the re-reads come from a
     # cache, free; the part beyond it pays the first read's price again (fitted on the speculative
-    # cells; infinite, every re-read free, where a run has none)
+    # cells; infinite, every re-read free, where a run has none). On vLLM's CPU kernel the re-reads
+    # alone turn dear past ~15k tokens (benchmarks/fleet-2026-11-26/verify_attention.md); a fit
+    # finds less, as the term also carries the rest of a verify's cost that grows with the context
     reread_cached_tokens: float = math.inf
 
     def reread_share(self, context: float) -> float:

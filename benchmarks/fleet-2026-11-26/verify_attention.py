@@ -2,7 +2,8 @@
 layer's attention of SmolLM2-135M (9 heads, 3 KV heads of 64, fp32, blocks of 128 tokens), run by
 the kernel a vLLM CPU server runs (`vllm._custom_ops.cpu_attention_with_kv_cache`, its scheduler
 metadata as the server builds it), for R decoding rows of L tokens of context each, with 1 query
-position a row (a decode) and with 3 (a verify at K = 2).
+position a row (a decode) and with 3 (a verify at K = 2). And vLLM's n-gram proposer's own time a
+step, the other part of an n-gram verify that reads every row's history.
 
 Each call starts from cold caches, as in a forward where 29 other layers' KV and weights pass
 between one layer's attention and the next step's: a 256 MB buffer is read and written before every timed
@@ -61,6 +62,24 @@ def one_call(rows: int, context: int, queries: int, generator: torch.Generator) 
     return float(pd.Series(times[1:]).median())  # the first call is the kernel's own warm-up
 
 
+def ngram_lookup(rows: int, context: int, generator: torch.Generator) -> float:
+    """Seconds of vLLM's n-gram proposer for one step (`batch_propose_numba`, K = 2, n-grams of 1-3
+    tokens) over `rows` histories of `context` random tokens (no match: the whole history scanned)."""
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+
+    longest = 8192
+    tokens = torch.randint(0, 49152, (1024, longest), generator=generator, dtype=torch.int32).numpy()
+    lengths = np.full(1024, context, dtype=np.int32)
+    drafts, counts = np.zeros((1024, 2), dtype=np.int32), np.zeros(1024, dtype=np.int32)
+    requests = list(range(rows))
+    batch_propose_numba(requests, lengths, tokens, 1, 3, longest, 2, drafts, counts)  # compiles
+    started = time.perf_counter()
+    for _ in range(REPEATS):
+        batch_propose_numba(requests, lengths, tokens, 1, 3, longest, 2, drafts, counts)
+    return (time.perf_counter() - started) / REPEATS
+
+
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     generator = torch.Generator().manual_seed(0)
@@ -84,6 +103,10 @@ def main() -> None:
         one, three = row[4], row[5]
         lines.append(f"| {row.context} | {row.rows} | {row.decoding_context} | {one:.3f} | {three:.3f} | "
                      f"{(three - one) / one:.2f} | {one * 1e6 / row.decoding_context:.1f} |")
+    lines += ["", "vLLM's n-gram proposer, one step (every row's whole history scanned, as when nothing matches):", "",
+              "| rows | context a row | ms |", "|---|---|---|"]
+    for batch, context in ((8, 2048), (16, 2048), (16, 4096)):
+        lines.append(f"| {batch} | {context} | {ngram_lookup(batch, context, generator) * 1e3:.3f} |")
     (HERE / "verify_attention.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

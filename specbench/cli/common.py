@@ -162,9 +162,13 @@ class Terminated(KeyboardInterrupt):
 signals_received: list[int] = []
 
 
+def _stop_exception(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def on_stop_signal(signum: int, frame) -> None:
     signals_received.append(signum)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise _stop_exception(signum)
 
 
 def raise_if_stopped() -> None:
@@ -174,7 +178,12 @@ def raise_if_stopped() -> None:
     library may catch it. Called where the work can stop cleanly (before a cell starts), this makes
     such a Ctrl-C or SIGTERM stop the command there instead of being forgotten."""
     if signals_received:
-        raise Terminated() if signals_received[-1] == signal.SIGTERM else KeyboardInterrupt()
+        raise _stop_exception(signals_received[-1])
+
+
+def stop_code() -> int:
+    """The exit code of a command the last stop signal ended: 143 after SIGTERM, 130 otherwise."""
+    return TERMINATED if signals_received and signals_received[-1] == signal.SIGTERM else INTERRUPTED
 
 
 INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, SIGPIPE, as a shell reports them

@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 
 from specbench.cli.check import check
-from specbench.cli.common import (INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, TERMINATED, UNANSWERABLE, errors,
-                                  on_stop_signal, signals_received)
+from specbench.cli.common import (INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, UNANSWERABLE, errors, on_stop_signal,
+                                  signals_received, stop_code)
 from specbench.cli.models import models
 from specbench.cli.plan import plan
 from specbench.cli.report import report
@@ -74,9 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, previous_term)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)
-    # typer reports any KeyboardInterrupt (Terminated too) as 130
-    if code == INTERRUPTED and signals_received and signals_received[-1] == signal.SIGTERM:
-        code = TERMINATED
+    if code == INTERRUPTED:  # typer reports any KeyboardInterrupt (Terminated too) as 130
+        code = stop_code()
     sys.exit(code if isinstance(code, int) else 0)
 
 

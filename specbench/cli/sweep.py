@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,7 +17,7 @@ from rich.table import Table
 
 from specbench.cli.common import (
     INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries,
-    raise_if_stopped, signals_received, split_drafts, split_list, token_counts,
+    raise_if_stopped, signals_received, split_drafts, split_list, stop_code, token_counts,
 )
 from specbench.cli.render import as_text, cells_table, load_text, print_warnings, progress_line
 
@@ -323,7 +322,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     print_summary(run_dir)
     if signals_received:  # it came as the last cell finished and was lost on its way: the run is complete
         errors.print("[yellow]stopped[/] after the last cell: the run is complete", highlight=False)
-        raise typer.Exit(TERMINATED if signals_received[-1] == signal.SIGTERM else INTERRUPTED)
+        raise typer.Exit(stop_code())
 
 
 

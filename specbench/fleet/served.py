@@ -39,6 +39,7 @@ from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
 from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import Configuration
 from specbench.schema import AR
+from specbench.shapes import Architecture
 
 # vLLM 0.32's defaults for an OpenAI API server on a CPU (engine/arg_utils.py: 2048 batched tokens,
 # 128 sequences per worker); the KV cache is what the server logged
@@ -129,8 +130,6 @@ def head_share(meta: dict) -> float:
     """The output head's compute per sampled position as a share of a prompt token's (its layers'),
     from the shape the run recorded; 0 where it recorded none. SmolLM2-135M: 0.27 (a 49k vocabulary
     on a small model); Llama-3.1-70B: 0.015."""
-    from specbench.shapes import Architecture
-
     recorded = (meta.get("architectures") or {}).get("target")
     if not recorded:
         return 0.0
@@ -334,10 +333,11 @@ def fit_served(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: 
                                PRIOR_WEIGHT * np.log(x / prior)])
 
     price = ServedPrice(*_least_squares(target, start, prior), {}, source, head)
-    found = [_fit_drafts(replace(price, reread_cached_tokens=cached), spec, loads, self_drafts)
-             for cached in ((reread_cached_tokens,) if reread_cached_tokens else REREAD_CACHED_TOKENS)
-             if any(load.draft != AR for load in loads)]
-    return (min(found, key=lambda pair: pair[1])[0] if found else price), spec
+    if all(load.draft == AR for load in loads):
+        return price, spec
+    grid = (reread_cached_tokens,) if reread_cached_tokens else REREAD_CACHED_TOKENS
+    found = [_fit_drafts(replace(price, reread_cached_tokens=cached), spec, loads, self_drafts) for cached in grid]
+    return min(found, key=lambda pair: pair[1])[0], spec
 
 
 # The decoding context (tokens) a verify's re-reads find in a cache, tried in turn: a simulation of

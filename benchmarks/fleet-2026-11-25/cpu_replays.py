@@ -37,7 +37,7 @@ from specbench.schema import AR  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # this session's replays, on the machine the calibration ran on; the replays committed under
-# benchmarks/cpu-2026-11-24/trace ran on another host of the same name ("AMD EPYC") whose prefill
+# benchmarks/cpu-2026-11-24/trace ran on another host (an "Intel Xeon Processor" VM) whose prefill
 # took ~1.1 ms a prompt token against ~2.5 ms here: no step price fitted here describes them
 REPLAYS = sorted((HERE / "cpu" / "replays").glob("*/"))
 CALIBRATION = [HERE / "cpu" / "calibration", HERE / "cpu" / "calibration-4k"]

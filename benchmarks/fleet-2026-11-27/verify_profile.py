@@ -5,22 +5,25 @@ A vLLM CPU server as specbench's vLLM engine starts it (SmolLM2-135M fp32, --enf
 vLLM binding its compute to one core), once without speculation and once with ngram K=2 (specbench's
 `ngram` config: prompt_lookup 1-3). Eight streamed requests of the chat workload's 2k-token prompts
 (`--context-lengths 2k`), 400 tokens each, greedy, sent at once. Once every row decodes:
-- the worker and the engine core are sampled with py-spy (wall clock, idle included) for WINDOW_S:
+- the worker is sampled with py-spy (wall clock, idle included, from another core) for WINDOW_S:
   the worker's time by where it is (the attention kernel, the linear layers' oneDNN GEMMs, the rest
   of the forward, the rest of execute_model, waiting for the next step);
 - each process's CPU time over the same window (/proc);
 - the steps are read off the streamed tokens (a step's tokens arrive together, as replay_steps.py
   reads them); the median of those in the window with all eight rows decoding.
 
-Needs py-spy (`pip install py-spy`; not a specbench dependency). On this 2-core VM, ~10 minutes:
+Needs py-spy (`pip install py-spy`; not a specbench dependency). On this 2-core VM, ~5 minutes at
+8 rows, ~12 at 16:
 
-    python benchmarks/fleet-2026-11-27/verify_profile.py
+    python benchmarks/fleet-2026-11-27/verify_profile.py [--rows 16]
 
-Writes verify_profile.md (and the raw py-spy stacks under profiles/, not committed) next to this file.
+Writes verify_profile.md (verify_profile-B16.md at 16 rows; the raw py-spy stacks under profiles/,
+not committed) next to this file.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -43,7 +46,8 @@ from specbench.served.vllm_engine import _convert_smollm2_gguf, draft_speculativ
 from specbench.workloads import encode_prompt, load_workload, long_context_records  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ROWS, CONTEXT, MAX_TOKENS = 8, 2048, 400
+CONTEXT, MAX_TOKENS = 2048, 400
+ROWS = 8  # --rows
 WINDOW_S = 12.0
 SAME_STEP_S = 0.003  # as replay_steps.py
 SERVER_NICE = 10  # as the vLLM engine starts a CPU server
@@ -135,7 +139,12 @@ def measure(mode: str, model: Path, prompts: list[list[int]], out: Path) -> dict
 
 
 def main() -> None:
+    global ROWS
     from transformers import AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=ROWS, help="requests decoding together (8)")
+    ROWS = parser.parse_args().rows
 
     resolved = resolve_model("smollm2-135m")  # the safetensors directory the vLLM engine serves
     model = _convert_smollm2_gguf(Path(resolved.path) / resolved.gguf_file) if resolved.gguf_file \
@@ -148,7 +157,7 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     results = [measure(mode, model, prompts, out) for mode in ("autoregressive", "ngram")]
     base = results[0]
-    lines = ["# Where a served n-gram verify step's time goes (vLLM CPU, 8 rows of 2k-token prompts)", "",
+    lines = [f"# Where a served n-gram verify step's time goes (vLLM CPU, {ROWS} rows of 2k-token prompts)", "",
              f"`python benchmarks/fleet-2026-11-27/verify_profile.py`: SmolLM2-135M fp32, --enforce-eager, one "
              f"compute core; {ROWS} streamed requests of {CONTEXT}-token prompts, {MAX_TOKENS} tokens each; "
              f"{WINDOW_S:.0f} s of py-spy (wall clock, 100 Hz, on another core) on the worker once every row decodes. A step's time is "
@@ -166,7 +175,7 @@ def main() -> None:
     lines += ["", "ngram over the baseline, ms a step: " + ", ".join(
         f"{name} {ngram['places'][name] * ngram['step_ms'] - base['places'][name] * base['step_ms']:+.0f}"
         for name, _ in PLACES) + f"; in all {ngram['step_ms'] - base['step_ms']:+.0f}."]
-    (HERE / "verify_profile.md").write_text("\n".join(lines) + "\n")
+    (HERE / ("verify_profile.md" if ROWS == 8 else f"verify_profile-B{ROWS}.md")).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

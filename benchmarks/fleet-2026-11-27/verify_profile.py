@@ -10,10 +10,10 @@ vLLM binding its compute to one core), once without speculation and once with ng
   of the forward, the rest of execute_model, waiting for the next step);
 - each process's CPU time over the same window (/proc);
 - the steps are read off the streamed tokens (a step's tokens arrive together, as replay_steps.py
-  reads them); the median of those in the window with all eight rows decoding.
+  reads them); the median of those in the window with every row decoding.
 
 Needs py-spy (`pip install py-spy`; not a specbench dependency). On this 2-core VM, ~5 minutes at
-8 rows, ~12 at 16:
+8 rows, ~9 at 16:
 
     python benchmarks/fleet-2026-11-27/verify_profile.py [--rows 16]
 
@@ -40,14 +40,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from specbench.models import resolve_model  # noqa: E402
 from specbench.served.server import ServerProcess, free_port  # noqa: E402
-from specbench.served.vllm_engine import _convert_smollm2_gguf, draft_speculative_config  # noqa: E402
+from specbench.grid import SweepConfig  # noqa: E402
+from specbench.served.vllm_engine import draft_speculative_config, model_path  # noqa: E402
 from specbench.workloads import encode_prompt, load_workload, long_context_records  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CONTEXT, MAX_TOKENS = 2048, 400
-ROWS = 8  # --rows
 WINDOW_S = 12.0
 SAME_STEP_S = 0.003  # as replay_steps.py
 SERVER_NICE = 10  # as the vLLM engine starts a CPU server
@@ -93,9 +92,11 @@ def places(stacks: Path) -> dict[str, float]:
 
 
 def measure(mode: str, model: Path, prompts: list[list[int]], out: Path) -> dict:
+    """One server, every prompt streamed at once: its steps with every row decoding, its
+    processes' CPU shares and its worker's time by PLACES."""
     server = start(mode, model, out)
     try:
-        arrivals: dict[int, list[float]] = {i: [] for i in range(ROWS)}
+        arrivals: dict[int, list[float]] = {i: [] for i in range(len(prompts))}
 
         def stream(i: int) -> None:
             with httpx.stream("POST", f"{server.url}/v1/completions", timeout=900, json={
@@ -105,7 +106,7 @@ def measure(mode: str, model: Path, prompts: list[list[int]], out: Path) -> dict
                     if line.startswith("data: ") and "[DONE]" not in line:
                         arrivals[i].append(time.monotonic())
 
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(ROWS)]
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(prompts))]
         for thread in threads:
             thread.start()
         while min(len(a) for a in arrivals.values()) < 5:  # every row decodes
@@ -114,14 +115,13 @@ def measure(mode: str, model: Path, prompts: list[list[int]], out: Path) -> dict
         worker = next(name for name in processes if "Worker" in name)
         # py-spy off the worker's compute core, or its sampling is counted in the steps it samples
         elsewhere = (set(range(os.cpu_count() or 1)) - os.sched_getaffinity(processes[worker])) or None
-        spies = {worker: subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(processes[worker]),
-                                           "-d", str(int(WINDOW_S)), "-r", "100", "-f", "raw", "--idle",
-                                           "--nonblocking", "-o", str(out / f"{mode}.worker.txt")],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          preexec_fn=(lambda: os.sched_setaffinity(0, elsewhere)) if elsewhere else None)}
+        spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(processes[worker]),
+                                "-d", str(int(WINDOW_S)), "-r", "100", "-f", "raw", "--idle", "--nonblocking",
+                                "-o", str(out / f"{mode}.worker.txt")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, elsewhere)) if elsewhere else None)
         before, started = {n: cpu_seconds(p) for n, p in processes.items()}, time.monotonic()
-        for spy in spies.values():
-            spy.wait()
+        spy.wait()
         after, ended = {n: cpu_seconds(p) for n, p in processes.items()}, time.monotonic()
         for thread in threads:
             thread.join()
@@ -133,35 +133,30 @@ def measure(mode: str, model: Path, prompts: list[list[int]], out: Path) -> dict
     full = [e - s for s, e in zip(ends[:-1], ends[1:])
             if started <= e <= ended and all(f < s and e <= last + 1e-4 for f, last in zip(firsts, lasts))]
     return {"mode": mode, "step_ms": float(np.median(full)) * 1e3, "steps": len(full),
-            "tokens_per_step": sum(len(a) for a in arrivals.values()) / max(1, len(ends)),
             "cpu": {n: (after[n] - before[n]) / (ended - started) for n in processes},
             "places": places(out / f"{mode}.worker.txt")}
 
 
 def main() -> None:
-    global ROWS
     from transformers import AutoTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=ROWS, help="requests decoding together (8)")
-    ROWS = parser.parse_args().rows
-
-    resolved = resolve_model("smollm2-135m")  # the safetensors directory the vLLM engine serves
-    model = _convert_smollm2_gguf(Path(resolved.path) / resolved.gguf_file) if resolved.gguf_file \
-        else Path(resolved.path)
+    parser.add_argument("--rows", type=int, default=8, help="requests decoding together (8)")
+    rows = parser.parse_args().rows
+    model = Path(model_path("smollm2-135m", SweepConfig()))  # the directory the vLLM engine serves
     tokenizer = AutoTokenizer.from_pretrained(model)
-    records = long_context_records(load_workload("chat").records[:ROWS], "chat", CONTEXT,
+    records = long_context_records(load_workload("chat").records[:rows], "chat", CONTEXT,
                                    lambda r: encode_prompt(r, tokenizer), seed=0)
     prompts = [encode_prompt(record, tokenizer) for record in records]
     out = HERE / "profiles"
     out.mkdir(exist_ok=True)
     results = [measure(mode, model, prompts, out) for mode in ("autoregressive", "ngram")]
     base = results[0]
-    lines = [f"# Where a served n-gram verify step's time goes (vLLM CPU, {ROWS} rows of 2k-token prompts)", "",
+    lines = [f"# Where a served n-gram verify step's time goes (vLLM CPU, {rows} rows of 2k-token prompts)", "",
              f"`python benchmarks/fleet-2026-11-27/verify_profile.py`: SmolLM2-135M fp32, --enforce-eager, one "
-             f"compute core; {ROWS} streamed requests of {CONTEXT}-token prompts, {MAX_TOKENS} tokens each; "
+             f"compute core; {rows} streamed requests of {CONTEXT}-token prompts, {MAX_TOKENS} tokens each; "
              f"{WINDOW_S:.0f} s of py-spy (wall clock, 100 Hz, on another core) on the worker once every row decodes. A step's time is "
-             f"the median of the window's steps with all {ROWS} rows decoding (read off the streamed tokens).", "",
+             f"the median of the window's steps with all {rows} rows decoding (read off the streamed tokens).", "",
              "| server | step ms (steps) | " + " | ".join(f"{name}, ms" for name, _ in PLACES)
              + " | CPU share: engine core / worker |", "|---|---|" + "---|" * len(PLACES) + "---|"]
     for result in results:
@@ -175,7 +170,7 @@ def main() -> None:
     lines += ["", "ngram over the baseline, ms a step: " + ", ".join(
         f"{name} {ngram['places'][name] * ngram['step_ms'] - base['places'][name] * base['step_ms']:+.0f}"
         for name, _ in PLACES) + f"; in all {ngram['step_ms'] - base['step_ms']:+.0f}."]
-    (HERE / ("verify_profile.md" if ROWS == 8 else f"verify_profile-B{ROWS}.md")).write_text("\n".join(lines) + "\n")
+    (HERE / ("verify_profile.md" if rows == 8 else f"verify_profile-B{rows}.md")).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

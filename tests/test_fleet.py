@@ -702,6 +702,50 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                               "smollm2-135m K=2 (measured α)", "smollm2-135m K=4 (measured α)"]
     assert all(row["replicas"] >= 1 for row in plan["rows"])
     assert "smollm2-135m servers as measured in" in plan["answers"][0]
+    assert "(SIMULATED, EXTRAPOLATED past the batches or prompts its run measured;" in plan["answers"][0]
+    # the run measured 64-token prompts; the trace's run to 1.7k: the plan says it extrapolates
+    assert plan["beyond_measured"] == ["azure's prompts run to 1,724 tokens (p90); the run's longest was 64: "
+                                       "prefill and attention past it are extrapolated"]
+
+
+def test_the_running_batch_percentile_is_weighted_by_time():
+    from specbench.fleet.replica import running_percentile
+
+    timeline = [(0.0, 1), (1.0, 4), (10.0, 2), (11.0, 2)]  # 1 s at one row, 9 s at four, 1 s at two
+    assert running_percentile(timeline, 90) == 4
+    assert running_percentile(timeline, 10) == 2
+    assert running_percentile(timeline, 5) == 1
+    assert running_percentile([], 90) == 0
+
+
+def test_a_plan_past_the_batches_and_prompts_its_run_measured_says_so():
+    """A price fitted on a run is an extrapolation where the sized fleets run more requests at once
+    than the run's cells of that configuration did, or longer prompts than it measured."""
+    import pandas as pd
+
+    from specbench.fleet.served import MeasuredReach, beyond_measured, measured_reach
+    from specbench.schema import AR
+
+    cells = pd.DataFrame({"cell_id": ["a1", "a4", "n4", "replay", "failed"],
+                          "draft": [AR, AR, "ngram", AR, "ngram"], "status": ["ok", "ok", "ok", "ok", "error"],
+                          "batch_size": [1, 4, 4, 0, 32], "request_rate": [0.0, 0.0, 0.0, 0.5, 0.0],
+                          "running_max": [1.0, 4.0, float("nan"), 6.0, 32.0]})
+    requests = pd.DataFrame({"cell_id": ["a1", "a4", "n4", "replay", "failed"],
+                             "prompt_tokens": [512, 2048, 2048, 900, 8000]})
+    reach = measured_reach(cells, requests)
+    # the replay's sampled 6 running requests count; the failed cell's 32 and 8k prompt do not
+    assert reach == {AR: MeasuredReach(6, 2048), "ngram": MeasuredReach(4, 2048)}
+
+    table = pd.DataFrame({"configuration": ["without speculation", "ngram K=2", "without speculation", "ngram K=2"],
+                          "draft": [AR, "ngram", AR, "ngram"], "scale": [1, 1, 2, 2],
+                          "running_p90": [3.0, 5.0, 6.0, 9.0]})
+    notes = beyond_measured(table, reach, np.array([100] * 9 + [1000]), "conv")
+    assert notes == ["the sized fleets run more requests at once than the run measured (4 at most): ngram K=2 9 "
+                     "(p90 of the busiest replica's time); their step prices there are extrapolated: measure "
+                     "cells at those batch sizes"]
+    long_prompts = beyond_measured(table.iloc[:1], reach, np.full(10, 4096), "code")
+    assert long_prompts == ["code's prompts run to 4,096 tokens (p90); the run's longest was 2,048: prefill and "
+                            "attention past it are extrapolated"]
 
 
 def test_acceptance_per_row_step_counts_the_rows_a_drafter_proposed_nothing_for():

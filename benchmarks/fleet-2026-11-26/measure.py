@@ -51,8 +51,9 @@ def sweep(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", *args], cwd=ROOT, check=True)
 
 
-def start_server(core: int, name: str, out: Path) -> ServerProcess:
-    """vLLM's OpenAI server for the target, fp32, as the vLLM engine starts it, on `core` alone."""
+def start_server(core: int, name: str, out: Path = HERE) -> ServerProcess:
+    """vLLM's OpenAI server for the target, fp32, as the vLLM engine starts it, on `core` alone;
+    its log under `out`/servers (the other scripts here: beside this file)."""
     model = resolve_model("smollm2-135m").path
     port = free_port()
     command = ["taskset", "-c", str(core), sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -61,6 +62,7 @@ def start_server(core: int, name: str, out: Path) -> ServerProcess:
                "--disable-uvicorn-access-log", "--enforce-eager"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+    (out / "servers").mkdir(parents=True, exist_ok=True)
     server = ServerProcess(command, out / "servers" / f"{name}.log", port, env=env, nice=SERVER_NICE)
     server.start()
     server.wait_until_healthy(300, f"vLLM server {name}")

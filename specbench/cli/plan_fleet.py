@@ -131,6 +131,7 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
                   f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
     for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+            [f"BEYOND THE RUN: {why}" for why in head.get("beyond_measured", [])] + \
             [f"left out: {why}" for why in left_out]:
         console.print(line, highlight=False, soft_wrap=True)
 
@@ -216,7 +217,7 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
     (fleet.served): one replica is one server as that run's were."""
     from specbench.fit.slo import parse_slo
     from specbench.fleet.sizing import size_fleets
-    from specbench.fleet.served import served_configurations
+    from specbench.fleet.served import beyond_measured, measured_reach, served_configurations
     from specbench.fleet.sizing import Objective
     from specbench.results import load_run
 
@@ -241,6 +242,8 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s",
                 "head_share")}, "reread_cached_tokens": (None if math.isinf(price.reread_cached_tokens)
                                                          else float(price.reread_cached_tokens))}}
+    head["beyond_measured"] = beyond_measured(table, measured_reach(run.cells, run.requests), traffic.prompts,
+                                              traffic.name)
     _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
                   ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
                   started, device="server")
@@ -252,7 +255,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
 
-    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica)
+    caveat = ", EXTRAPOLATED past the batches or prompts its run measured" if head.get("beyond_measured") else ""
+    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
     sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]
     if ask.chart is not None:

@@ -200,10 +200,10 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
 
 
 def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float,
-           replica: str = "") -> str:
+           replica: str = "", caveat: str = "") -> str:
     """One sentence for one TP × scale of `traffic_table`: the replicas needed without speculation
     and with the configuration that needs fewest (then costs least, then has the lowest p50 TPOT),
-    and the dollars between them. Every figure simulated."""
+    and the dollars between them. Every figure simulated; `caveat` follows SIMULATED in its label."""
     base = rows[rows["draft"] == AR].iloc[0]
     tp, scale = int(base["tp"]), float(base["scale"])
 
@@ -217,7 +217,7 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base)} of "
             f"{replica or f'{target} TP{tp} on {where}'} without speculation")
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
-    tail = f" (SIMULATED; {slo}, met at {1 + headroom:g}× the traffic)"
+    tail = f" (SIMULATED{caveat}; {slo}, met at {1 + headroom:g}× the traffic)"
     if speculative.empty:
         if (rows["draft"] == AR).all():
             return head + tail

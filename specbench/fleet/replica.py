@@ -167,6 +167,10 @@ class Outcome:
         """The share of time the replica ran at least `rows` requests (B >= 32: speculation's worry)."""
         return share_at_least(self.timeline, rows)
 
+    def running_percentile(self, p: float) -> float:
+        """The `p`th percentile of the running rows over the replica's time."""
+        return running_percentile(self.timeline, p)
+
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
     """The `p`th percentile of `values`, each counted `counts` times (the smallest value whose
@@ -194,6 +198,18 @@ def share_at_least(timeline: list[tuple[float, int]], rows: int) -> float:
     counts = np.array([n for _, n in timeline])
     spans = np.diff(times)
     return float(spans[counts >= rows].sum() / spans.sum()) if spans.sum() > 0 else 0.0
+
+
+def running_percentile(timeline: list[tuple[float, int]], p: float) -> float:
+    """The `p`th percentile of the running rows over a timeline's time (0 for an empty one): the
+    batch the replica ran at for all but (100 - p) % of its time."""
+    if len(timeline) < 2:
+        return float(timeline[0][1]) if timeline else 0.0
+    times = np.array([t for t, _ in timeline] + [timeline[-1][0]])
+    spans = np.diff(times)
+    if spans.sum() <= 0:
+        return float(max(n for _, n in timeline))
+    return weighted_percentile(np.array([n for _, n in timeline], float), spans, p)
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:

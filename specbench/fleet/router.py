@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.fleet.replica import (
-    Outcome, Replica, ReplicaSpec, Speculation, StepCost, pooled_itl, share_at_least,
+    Outcome, Replica, ReplicaSpec, Speculation, StepCost, pooled_itl, running_percentile, share_at_least,
 )
 from specbench.schema import ROUTERS
 
@@ -78,6 +78,10 @@ class FleetOutcome:
     def share_at_least(self, rows: int) -> list[float]:
         """Per replica, the share of its time at >= `rows` running requests."""
         return [share_at_least(timeline, rows) for timeline in self.timelines]
+
+    def running_percentile(self, p: float) -> list[float]:
+        """Per replica, the `p`th percentile of its running rows over its time."""
+        return [running_percentile(timeline, p) for timeline in self.timelines]
 
 
 def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndarray, cost: StepCost,

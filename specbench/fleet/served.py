@@ -366,6 +366,56 @@ def _fit_drafts(price: ServedPrice, spec: ReplicaSpec, loads: list[CellLoad],
     return replace(price, drafts=drafts), squares
 
 
+@dataclass(frozen=True)
+class MeasuredReach:
+    """How far a run's cells of one configuration reached: the most requests they ran at once (the
+    server's sampled running count, or a closed loop's clients) and the longest prompt."""
+
+    rows: int
+    prompt_tokens: int
+
+
+def measured_reach(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[str, MeasuredReach]:
+    """Per draft (the baseline under AR), how far its finished cells reached."""
+    reach = {}
+    for draft, group in cells[cells["status"] == "ok"].groupby("draft"):
+        sampled = pd.to_numeric(group.get("running_max", pd.Series(dtype=float)), errors="coerce")
+        closed = group[pd.to_numeric(group["request_rate"], errors="coerce").fillna(0) == 0]
+        rows = max([*sampled.dropna().tolist(), *closed["batch_size"].tolist(), 0])
+        prompts = requests.loc[requests["cell_id"].isin(group["cell_id"]), "prompt_tokens"]
+        reach[str(draft)] = MeasuredReach(int(rows), int(prompts.max()) if len(prompts) else 0)
+    return reach
+
+
+def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompts: np.ndarray,
+                    traffic: str) -> list[str]:
+    """Where sized fleets (size_fleets' table) run a price fitted on a run beyond what the run
+    measured: more requests at once than a configuration's cells ran, prompts longer than any it
+    measured. There the fitted price is read where nothing was measured: a roofline's knee or a
+    cache's edge past the run's batches would not be in it. (On the committed CPU replays such cells
+    were not predicted worse: benchmarks/fleet-2026-11-27/beyond_calibration.md; it is a label of
+    where the price is read, not an error bar.) One sentence each, none where the run covers the fleets."""
+    notes = []
+    longest = max((r.prompt_tokens for r in reach.values()), default=0)
+    wanted = float(np.percentile(prompts, 90)) if len(prompts) else 0.0
+    if longest and wanted > longest:
+        notes.append(f"{traffic}'s prompts run to {wanted:,.0f} tokens (p90); the run's longest was {longest:,}: "
+                     f"prefill and attention past it are extrapolated")
+    if "running_p90" not in table:
+        return notes
+    past: dict[int, list[str]] = {}  # the run's most rows at once: the configurations sized past it
+    for configuration, group in table.groupby("configuration", sort=False):
+        measured = reach.get(str(group["draft"].iloc[0]))
+        ran = float(group["running_p90"].max())
+        if measured is not None and ran == ran and ran > measured.rows:
+            past.setdefault(measured.rows, []).append(f"{configuration} {ran:.0f}")
+    for rows, sized in past.items():
+        notes.append(f"the sized fleets run more requests at once than the run measured ({rows} at most): "
+                     f"{', '.join(sized)} (p90 of the busiest replica's time); their step prices there are "
+                     f"extrapolated: measure cells at those batch sizes")
+    return notes
+
+
 def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = ""):
     """A vLLM run's configurations for the fleet simulator: its baseline and each draft × K it
     measured, priced by the step fitted on the run, each with the acceptance per position the run

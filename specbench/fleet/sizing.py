@@ -189,6 +189,9 @@ def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float
                 row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
                             "share_at_large_batch_mean": float(np.mean(shares)),
                             "share_at_large_batch_max": float(np.max(shares)),
+                            # the batch the busiest replica runs at for 90 % of its time: where a
+                            # price fitted on a run is read (served.beyond_measured)
+                            "running_p90": float(np.max(fleet.running_percentile(90))),
                             "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
                             "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
                             / traffic.output_tokens_per_s(scale) * 1e6})

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.fleet.replica import running_percentile  # noqa: E402
 from specbench.fleet.served import MeasuredReach, measured_reach  # noqa: E402
-from specbench.results import load_run  # noqa: E402
+from specbench.results import load_run, pool_runs  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
 SITTINGS = ["fleet-2026-11-25", "fleet-2026-11-26/replays-refit", "fleet-2026-11-25/below_knee",
@@ -32,15 +32,11 @@ SITTINGS = ["fleet-2026-11-25", "fleet-2026-11-26/replays-refit", "fleet-2026-11
 
 
 def calibration_reach(summary: Path) -> dict[str, MeasuredReach]:
-    """Per draft, the reach of every calibration the sitting's price was fitted on (from its md's title)."""
+    """Per draft, the reach of the calibrations the sitting's price was fitted on (from its md's title), pooled."""
     title = summary.read_text().splitlines()[0]
-    reach: dict[str, MeasuredReach] = {}
-    for path in re.search(r"fitted on (.*)\)$", title).group(1).split(", "):
-        run = load_run(ROOT / path)
-        for draft, found in measured_reach(run.cells, run.requests).items():
-            seen = reach.get(draft, MeasuredReach(0, 0))
-            reach[draft] = MeasuredReach(max(seen.rows, found.rows), max(seen.prompt_tokens, found.prompt_tokens))
-    return reach
+    paths = re.search(r"fitted on (.*)\)$", title).group(1).split(", ")
+    cells, requests, _ = pool_runs([load_run(ROOT / path) for path in paths])
+    return measured_reach(cells, requests)
 
 
 def cells() -> pd.DataFrame:

@@ -167,10 +167,6 @@ class Outcome:
         """The share of time the replica ran at least `rows` requests (B >= 32: speculation's worry)."""
         return share_at_least(self.timeline, rows)
 
-    def running_percentile(self, p: float) -> float:
-        """The `p`th percentile of the running rows over the replica's time."""
-        return running_percentile(self.timeline, p)
-
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
     """The `p`th percentile of `values`, each counted `counts` times (the smallest value whose
@@ -190,13 +186,17 @@ def pooled_itl(replicas: list["Replica"]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(gaps, float), np.array(counts, int)
 
 
+def _rows_and_spans(timeline: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A timeline's running rows at each change and how long each held (the last: 0 s)."""
+    times = np.array([t for t, _ in timeline] + [timeline[-1][0]])
+    return np.array([n for _, n in timeline], float), np.diff(times)
+
+
 def share_at_least(timeline: list[tuple[float, int]], rows: int) -> float:
     """The share of a timeline's time (from its first change to its last) spent at >= `rows` rows."""
     if len(timeline) < 2:
         return 0.0
-    times = np.array([t for t, _ in timeline] + [timeline[-1][0]])
-    counts = np.array([n for _, n in timeline])
-    spans = np.diff(times)
+    counts, spans = _rows_and_spans(timeline)
     return float(spans[counts >= rows].sum() / spans.sum()) if spans.sum() > 0 else 0.0
 
 
@@ -205,11 +205,8 @@ def running_percentile(timeline: list[tuple[float, int]], p: float) -> float:
     batch the replica ran at for all but (100 - p) % of its time."""
     if len(timeline) < 2:
         return float(timeline[0][1]) if timeline else 0.0
-    times = np.array([t for t, _ in timeline] + [timeline[-1][0]])
-    spans = np.diff(times)
-    if spans.sum() <= 0:
-        return float(max(n for _, n in timeline))
-    return weighted_percentile(np.array([n for _, n in timeline], float), spans, p)
+    counts, spans = _rows_and_spans(timeline)
+    return weighted_percentile(counts, spans, p) if spans.sum() > 0 else float(counts.max())
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:

@@ -154,6 +154,10 @@ def test_inter_token_latency_is_each_decode_step_and_zeros_within_a_speculative_
     assert fast.itl_counts.sum() == 12
     assert fast.itl_percentile(50) == fast.itl_percentile(75) == 0.0
     assert fast.itl_percentile(76) == pytest.approx(cost(0, 1, 3))
+    # per streamed chunk (vllm bench serve's ITL): the 3 steps, each one gap; plain decoding, the same 12 gaps
+    for p in (1, 50, 99):
+        assert fast.itl_chunk_percentile(p) == pytest.approx(cost(0, 1, 3))
+        assert plain.itl_chunk_percentile(p) == pytest.approx(cost(0, 1))
     # two requests decoding together: each of the shared steps is a gap of both
     pair = simulate([10, 10], [5, 5], cost, ReplicaSpec(), arrivals_s=[0.0, 0.0])
     assert pair.itl_counts.sum() == 8 and pair.itl_percentile(50) == pytest.approx(cost(0, 2))

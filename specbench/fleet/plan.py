@@ -90,6 +90,7 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             **{f"tpot_p{p}_ms": float(np.nanpercentile(tpot, p)) for p in (50, 90, 99)},
             **{f"e2e_p{p}_ms": float(np.percentile(e2e, p)) for p in (50, 90, 99)},
             **{f"itl_p{p}_ms": out.itl_percentile(p) * 1e3 for p in (50, 90, 99)},
+            **{f"itl_chunk_p{p}_ms": out.itl_chunk_percentile(p) * 1e3 for p in (50, 90, 99)},
             "ttft_mean_ms": float(np.mean(ttft)), "tpot_mean_ms": float(np.nanmean(tpot)),
             "tokens_per_s": tokens / span, "tokens_per_s_per_gpu": tokens / span / gpus,
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}

@@ -145,8 +145,15 @@ class Outcome:
     itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
 
     def itl_percentile(self, p: float) -> float:
-        """The pooled inter-token latency's `p`th percentile (seconds; NaN without decode tokens)."""
+        """The pooled inter-token latency's `p`th percentile, per token (seconds; NaN without decode
+        tokens): a speculative step's tokens after a row's first are gaps of 0, as a sweep's `itl_*`."""
         return weighted_percentile(self.itl_gaps_s, self.itl_counts, p)
+
+    def itl_chunk_percentile(self, p: float) -> float:
+        """The same per streamed chunk, as `vllm bench serve` and a sweep's `itl_chunk_*` count it:
+        the gaps of 0 left out, each step's gap to a row counted once however many tokens it emitted."""
+        chunks = self.itl_gaps_s > 0
+        return weighted_percentile(self.itl_gaps_s[chunks], self.itl_counts[chunks], p)
 
     @property
     def ttft_s(self) -> np.ndarray:

@@ -78,6 +78,7 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
             row[f"{name}_p{p}_ms"] = float(np.percentile(kept, p)) * 1e3 if len(kept) else math.nan
     for p in (50, 90, 99):
         row[f"itl_p{p}_ms"] = out.itl_percentile(p) * 1e3
+        row[f"itl_chunk_p{p}_ms"] = out.itl_chunk_percentile(p) * 1e3
     meets = not fleet.stopped and bool(served.all())
     for name, bound in objective.bounds:
         values = np.nan_to_num(metrics[name], nan=0.0 if name == "tpot" else np.inf)

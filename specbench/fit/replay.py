@@ -14,9 +14,10 @@ from specbench.fit.evidence import _logs, speedup_interval
 from specbench.schema import AR, LARGE_BATCH, SEND_LAG_GOAL_S, stalled_by_machine
 
 
-def _paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tuple[float, float, float]:
+def paired_speedup(base: pd.DataFrame, spec: pd.DataFrame, column: str) -> tuple[float, float, float]:
     """Geometric mean of baseline / speculative `column` over requests replayed by both (same
-    request and repeat), with its 95 % t-interval on the log scale."""
+    request and repeat), with its 95 % t-interval on the log scale (> 1: speculation lowered it).
+    An interval that holds 1 means the replay did not decide which way speculation moved it."""
     joined = base[["request_id", "repeat", column]].merge(spec[["request_id", "repeat", column]],
                                                           on=["request_id", "repeat"], suffixes=("_base", "_spec"))
     ratios = (joined[f"{column}_base"] / joined[f"{column}_spec"]).to_numpy(dtype=float)
@@ -43,8 +44,8 @@ def replay_table(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
         base = baseline.iloc[0]
         mine = requests[requests["cell_id"] == row["cell_id"]]
         theirs = requests[requests["cell_id"] == base["cell_id"]]
-        tpot = _paired_speedup(theirs, mine, "tpot_s")
-        e2e = _paired_speedup(theirs, mine, "e2e_s")
+        tpot = paired_speedup(theirs, mine, "tpot_s")
+        e2e = paired_speedup(theirs, mine, "e2e_s")
         rows.append({
             "workload": row["workload"], "temperature": row["temperature"], "draft": row["draft"], "k": row["k"],
             "trace": row["trace"], "requests": int(row["requests"]),

@@ -1,0 +1,100 @@
+"""Which of the CPU replays' speculation effects did the measurement itself decide? (issue 40, part 3)
+
+Part 3 asks the sign of speculation's effect on p50 TTFT, TPOT and E2E to be predicted right in
+every case. A replay of 6-24 requests measures some effects too small to have a sign: the
+baseline and the speculative server replay the same requests at the same trace times, so each
+request is a pair, and where the 95 % interval of the paired ratio (baseline / speculation,
+`fit.replay.paired_speedup`, what `specbench report` prints for a replay) holds 1, the replay did
+not decide which way speculation moved that metric. `check` treats such an interval as
+INCONCLUSIVE, never as a pass or a fail; this counts the predicted signs the same way.
+
+For every committed part-3 sitting (the same as beyond_calibration.py), each speculative cell and
+metric: the predicted sign (calibration α, from the sitting's cpu_replays.csv) against the measured
+p50's, and whether the paired interval decides that metric's direction.
+
+    python benchmarks/fleet-2026-11-27/decided_signs.py      # seconds; writes decided_signs.md
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from beyond_calibration import SITTINGS  # noqa: E402  (the committed part-3 sittings)
+from specbench.fit.replay import paired_speedup  # noqa: E402
+from specbench.results import load_run  # noqa: E402
+from specbench.schema import AR  # noqa: E402
+
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def cells() -> pd.DataFrame:
+    """One row per sitting × speculative cell × metric: sign right, the paired interval, decided."""
+    rows = []
+    runs: dict[str, object] = {}
+    for sitting in SITTINGS:
+        table = pd.read_csv(ROOT / "benchmarks" / sitting / "cpu_replays.csv")
+        for cell in table[table["draft"] != AR].itertuples():
+            run = runs.setdefault(cell.replay, load_run(ROOT / cell.replay))
+            base_id = table[(table["replay"] == cell.replay) & (table["draft"] == AR)]["cell_id"].iloc[0]
+            base = run.requests[run.requests["cell_id"] == base_id]
+            spec = run.requests[run.requests["cell_id"] == cell.cell_id]
+            for m in METRICS:
+                right = getattr(cell, f"{m}_sign_right_calibration")
+                if not np.isfinite(right):
+                    continue
+                ratio, low, high = paired_speedup(base, spec, f"{m}_s")
+                measured_change = getattr(cell, f"{m}_p50_measured_s") / table.loc[
+                    table["cell_id"] == base_id, f"{m}_p50_measured_s"].iloc[0] - 1
+                predicted_change = getattr(cell, f"{m}_p50_calibration_s") / table.loc[
+                    table["cell_id"] == base_id, f"{m}_p50_calibration_s"].iloc[0] - 1
+                decided = bool(low > 1 or high < 1)
+                rows.append({"sitting": sitting, "replay": Path(cell.replay).name, "draft": cell.draft,
+                             "metric": m, "requests": len(spec), "sign_right": bool(right),
+                             "measured_change": measured_change, "predicted_change": predicted_change,
+                             "paired_speedup": ratio, "low": low, "high": high, "decided": decided,
+                             # the p50's direction against the paired ratio's (both say "speculation lowered it")
+                             "agrees": decided and (measured_change < 0) == (low > 1)})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    table = cells()
+    # one cell may appear in two sittings (a sitting and its refit without a calibration): counted in each
+    lines = ["# Speculation's effect on the CPU replays: which signs the measurement decided (`decided_signs.py`)", "",
+             "Per committed part-3 sitting, predicted with the calibration's α: speculation's effect on each p50 "
+             "(TTFT, TPOT, E2E) predicted in the right direction, over every speculative cell and over those whose "
+             "paired 95 % interval (baseline / speculation per request, as `specbench report` prints a replay) "
+             "excludes no change.", "",
+             "| sitting | signs right, every cell | where the replay decided the direction | not decided by the replay |",
+             "|---|---|---|---|"]
+    for sitting, group in table.groupby("sitting", sort=False):
+        decided = group[group["decided"]]
+        lines.append(f"| {sitting} | {int(group['sign_right'].sum())} of {len(group)} | "
+                     f"{int(decided['sign_right'].sum())} of {len(decided)} | {len(group) - len(decided)} |")
+    decided = table[table["decided"]]
+    lines += [f"| all | {int(table['sign_right'].sum())} of {len(table)} | {int(decided['sign_right'].sum())} of "
+              f"{len(decided)} | {len(table) - len(decided)} |", "",
+              f"Where the replay decided a direction, its p50 moved the same way as the paired ratio in "
+              f"{int(decided['agrees'].sum())} of {len(decided)} (the sign check reads the p50s).", "",
+              "Every wrong sign, with what the replay measured (p50 change, speculation against the baseline; the "
+              "paired ratio > 1 where speculation lowered the metric):", "",
+              "| sitting | replay | draft | metric | requests | measured p50 | predicted p50 | paired ratio (95 %) "
+              "| decided |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.sitting} | {r.replay} | {r.draft} | {r.metric.upper()} | {r.requests} | {r.measured_change:+.1%} "
+              f"| {r.predicted_change:+.1%} | {r.paired_speedup:.3f} ({r.low:.3f}–{r.high:.3f}) | "
+              f"{'yes' if r.decided else 'no'} |" for r in table[~table["sign_right"]].itertuples()]
+    (HERE / "decided_signs.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,11 @@ request is a pair, and where the 95 % interval of the paired ratio (baseline / s
 not decide which way speculation moved that metric. `check` treats such an interval as
 INCONCLUSIVE, never as a pass or a fail; this counts the predicted signs the same way.
 
+The pairing removes the requests' own spread, not the servers': the baseline and the speculative
+server are two vLLM instances started one after another, and three instances started that way
+served the same lone requests at median TPOTs 9 % apart (`../fleet-2026-11-26/instance_noise.md`).
+A stricter count also asks the interval to clear that spread.
+
 For every committed part-3 sitting (the same as beyond_calibration.py), each speculative cell and
 metric: the predicted sign (calibration α, from the sitting's cpu_replays.csv) against the measured
 p50's, and whether the paired interval decides that metric's direction.
@@ -17,6 +22,7 @@ p50's, and whether the paired interval decides that metric's direction.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -34,10 +40,19 @@ from specbench.results import load_run  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
 METRICS = ("ttft", "tpot", "e2e")
+INSTANCE_NOISE = HERE.parent / "fleet-2026-11-26" / "instance_noise.md"
 
 
-def cells() -> pd.DataFrame:
-    """One row per sitting × speculative cell × metric: sign right, the paired interval, decided."""
+def instance_spread() -> float:
+    """The ratio of the slowest to the fastest of three vLLM CPU instances serving the same lone
+    requests (the measurement's own line: "Median TPOT across the servers: A–B ms")."""
+    low, high = re.search(r"Median TPOT across the servers: ([0-9.]+)–([0-9.]+) ms", INSTANCE_NOISE.read_text()).groups()
+    return float(high) / float(low)
+
+
+def cells(spread: float) -> pd.DataFrame:
+    """One row per sitting × speculative cell × metric: sign right, the paired interval, decided
+    (the interval excludes 1) and clear (it excludes the servers' spread around 1 as well)."""
     rows = []
     runs: dict[str, object] = {}
     for sitting in SITTINGS:
@@ -61,37 +76,43 @@ def cells() -> pd.DataFrame:
                              "metric": m, "requests": len(spec), "sign_right": bool(right),
                              "measured_change": measured_change, "predicted_change": predicted_change,
                              "paired_speedup": ratio, "low": low, "high": high, "decided": decided,
+                             "clear": bool(low > spread or high < 1 / spread),
                              # the p50's direction against the paired ratio's (both say "speculation lowered it")
                              "agrees": decided and (measured_change < 0) == (low > 1)})
     return pd.DataFrame(rows)
 
 
 def main() -> None:
-    table = cells()
+    spread = instance_spread()
+    table = cells(spread)
     # one cell may appear in two sittings (a sitting and its refit without a calibration): counted in each
     lines = ["# Speculation's effect on the CPU replays: which signs the measurement decided (`decided_signs.py`)", "",
              "Per committed part-3 sitting, predicted with the calibration's α: speculation's effect on each p50 "
              "(TTFT, TPOT, E2E) predicted in the right direction, over every speculative cell and over those whose "
              "paired 95 % interval (baseline / speculation per request, as `specbench report` prints a replay) "
-             "excludes no change.", "",
-             "| sitting | signs right, every cell | where the replay decided the direction | not decided by the replay |",
-             "|---|---|---|---|"]
-    for sitting, group in table.groupby("sitting", sort=False):
-        decided = group[group["decided"]]
-        lines.append(f"| {sitting} | {int(group['sign_right'].sum())} of {len(group)} | "
-                     f"{int(decided['sign_right'].sum())} of {len(decided)} | {len(group) - len(decided)} |")
+             f"excludes no change, and over those whose interval also clears the {spread - 1:.0%} by which three "
+             "vLLM instances started one after another differed on the same requests (`instance_noise.md`).", "",
+             "| sitting | signs right, every cell | where the replay decided the direction | not decided by the replay "
+             f"| where the interval clears the servers' {spread - 1:.0%} too |", "|---|---|---|---|---|"]
+
+    def counts(group: pd.DataFrame) -> str:
+        decided, clear = group[group["decided"]], group[group["clear"]]
+        return (f"{int(group['sign_right'].sum())} of {len(group)} | {int(decided['sign_right'].sum())} of "
+                f"{len(decided)} | {len(group) - len(decided)} | {int(clear['sign_right'].sum())} of {len(clear)} |")
+
+    lines += [f"| {sitting} | {counts(group)}" for sitting, group in table.groupby("sitting", sort=False)]
     decided = table[table["decided"]]
-    lines += [f"| all | {int(table['sign_right'].sum())} of {len(table)} | {int(decided['sign_right'].sum())} of "
-              f"{len(decided)} | {len(table) - len(decided)} |", "",
+    lines += [f"| all | {counts(table)}", "",
               f"Where the replay decided a direction, its p50 moved the same way as the paired ratio in "
               f"{int(decided['agrees'].sum())} of {len(decided)} (the sign check reads the p50s).", "",
               "Every wrong sign, with what the replay measured (p50 change, speculation against the baseline; the "
               "paired ratio > 1 where speculation lowered the metric):", "",
               "| sitting | replay | draft | metric | requests | measured p50 | predicted p50 | paired ratio (95 %) "
-              "| decided |", "|---|---|---|---|---|---|---|---|---|"]
+              f"| decided | clears {spread - 1:.0%} |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.sitting} | {r.replay} | {r.draft} | {r.metric.upper()} | {r.requests} | {r.measured_change:+.1%} "
               f"| {r.predicted_change:+.1%} | {r.paired_speedup:.3f} ({r.low:.3f}–{r.high:.3f}) | "
-              f"{'yes' if r.decided else 'no'} |" for r in table[~table["sign_right"]].itertuples()]
+              f"{'yes' if r.decided else 'no'} | {'yes' if r.clear else 'no'} |"
+              for r in table[~table["sign_right"]].itertuples()]
     (HERE / "decided_signs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

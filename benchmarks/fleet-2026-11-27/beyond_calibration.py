@@ -28,7 +28,8 @@ from specbench.schema import AR  # noqa: E402
 
 SITTINGS = ["fleet-2026-11-25", "fleet-2026-11-26/replays-refit", "fleet-2026-11-25/below_knee",
             "fleet-2026-11-26/one-sitting", "fleet-2026-11-26/wide-sitting", "fleet-2026-11-26/wide-sitting/without-wide",
-            "fleet-2026-11-27/full-sitting", "fleet-2026-11-27/full-sitting/without-wide"]
+            "fleet-2026-11-27/full-sitting", "fleet-2026-11-27/full-sitting/without-wide",
+            "fleet-2026-11-27/conv-600-sitting", "fleet-2026-11-27/conv-600-sitting/without-wide"]
 
 
 def calibration_reach(summary: Path) -> dict[str, MeasuredReach]:

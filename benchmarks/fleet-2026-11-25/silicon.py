@@ -66,26 +66,37 @@ def served_as(row: dict) -> dict:
     return {"kv_cache_dtype": "fp8", "limits": {"max_num_batched_tokens": 8192, "max_num_seqs": seqs}}
 
 
-def simulate_row(row: dict, forwards: dict) -> dict:
-    system, tp, concurrency = row["system"], int(row["tp_size"]), int(row["batch_size"])
-    isl, osl = int(row["isl"]), int(row["osl"])
+def priced_row(row: dict, forwards: dict, server: dict):
+    """The row's step cost and replica at its model, GPU, TP and precision, its server as `server`
+    says (`served_as`'s form: an optional kv_cache_dtype and limits); `forwards` caches the priced
+    forwards across rows."""
+    system, tp = row["system"], int(row["tp_size"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
-    server = served_as(row)
     key = (row["model_path"], system, tp, quant, server.get("kv_cache_dtype"))
     if key not in forwards:
         forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant,
                                               kv_quant=server.get("kv_cache_dtype"))
-    cost = step_cost(forwards[key], isl, osl)
+    cost = step_cost(forwards[key], int(row["isl"]), int(row["osl"]))
     # the rows' vLLM admitted on the first chunk's blocks (see the docstring)
     spec = dataclasses.replace(replica_spec(config, system, tp, quant,
                                             kv_cache_dtype=server.get("kv_cache_dtype") or "auto"),
                                reserve_full_input=False, **server.get("limits", {}))
+    return cost, spec
+
+
+def mean_latencies(row: dict, cost, spec, clients) -> dict:
+    """The row's closed loop run by `clients`: mean TTFT and TPOT (ms) over the requests measured, and preemptions."""
+    out, keep = closed_loop(cost, spec, int(row["batch_size"]), int(row["isl"]), int(row["osl"]), clients=clients)
+    return {"ttft_ms": float(np.mean(out.ttft_s[keep])) * 1e3, "tpot_ms": float(np.nanmean(out.tpot_s[keep])) * 1e3,
+            "preemptions": out.preemptions}
+
+
+def simulate_row(row: dict, forwards: dict) -> dict:
+    cost, spec = priced_row(row, forwards, served_as(row))
     found = {"kv_tokens": spec.kv_capacity_tokens}
     for clients, prefix in ((INFERENCEMAX, "sim"), (STEADY, "steady")):
-        out, keep = closed_loop(cost, spec, concurrency, isl, osl, clients=clients)
-        found |= {f"{prefix}_ttft_ms": float(np.mean(out.ttft_s[keep])) * 1e3,
-                  f"{prefix}_tpot_ms": float(np.nanmean(out.tpot_s[keep])) * 1e3, f"{prefix}_preemptions": out.preemptions}
+        found |= {f"{prefix}_{name}": value for name, value in mean_latencies(row, cost, spec, clients).items()}
     return found
 
 

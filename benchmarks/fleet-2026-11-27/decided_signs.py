@@ -59,18 +59,16 @@ def cells(spread: float) -> pd.DataFrame:
         table = pd.read_csv(ROOT / "benchmarks" / sitting / "cpu_replays.csv")
         for cell in table[table["draft"] != AR].itertuples():
             run = runs.setdefault(cell.replay, load_run(ROOT / cell.replay))
-            base_id = table[(table["replay"] == cell.replay) & (table["draft"] == AR)]["cell_id"].iloc[0]
-            base = run.requests[run.requests["cell_id"] == base_id]
+            baseline = table[(table["replay"] == cell.replay) & (table["draft"] == AR)].iloc[0]
+            base = run.requests[run.requests["cell_id"] == baseline.cell_id]
             spec = run.requests[run.requests["cell_id"] == cell.cell_id]
             for m in METRICS:
                 right = getattr(cell, f"{m}_sign_right_calibration")
                 if not np.isfinite(right):
                     continue
                 ratio, low, high = paired_speedup(base, spec, f"{m}_s")
-                measured_change = getattr(cell, f"{m}_p50_measured_s") / table.loc[
-                    table["cell_id"] == base_id, f"{m}_p50_measured_s"].iloc[0] - 1
-                predicted_change = getattr(cell, f"{m}_p50_calibration_s") / table.loc[
-                    table["cell_id"] == base_id, f"{m}_p50_calibration_s"].iloc[0] - 1
+                measured_change = getattr(cell, f"{m}_p50_measured_s") / baseline[f"{m}_p50_measured_s"] - 1
+                predicted_change = getattr(cell, f"{m}_p50_calibration_s") / baseline[f"{m}_p50_calibration_s"] - 1
                 decided = bool(low > 1 or high < 1)
                 rows.append({"sitting": sitting, "replay": Path(cell.replay).name, "draft": cell.draft,
                              "metric": m, "requests": len(spec), "sign_right": bool(right),

@@ -21,11 +21,9 @@ five rows it was shown on.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
@@ -33,9 +31,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent / "fleet-2026-11-25"))
 
 import silicon  # noqa: E402  (the rows, their models and how silicon.py simulates them)
-from specbench.fit import kernel_tables  # noqa: E402
-from specbench.fleet.plan import Clients, closed_loop  # noqa: E402
-from specbench.fleet.tables import replica_spec, step_cost  # noqa: E402
+from specbench.fleet.plan import Clients  # noqa: E402
 
 MODEL = "Qwen/Qwen3-32B"
 # DynoSim's stated replay of these rows (HOPPER_README.md, "Replay config" and "Replay workload")
@@ -45,18 +41,9 @@ DYNOSIM_CLIENTS = Clients("dynosim", together=True, requests_per_client=10, shor
 
 def as_dynosim(row: dict, forwards: dict) -> dict:
     """Mean TTFT and TPOT of `row` simulated under DynoSim's stated replay configuration."""
-    tp, concurrency, isl, osl = int(row["tp_size"]), int(row["batch_size"]), int(row["isl"]), int(row["osl"])
-    quant = row["gemm_quant_mode"] or None
-    config = kernel_tables.shipped_model_config(silicon.MODELS[row["model_path"]])
-    key = (row["system"], tp, quant)
-    if key not in forwards:
-        forwards[key] = kernel_tables.Forward(config, row["system"], "vllm", tp, name=row["model_path"],
-                                              gemm_quant=quant)
-    spec = dataclasses.replace(replica_spec(config, row["system"], tp, quant), reserve_full_input=False,
-                               **DYNOSIM_LIMITS)
-    out, keep = closed_loop(step_cost(forwards[key], isl, osl), spec, concurrency, isl, osl, clients=DYNOSIM_CLIENTS)
-    return {"dynosim_setup_ttft_ms": float(np.mean(out.ttft_s[keep])) * 1e3,
-            "dynosim_setup_tpot_ms": float(np.nanmean(out.tpot_s[keep])) * 1e3}
+    cost, spec = silicon.priced_row(row, forwards, {"limits": DYNOSIM_LIMITS})
+    found = silicon.mean_latencies(row, cost, spec, DYNOSIM_CLIENTS)
+    return {"dynosim_setup_ttft_ms": found["ttft_ms"], "dynosim_setup_tpot_ms": found["tpot_ms"]}
 
 
 def main() -> None:

@@ -11,13 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=benchmarks/fleet-2026-11-26/one-sitting
-common=(--engine vllm --drafts ngram,smollm2-135m --k 2 --temperatures 0 --dtype fp32 --enforce-eager)
-run() {  # name, then the sweep's own options; a finished run is kept
-    local name=$1; shift
-    [ -e "$out/$name/run.json" ] || specbench sweep "${common[@]}" "$@" --output "$out/$name"
-}
-run calibration --workloads chat --batch-sizes 1,4 --context-lengths 512,2k --max-new-tokens 64 --num-prompts 4
-run replays/conv-2400-0.01 --trace azure-conv --trace-window 2400:120 --trace-speedup 0.01 --trace-max-requests 8
-run calibration-4k --workloads chat --batch-sizes 1,2 --context-lengths 4k --max-new-tokens 64 --num-prompts 2
-run replays/code-1200-0.002 --trace azure-code --trace-window 1200:60 --trace-speedup 0.002 --trace-max-requests 6
-run replays/conv-1800-0.05 --trace azure-conv --trace-window 1800:120 --trace-speedup 0.05 --trace-max-requests 16
+. benchmarks/fleet-2026-11-26/sitting.sh
+calibrate
+replay azure-conv 2400:120 0.01 8
+calibrate_4k
+replay azure-code 1200:60 0.002 6
+replay azure-conv 1800:120 0.05 16

@@ -11,18 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=benchmarks/fleet-2026-11-26/wide-sitting
-common=(--engine vllm --k 2 --temperatures 0 --dtype fp32 --enforce-eager)
-run() {  # name, drafts, then the sweep's own options; a finished run is kept
-    local name=$1 drafts=$2; shift 2
-    [ -e "$out/$name/run.json" ] || specbench sweep "${common[@]}" --drafts "$drafts" "$@" --output "$out/$name"
-}
-run calibration-wide ngram --workloads chat --batch-sizes 8,16 --context-lengths 2k --max-new-tokens 64 \
-    --num-prompts 16
-run replays/conv-1800-0.05 ngram,smollm2-135m --trace azure-conv --trace-window 1800:120 --trace-speedup 0.05 \
-    --trace-max-requests 16
-run calibration ngram,smollm2-135m --workloads chat --batch-sizes 1,4 --context-lengths 512,2k \
-    --max-new-tokens 64 --num-prompts 4
-run replays/conv-600-0.1 ngram,smollm2-135m --trace azure-conv --trace-window 600:120 --trace-speedup 0.1 \
-    --trace-max-requests 24
-run calibration-4k ngram,smollm2-135m --workloads chat --batch-sizes 1,2 --context-lengths 4k \
-    --max-new-tokens 64 --num-prompts 2
+. benchmarks/fleet-2026-11-26/sitting.sh
+calibrate_wide
+replay azure-conv 1800:120 0.05 16
+calibrate
+replay azure-conv 600:120 0.1 24
+calibrate_4k

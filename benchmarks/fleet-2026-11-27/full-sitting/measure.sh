@@ -8,23 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=benchmarks/fleet-2026-11-27/full-sitting
-common=(--engine vllm --k 2 --temperatures 0 --dtype fp32 --enforce-eager)
-run() {  # name, drafts, then the sweep's own options
-    local name=$1 drafts=$2; shift 2
-    [ -e "$out/$name/run.json" ] || specbench sweep "${common[@]}" --drafts "$drafts" "$@" --output "$out/$name"
-}
-run calibration-wide ngram --workloads chat --batch-sizes 8,16 --context-lengths 2k --max-new-tokens 64 \
-    --num-prompts 16
-run replays/code-1800-0.02 ngram,smollm2-135m --trace azure-code --trace-window 1800:60 --trace-speedup 0.02 \
-    --trace-max-requests 12
-run calibration ngram,smollm2-135m --workloads chat --batch-sizes 1,4 --context-lengths 512,2k \
-    --max-new-tokens 64 --num-prompts 4
-run replays/conv-2400-0.01 ngram,smollm2-135m --trace azure-conv --trace-window 2400:120 --trace-speedup 0.01 \
-    --trace-max-requests 8
-run calibration-4k ngram,smollm2-135m --workloads chat --batch-sizes 1,2 --context-lengths 4k \
-    --max-new-tokens 64 --num-prompts 2
+. benchmarks/fleet-2026-11-26/sitting.sh
+calibrate_wide
+replay azure-code 1800:60 0.02 12
+calibrate
+replay azure-conv 2400:120 0.01 8
+calibrate_4k
 # then (06:44) the other two replays, so that each trace has one below and one past the knee
-run replays/conv-1800-0.05 ngram,smollm2-135m --trace azure-conv --trace-window 1800:120 --trace-speedup 0.05 \
-    --trace-max-requests 16
-run replays/code-1200-0.002 ngram,smollm2-135m --trace azure-code --trace-window 1200:60 --trace-speedup 0.002 \
-    --trace-max-requests 6
+replay azure-conv 1800:120 0.05 16
+replay azure-code 1200:60 0.002 6

@@ -47,6 +47,21 @@ def test_a_prefill_shares_the_step_with_running_decodes():
     assert out.first_token_s[1] == pytest.approx(start + cost(10, 1))
 
 
+def test_async_scheduling_admits_an_arrival_one_step_later():
+    """With async scheduling the step that starts first after an arrival was scheduled while the one
+    before it ran, without it: the prompt rides in the step after (one decode step later). A request
+    arriving at an idle replica starts at once either way."""
+    cost = linear_cost()
+    arrivals, prompts, outputs = [0.0, 0.1], [10, 10], [50, 1]
+    synchronous = simulate(prompts, outputs, cost, ReplicaSpec(), arrivals_s=arrivals)
+    overlapped = simulate(prompts, outputs, cost, ReplicaSpec(async_scheduling=True), arrivals_s=arrivals)
+    step = cost(0, 1)
+    start = cost(10, 0) + int(np.ceil((0.1 - cost(10, 0)) / step - 1e-9)) * step  # the first step after 0.1
+    assert synchronous.first_token_s[1] == pytest.approx(start + cost(10, 1))
+    assert overlapped.first_token_s[1] == pytest.approx(start + step + cost(10, 1))
+    assert overlapped.first_token_s[0] == pytest.approx(synchronous.first_token_s[0]) == pytest.approx(cost(10, 0))
+
+
 def test_a_queue_at_a_known_rate_waits_as_m_d_1():
     """One request at a time (max_num_seqs 1), each a one-step job of S seconds, Poisson arrivals:
     the mean wait before service is rho S / (2 (1 - rho)) (M/D/1)."""
@@ -318,9 +333,10 @@ def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():
     """NVIDIA's 15 measured vLLM rows of Llama-3.1-70B fp8 at TP4 on H100 (1k/1k, 1k/8k, 8k/1k at
     4-64 clients), nothing fitted to them: with the clients as InferenceMAX's benchmark runs them, on
     the server as its launch script configured it (an fp8 KV cache, 8192 tokens a step, as many
-    sequences as clients, vLLM 0.10's admission), the simulated mean TTFT and TPOT are within 15 % and
-    12 % (median; 8 % and 9.6 % when written); with the clients started apart (a steady state) TTFT is
-    far below what the benchmark measured."""
+    sequences as clients, async scheduling, vLLM 0.10's admission), the simulated mean TTFT and TPOT
+    are within 15 % and 12 % (median; 6.0 % and 9.7 % when written, 8 % and 9.6 % before async
+    scheduling was modelled); with the clients started apart (a steady state) TTFT is well below what
+    the benchmark measured (-22 % median)."""
     import csv
     import dataclasses
 
@@ -349,7 +365,7 @@ def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():
         errors["steady_ttft"].append(np.mean(out.ttft_s[keep]) * 1e3 / float(row["silicon_ttft_ms"]) - 1)
     assert np.median(np.abs(errors["ttft"])) < 0.15, errors["ttft"]
     assert np.median(np.abs(errors["tpot"])) < 0.12, errors["tpot"]
-    assert np.median(errors["steady_ttft"]) < -0.3, errors["steady_ttft"]
+    assert np.median(errors["steady_ttft"]) < -0.15, errors["steady_ttft"]
 
 
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_is_priced_as_the_tables_read_it():
@@ -506,6 +522,20 @@ def test_the_trace_plan_sizes_a_fleet_with_and_without_speculation_and_says_it_i
     if best["replicas"] < base["replicas"]:
         saved = base["dollars_per_month"] - best["dollars_per_month"]
         assert f"with 1b K=3 (α 0.7): ${saved:,.0f} a month less" in first
+
+
+def test_the_tables_replica_schedules_asynchronously_as_current_vllm_does_but_not_for_n_gram_drafting():
+    from specbench.cli.plan_tables import target_and_drafters
+    from specbench.fit import kernel_tables
+    from specbench.fit.table_plan import Acceptance, TablePlanner
+    from specbench.fleet.plan import configurations
+    from specbench.schema import AR
+
+    family, name, config, drafters = target_and_drafters("llama3-70b", "1b,ngram")
+    planner = TablePlanner(config, name, kernel_tables.check_device("h100", "vllm"), "vllm")
+    found = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7), Acceptance("ngram", "α 0.5", 0.5)],
+                           4, None, [2], 1024, 256)
+    assert {c.draft: c.spec.async_scheduling for c in found} == {AR: True, "1b": True, "ngram": False}
 
 
 def test_the_k_schedule_the_tables_pick_is_one_more_configuration():

@@ -1,5 +1,8 @@
 """The simulated replica against vLLM's own v1 scheduler (issue 40): the same requests, every step
-priced by the same cost, so the two timelines can differ only by how steps are scheduled."""
+priced by the same cost, so the two timelines can differ only by how steps are scheduled; with async
+scheduling, against vLLM's `AsyncScheduler` driven as its engine core drives it."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -7,7 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate  # noqa: E402
-from specbench.fleet.vllm_oracle import run_vllm_scheduler, vllm_scheduler  # noqa: E402
+from specbench.fleet.vllm_oracle import run_vllm_async_scheduler, run_vllm_scheduler, vllm_scheduler  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +78,49 @@ def test_speculative_rows_take_k_plus_one_of_the_budget_as_in_vllm(model_config_
     spec = ReplicaSpec(max_num_seqs=8, max_num_batched_tokens=1024, kv_capacity_tokens=1 << 20)
     same_timelines(model_config_dir, spec, np.cumsum(rng.exponential(0.1, n)), rng.integers(50, 3000, n),
                    rng.integers(10, 300, n), k=2, accept_all=accept_all)
+
+
+def same_async_timelines(model_dir, spec: ReplicaSpec, arrivals, prompts, outputs):
+    """As `same_timelines`, both with async scheduling: each step scheduled while the one before runs."""
+    spec = dataclasses.replace(spec, async_scheduling=True)
+    timed = run_vllm_async_scheduler(vllm_scheduler(model_dir, spec), step_cost, list(zip(arrivals, prompts, outputs)))
+    ours = simulate(np.asarray(prompts), np.asarray(outputs), step_cost, spec, arrivals_s=np.asarray(arrivals, float))
+    np.testing.assert_allclose(ours.first_token_s, [t.first_token_s for t in timed], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ours.finish_s, [t.finish_s for t in timed], rtol=0, atol=1e-9)
+    synchronous = simulate(np.asarray(prompts), np.asarray(outputs), step_cost,
+                           dataclasses.replace(spec, async_scheduling=False), arrivals_s=np.asarray(arrivals, float))
+    return ours, synchronous, sum(t.preemptions for t in timed)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4])
+def test_async_scheduling_of_a_burst_holds_finished_slots_a_step_as_vllm_does(model_config_dir, max_num_seqs):
+    """A finished request's slot is free only for the step scheduled after vLLM learned it finished;
+    with one slot the step scheduled in between is empty."""
+    rng = np.random.default_rng(0)
+    n = 12
+    spec = ReplicaSpec(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024, kv_capacity_tokens=1 << 20)
+    ours, synchronous, _ = same_async_timelines(model_config_dir, spec, [0.0] * n, rng.integers(200, 3000, n),
+                                                rng.integers(20, 200, n))
+    if max_num_seqs > 1:
+        assert ours.ttft_s.mean() > synchronous.ttft_s.mean()
+
+
+def test_async_scheduling_of_poisson_arrivals_past_the_knee_is_as_vllms(model_config_dir):
+    """An arrival waits for the step scheduled after the one under way started."""
+    rng = np.random.default_rng(1)
+    n = 40
+    spec = ReplicaSpec(max_num_seqs=16, max_num_batched_tokens=2048, kv_capacity_tokens=1 << 20)
+    ours, synchronous, _ = same_async_timelines(model_config_dir, spec, np.cumsum(rng.exponential(0.15, n)),
+                                                rng.integers(50, 4000, n), rng.integers(10, 400, n))
+    assert ours.ttft_s.mean() > synchronous.ttft_s.mean()
+
+
+@pytest.mark.parametrize("reserve_full_input", [True, False])
+def test_async_scheduling_with_a_full_kv_cache_preempts_as_vllm_does(model_config_dir, reserve_full_input):
+    rng = np.random.default_rng(2)
+    n = 10
+    spec = ReplicaSpec(max_num_seqs=16, max_num_batched_tokens=2048, kv_capacity_tokens=6000,
+                       reserve_full_input=reserve_full_input)
+    ours, _, preemptions = same_async_timelines(model_config_dir, spec, 0.01 * np.arange(n),
+                                                rng.integers(500, 1500, n), rng.integers(200, 600, n))
+    assert preemptions > 0 and ours.preemptions == preemptions

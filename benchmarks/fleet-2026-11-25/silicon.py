@@ -57,13 +57,16 @@ def served_as(row: dict) -> dict:
     The Llama-3.1-70B rows are InferenceMAX's (measured 2025-10-29, vllm/vllm-openai:v0.10.2). Its
     launch scripts of that day (SemiAnalysisAI/InferenceX at 9596d23: benchmarks/70b_fp8_h100_slurm.sh,
     70b_fp8_h200_slurm.sh, 70b_fp8_b200_docker.sh, 70b_fp4_b200_docker.sh) served every GPU with
-    `kv-cache-dtype: fp8` and `max-num-batched-tokens: 8192`, and `--max-num-seqs` the concurrency
-    (H100, H200) or 512 (B200). The csv does not say how the Qwen3-32B and Llama-3.1-8B rows were
-    served: vLLM's defaults for them."""
+    `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` and `async-scheduling: true`, and
+    `--max-num-seqs` the concurrency (H100, H200) or 512 (B200). The csv does not say how the
+    Qwen3-32B and Llama-3.1-8B rows were served: vLLM's defaults for them, as of the vLLM the four
+    Qwen3-32B rows that name their server ran (0.12, in Dynamo's vllm-runtime 0.8.0), which scheduled
+    synchronously (async scheduling became vLLM's default in 0.14)."""
     if row["model_path"] != "meta-llama/Llama-3.1-70B":
-        return {}
+        return {"limits": {"async_scheduling": False}}
     seqs = 512 if row["system"].startswith("b200") else int(row["batch_size"])
-    return {"kv_cache_dtype": "fp8", "limits": {"max_num_batched_tokens": 8192, "max_num_seqs": seqs}}
+    return {"kv_cache_dtype": "fp8",
+            "limits": {"max_num_batched_tokens": 8192, "max_num_seqs": seqs, "async_scheduling": True}}
 
 
 def priced_row(row: dict, forwards: dict, server: dict):

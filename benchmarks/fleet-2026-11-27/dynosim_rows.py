@@ -34,8 +34,9 @@ import silicon  # noqa: E402  (the rows, their models and how silicon.py simulat
 from specbench.fleet.plan import Clients  # noqa: E402
 
 MODEL = "Qwen/Qwen3-32B"
-# DynoSim's stated replay of these rows (HOPPER_README.md, "Replay config" and "Replay workload")
-DYNOSIM_LIMITS = {"block_size": 64, "max_num_batched_tokens": 2048, "max_num_seqs": 256}
+# DynoSim's stated replay of these rows (HOPPER_README.md, "Replay config" and "Replay workload"),
+# on their server's vLLM 0.12 (synchronous scheduling)
+DYNOSIM_LIMITS = {"block_size": 64, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "async_scheduling": False}
 DYNOSIM_CLIENTS = Clients("dynosim", together=True, requests_per_client=10, shortest_share=1.0, measure_all=True)
 
 

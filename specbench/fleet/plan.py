@@ -13,6 +13,7 @@ DataFrames a notebook can use."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,6 +120,8 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         with_draft = replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config, size,
                                   kv_cache_dtype) \
             if drafter.config else spec
+        if drafter.kind == "ngram":  # vLLM schedules n-gram drafting synchronously
+            with_draft = dataclasses.replace(with_draft, async_scheduling=False)
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
                                 Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
         if schedules:

@@ -7,8 +7,12 @@ served, while the budget, `max_num_seqs` and the KV cache allow. A request whose
 free KV block preempts the most recently admitted running request, which goes back to the front of
 the queue and computes its prompt and output again (vLLM's recompute preemption); a step that
 preempted admits no waiting request, and a waiting request is admitted only when its whole prompt
-fits in the free KV blocks (`reserve_full_input`, vLLM's default). `fleet.vllm_oracle` runs vLLM's
-own scheduler on the same requests and step prices, and the tests hold the two timelines equal.
+fits in the free KV blocks (`reserve_full_input`, vLLM's default). With async scheduling
+(`async_scheduling`, vLLM's default on a GPU since v0.14) each step is scheduled while the one before
+it runs: it sees only the requests that arrived before that one started, and the slots and blocks of
+the requests that one finishes are free a step later. `fleet.vllm_oracle` runs vLLM's own scheduler
+(and its `AsyncScheduler`, driven as its engine core drives it) on the same requests and step
+prices, and the tests hold the two timelines equal.
 The step's time comes from a `StepCost` (the kernel tables' mixed prefill+decode step, or a run's
 fitted model); the step that finishes a prompt emits its first token, each decode step one token
 per row.
@@ -22,8 +26,10 @@ batch (a K schedule: {rows: K}, 0 turning speculation off).
 
 Modelled: the token budget, chunked prefill mixed into decode steps, the sequence limit, FCFS
 admission, KV capacity in blocks, recompute preemption, closed-loop clients or timed arrivals,
-speculation with measured acceptance. Not modelled: prefix caching, the long-prefill threshold,
-async scheduling's overlap, the detokenizer and API server's own time.
+speculation with measured acceptance, async scheduling's one step of lag. Not modelled: prefix
+caching, the long-prefill threshold, the detokenizer and API server's own time, and with async
+scheduling and speculation the K + 1 slots a row that finished on accepted drafts still takes in the
+step scheduled before that was known.
 
 Decode-only stretches are skipped over in one go: while no request arrives, finishes or prefills,
 every step has the same rows, so n steps cost n times one step (the step cost depends on the rows
@@ -94,6 +100,9 @@ class ReplicaSpec:
     # vLLM's `scheduler_reserve_full_isl` (on by default in current vLLM): a waiting request is
     # admitted only when the KV cache holds its whole prompt, not only its first chunk
     reserve_full_input: bool = True
+    # vLLM's `--async-scheduling` (its default on a GPU since v0.14, never on its CPU backend nor with
+    # n-gram drafting): step N + 1 is scheduled while step N runs, before N's tokens are known
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size"):
@@ -245,6 +254,10 @@ class Replica:
         self.running: list[_Request] = []
         self.free_blocks = spec.kv_blocks
         self.now, self.steps, self.preemptions = 0.0, 0, 0
+        self.step_started = 0.0  # when the latest step began (async scheduling schedules the next one then)
+        # async scheduling: the slots and KV blocks of the requests the latest step finished, still
+        # held while the next step is scheduled (vLLM learns they finished only after that)
+        self.held_rows, self.held_blocks = 0, 0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.last_finished: list[_Request] = []  # the latest step's, finished at `now`
         # inter-token latency: each step's time and the decode tokens that arrived a step after the
@@ -272,7 +285,7 @@ class Replica:
         finished, in order."""
         finished: list[_Request] = []
         while self.now < until_s:
-            self._arrive(self.now)
+            self._arrive_for_step()
             if not self.running and not self.waiting:
                 if not self.pending or self.pending[0][0] >= until_s:
                     break
@@ -280,6 +293,20 @@ class Replica:
                 continue
             finished += self.step(until_s)
         return finished
+
+    def _arrive_for_step(self) -> None:
+        """The arrivals the next step's schedule sees: every one by now, or with async scheduling
+        (vLLM's `--async-scheduling`: a step is scheduled while the one before it runs) those that
+        arrived before the running step started, unless the engine was idle."""
+        if self.spec.async_scheduling and (self.running or self.waiting):
+            self._arrive(self.step_started)
+        else:
+            self._release_held()
+            self._arrive(self.now)
+
+    def _release_held(self) -> None:
+        self.free_blocks += self.held_blocks
+        self.held_rows, self.held_blocks = 0, 0
 
     def _arrive(self, t: float) -> None:
         while self.pending and self.pending[0][0] <= t:
@@ -341,33 +368,47 @@ class Replica:
             position += 1
         # 2. waiting requests, first come first served; none in a step that preempted (as vLLM's
         # scheduler: the blocks a preemption freed go to the running requests, the queue waits)
-        while waiting and budget > 0 and len(running) < spec.max_num_seqs and self.preemptions == preempted_before:
-            request = waiting[0]
-            need = min(request.to_prefill - request.computed, budget)
-            blocks = -(-(request.computed + need) // block_size)
-            # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
-            admitted = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
-            if admitted > self.free_blocks:
+        single = False
+        while True:
+            while (waiting and budget > 0 and len(running) + self.held_rows < spec.max_num_seqs
+                   and self.preemptions == preempted_before):
+                request = waiting[0]
+                need = min(request.to_prefill - request.computed, budget)
+                blocks = -(-(request.computed + need) // block_size)
+                # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
+                admitted = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
+                if admitted > self.free_blocks:
+                    break
+                waiting.popleft()
+                self.free_blocks -= blocks
+                request.blocks = blocks
+                running.append(request)
+                prefills[request] = need
+                budget -= need
+            held = bool(self.held_rows or self.held_blocks)
+            # what the requests the step before finished held is free from the next step on (async
+            # scheduling): a request still waiting may be admitted then, so this step is not stretched;
+            # if this one found nothing to run (vLLM runs it empty, in no time), that next one is now
+            single = single or (held and bool(waiting))
+            self._release_held()
+            if prefills or decodes or not held:
                 break
-            waiting.popleft()
-            self.free_blocks -= blocks
-            request.blocks = blocks
-            running.append(request)
-            prefills[request] = need
-            budget -= need
         if not prefills and not decodes:  # nothing fits (cannot happen: a lone request fits)
             raise RuntimeError("the replica scheduled nothing although requests are waiting")
         prefill_tokens = sum(prefills.values())
         decode_rows = len(decodes)
+        # a stretch ends at the next arrival: before the step it arrives in, or with async scheduling
+        # after it (that step was scheduled before the arrival either way)
+        lag = 1 if spec.async_scheduling else 0
         repeat = 1
         emitted: list[int] = []  # speculation: tokens each decoding row emits this step
         if k > 0 and decodes:  # each row's accepted drafts drawn every step (rows move apart)
             step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
             left = np.array([r.output - r.generated for r in decodes])
             steps = 1
-            if prefill_tokens == 0:  # a decode-only stretch: up to the next arrival or the first finish
+            if prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival or the first finish
                 next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
-                steps = int(min(left.min(), (next_arrival - self.now) // step_s if math.isfinite(next_arrival)
+                steps = int(min(left.min(), (next_arrival - self.now) // step_s + lag if math.isfinite(next_arrival)
                                 else left.min(), MOST_STEPS_DRAWN))
                 steps = max(1, steps)
             tokens = 1 + (self.rng.random((steps, decode_rows, 1)) < self.acceptance[:k]).sum(axis=2)
@@ -393,11 +434,11 @@ class Replica:
             self.itl_gap_s.append(step_s)
             self.itl_count.append(gapped)
             self.itl_zeros += int(totals.sum()) - gapped
-        elif prefill_tokens == 0:  # a decode-only stretch: skip to the next arrival, finish or KV limit
+        elif prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival, finish or KV limit
             left = min(r.output - r.generated for r in decodes)
             next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
             step_s = self._price(0, decodes, 0)
-            repeat = max(1, min(left, int((next_arrival - self.now) // step_s)
+            repeat = max(1, min(left, int((next_arrival - self.now) // step_s + lag)
                                 if math.isfinite(next_arrival) else left))
             if self.uses_context and repeat > 1:  # the rows' context grows along the stretch: its middle
                 step_s = self._price(0, decodes, 0, grown=repeat // 2)
@@ -418,6 +459,7 @@ class Replica:
         if decodes and not emitted:
             self.itl_gap_s.append(step_s)
             self.itl_count.append(len(decodes) * repeat)
+        self.step_started = self.now + step_s * (repeat - 1)
         self.now += step_s * repeat
         self.steps += repeat
         now = self.now
@@ -444,7 +486,11 @@ class Replica:
                     finished.append(request)
         for request in finished:
             running.remove(request)
-            self.free_blocks += request.blocks
+            if spec.async_scheduling:
+                self.held_rows += 1
+                self.held_blocks += request.blocks
+            else:
+                self.free_blocks += request.blocks
             request.blocks = 0
             request.finish_s = now
         self.last_finished = finished
@@ -484,7 +530,7 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         starts = np.zeros(sent) if client_starts_s is None else np.asarray(client_starts_s, float)[:sent]
         requests = [replica.add(i, starts[i], prompts[i], outputs[i]) for i in range(sent)]
         while len(requests) < count or replica.running or replica.waiting or replica.pending:
-            replica._arrive(replica.now)
+            replica._arrive_for_step()
             if not replica.running and not replica.waiting:
                 replica.now = replica.pending[0][0]  # idle until a client's next request
                 continue

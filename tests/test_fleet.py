@@ -272,6 +272,10 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--clients", "inferencemax"], "give --target MODEL --concurrency C"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype sizes the KV cache of replicas simulated"),
     (["--target", "llama3-8b", "--concurrency", "4", "--kv-cache-dtype", "int4"], "--kv-cache-dtype must be auto or fp8"),
+    (["--max-num-seqs", "8", "--no-async-scheduling"],
+     "--max-num-seqs, --async-scheduling: the vLLM flags of replicas"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--max-num-batched-tokens", "0"],
+     "--max-num-batched-tokens must be >= 1"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--clients", "inferencemax"],
      "give --target MODEL --concurrency C"),
 ])
@@ -327,6 +331,37 @@ def test_an_fp8_kv_cache_admits_more_and_decodes_faster_where_the_16_bit_one_pre
     assert auto["rows"][0]["preemptions"] > fp8["rows"][0]["preemptions"]
     assert fp8["rows"][0]["tpot_p50_ms"] < auto["rows"][0]["tpot_p50_ms"]
     assert fp8["rows"][0]["ttft_p50_ms"] < auto["rows"][0]["ttft_p50_ms"]
+
+
+def test_the_replicas_vllm_flags_are_the_ones_given():
+    """--max-num-seqs below the clients queues the rest; --max-num-batched-tokens chunks a prompt the
+    default budget takes whole; --no-async-scheduling admits a step sooner. The header and --json say
+    which flags the replicas ran with."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    def simulated(*extra: str, clients: str = "8") -> dict:
+        result = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--tp", "1", "--concurrency", clients,
+                                          "--input-len", "4096", "--output-len", "64", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    default = simulated()
+    assert default["server_flags"] == "" and default["async_scheduling"] is None
+    fewer = simulated("--max-num-seqs", "2")
+    assert fewer["max_num_seqs"] == 2 and fewer["rows"][0]["ttft_p50_ms"] > 2 * default["rows"][0]["ttft_p50_ms"]
+    # one request alone: its 4,096-token prompt in four steps of 1,024 instead of one
+    whole, chunked = simulated(clients="1"), simulated("--max-num-batched-tokens", "1024", clients="1")
+    assert chunked["rows"][0]["ttft_p50_ms"] > whole["rows"][0]["ttft_p50_ms"]
+    synchronous = simulated("--no-async-scheduling")
+    assert synchronous["server_flags"] == "synchronous scheduling"
+    assert synchronous["rows"][0]["ttft_mean_ms"] < default["rows"][0]["ttft_mean_ms"]
+    shown = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--tp", "1", "--concurrency", "8",
+                                     "--max-num-seqs", "2", "--max-num-batched-tokens", "1024"])
+    assert "1024 tokens a step, 2 sequences" in " ".join(shown.output.split()), shown.output
 
 
 def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specbench.fit import kernel_tables  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
-from specbench.fleet.tables import replica_spec, step_cost  # noqa: E402
+from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import silicon_aic  # noqa: E402  (the rows and their models, shared with aiconfigurator's own estimate)
@@ -51,7 +51,7 @@ def dense_vllm_rows() -> list[dict]:
     return silicon_aic.dense_vllm_rows(kernel_tables.silicon_rows_path())
 
 
-def served_as(row: dict) -> dict:
+def served_as(row: dict) -> ServerFlags:
     """How the row's server was configured, where the benchmark that measured it says so.
 
     The Llama-3.1-70B rows are InferenceMAX's (measured 2025-10-29, vllm/vllm-openai:v0.10.2). Its
@@ -63,28 +63,27 @@ def served_as(row: dict) -> dict:
     Qwen3-32B rows that name their server ran (0.12, in Dynamo's vllm-runtime 0.8.0), which scheduled
     synchronously (async scheduling became vLLM's default in 0.14)."""
     if row["model_path"] != "meta-llama/Llama-3.1-70B":
-        return {"limits": {"async_scheduling": False}}
+        return ServerFlags(async_scheduling=False)
     seqs = 512 if row["system"].startswith("b200") else int(row["batch_size"])
-    return {"kv_cache_dtype": "fp8",
-            "limits": {"max_num_batched_tokens": 8192, "max_num_seqs": seqs, "async_scheduling": True}}
+    return ServerFlags(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=seqs, async_scheduling=True)
 
 
-def priced_row(row: dict, forwards: dict, server: dict):
-    """The row's step cost and replica at its model, GPU, TP and precision, its server as `server`
-    says (`served_as`'s form: an optional kv_cache_dtype and limits); `forwards` caches the priced
-    forwards across rows."""
+def priced_row(row: dict, forwards: dict, server: ServerFlags):
+    """The row's step cost and replica at its model, GPU, TP and precision, its server's flags as
+    `server` says; `forwards` caches the priced forwards across rows."""
     system, tp = row["system"], int(row["tp_size"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
-    key = (row["model_path"], system, tp, quant, server.get("kv_cache_dtype"))
+    kv_quant = None if server.kv_cache_dtype == "auto" else server.kv_cache_dtype
+    key = (row["model_path"], system, tp, quant, kv_quant)
     if key not in forwards:
         forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant,
-                                              kv_quant=server.get("kv_cache_dtype"))
+                                              kv_quant=kv_quant)
     cost = step_cost(forwards[key], int(row["isl"]), int(row["osl"]))
     # the rows' vLLM admitted on the first chunk's blocks (see the docstring)
-    spec = dataclasses.replace(replica_spec(config, system, tp, quant,
-                                            kv_cache_dtype=server.get("kv_cache_dtype") or "auto"),
-                               reserve_full_input=False, **server.get("limits", {}))
+    spec = dataclasses.replace(server.applied(replica_spec(config, system, tp, quant,
+                                                           kv_cache_dtype=server.kv_cache_dtype)),
+                               reserve_full_input=False)
     return cost, spec
 
 

@@ -32,17 +32,18 @@ sys.path.insert(0, str(HERE.parent / "fleet-2026-11-25"))
 
 import silicon  # noqa: E402  (the rows, their models and how silicon.py simulates them)
 from specbench.fleet.plan import Clients  # noqa: E402
+from specbench.fleet.tables import ServerFlags  # noqa: E402
 
 MODEL = "Qwen/Qwen3-32B"
 # DynoSim's stated replay of these rows (HOPPER_README.md, "Replay config" and "Replay workload"),
 # on their server's vLLM 0.12 (synchronous scheduling)
-DYNOSIM_LIMITS = {"block_size": 64, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "async_scheduling": False}
+DYNOSIM_SERVER = ServerFlags(block_size=64, max_num_batched_tokens=2048, max_num_seqs=256, async_scheduling=False)
 DYNOSIM_CLIENTS = Clients("dynosim", together=True, requests_per_client=10, shortest_share=1.0, measure_all=True)
 
 
 def as_dynosim(row: dict, forwards: dict) -> dict:
     """Mean TTFT and TPOT of `row` simulated under DynoSim's stated replay configuration."""
-    cost, spec = silicon.priced_row(row, forwards, {"limits": DYNOSIM_LIMITS})
+    cost, spec = silicon.priced_row(row, forwards, DYNOSIM_SERVER)
     found = silicon.mean_latencies(row, cost, spec, DYNOSIM_CLIENTS)
     return {"dynosim_setup_ttft_ms": found["ttft_ms"], "dynosim_setup_tpot_ms": found["tpot_ms"]}
 

@@ -75,6 +75,19 @@ def plan(
                                        help="--concurrency, --trace: the KV cache as vLLM's --kv-cache-dtype: auto "
                                             "(16-bit) or fp8 (twice the tokens in the same memory, decode attention "
                                             "reading half the bytes)."),
+    max_num_seqs: Optional[int] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                               help="--concurrency, --trace: vLLM's --max-num-seqs for each replica "
+                                                    "(default: vLLM's on that GPU)."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                                         help="--concurrency, --trace: vLLM's "
+                                                              "--max-num-batched-tokens, the token budget of a step "
+                                                              "(default: vLLM's on that GPU)."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling",
+                                                    rich_help_panel="Served, simulated on kernel tables",
+                                                    help="--concurrency, --trace: schedule each step while the one "
+                                                         "before runs, as vLLM does by default on a GPU since 0.14 "
+                                                         "(never with n-gram drafting); --no-async-scheduling for "
+                                                         "an older vLLM or a server that turns it off."),
     trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                         help="With --slo: serve this trace (azure-conv, azure-code or a file) by a "
                                              "fleet of simulated vLLM-like replicas behind a router and find the "
@@ -107,10 +120,17 @@ def plan(
     if kv_cache_dtype != "auto" and (target is None or (concurrency is None and trace is None)):
         fail("--kv-cache-dtype sizes the KV cache of replicas simulated on the kernel tables: give --target MODEL "
              "with --concurrency or --trace")
+    server_flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
+                    "--async-scheduling": async_scheduling}
+    named = [name for name, value in server_flags.items() if value is not None]
+    if named and (target is None or (concurrency is None and trace is None)):
+        fail(f"{', '.join(named)}: the vLLM flags of replicas simulated on the kernel tables: give --target MODEL "
+             "with --concurrency or --trace")
     if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
-                    headroom, router, chart, gpu_price, clients, kv_cache_dtype)
+                    headroom, router, chart, gpu_price, clients, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
+                    async_scheduling)
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
@@ -345,7 +365,8 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
-                chart, gpu_price, clients, kv_cache_dtype="auto") -> None:
+                chart, gpu_price, clients, kv_cache_dtype="auto", max_num_seqs=None, max_num_batched_tokens=None,
+                async_scheduling=None) -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -372,7 +393,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
-                       kv_cache_dtype=kv_cache_dtype)
+                       kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

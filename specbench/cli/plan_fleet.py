@@ -1,6 +1,5 @@
 """`specbench plan --target MODEL --device GPU --tp 4` with a served load, simulated step by step
-on the kernel tables with and without speculation (specbench.fleet; docs/performance-model.md,
-"The fleet simulator"):
+on the kernel tables with and without speculation (specbench.fleet; docs/fleet.md):
 
 - `--concurrency 4,16,64 --input-len 8192 --output-len 1024`: one replica, closed-loop clients;
 - `--trace azure-conv --trace-speedup 1,2,4 --slo ttft=2,tpot=0.05,p90`: the fewest replicas behind
@@ -71,6 +70,16 @@ class FleetAsk:
     traffic: TrafficAsk | None = None
     clients: str = "steady"  # fleet.plan.CLIENTS
     kv_cache_dtype: str = "auto"  # fleet.tables.KV_BYTES
+    # vLLM's server flags; None: its default on that GPU (fleet.tables.ServerFlags)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    async_scheduling: bool | None = None
+
+    def server(self):
+        from specbench.fleet.tables import ServerFlags
+
+        return ServerFlags(kv_cache_dtype=self.kv_cache_dtype, max_num_seqs=self.max_num_seqs,
+                           max_num_batched_tokens=self.max_num_batched_tokens, async_scheduling=self.async_scheduling)
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
@@ -93,7 +102,9 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
-            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "alpha_from": alpha_from,
+            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
+            "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
+            "server_flags": ask.server().described(), "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
@@ -113,20 +124,21 @@ def _check(ask: FleetAsk) -> None:
         raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
     if ask.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise UsageError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {ask.kv_cache_dtype!r}")
+    ask.server()  # its flags checked (one line each)
     if ask.traffic is not None:
         ask.traffic.check()
     elif ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
 
 
-def _kv_note(head: dict) -> str:
-    """", KV cache fp8" where the replica's KV cache is not the model's own 16 bits."""
-    dtype = head.get("kv_cache_dtype") or "auto"
-    return "" if dtype == "auto" else f", KV cache {dtype}"
+def _server_note(head: dict) -> str:
+    """", KV cache fp8, 4096 tokens a step" where the replica's server flags are not vLLM's defaults."""
+    flags = head.get("server_flags") or ""
+    return f", {flags}" if flags else ""
 
 
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
-    kv = _kv_note(head)
+    kv = _server_note(head)
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
                   f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
@@ -143,7 +155,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     clients = CLIENTS[ask.clients]
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
-                                        clients, ask.kv_cache_dtype)
+                                        clients, ask.server())
     left_out += unpriced
     seconds = time.perf_counter() - started
     if json_output:
@@ -206,7 +218,7 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
                                     list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
                                     wanted.router,
-                                    QUANTS[ask.dtype or "bf16"], price, ask.kv_cache_dtype)
+                                    QUANTS[ask.dtype or "bf16"], price, ask.server())
     where = f"{planner.system.split('_')[0].upper()}"
     _show_traffic(table, traffic, replay, slo, wanted, head, where, "", left_out + unpriced, transferred, price,
                   price_note, json_output, started)
@@ -260,7 +272,7 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
     sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]
     if ask.chart is not None:
-        title = f"SIMULATED: {head['target']}{_kv_note(head)}" + (f" on {where}" if where else "")
+        title = f"SIMULATED: {head['target']}{_server_note(head)}" + (f" on {where}" if where else "")
         replicas_chart(table, ask.chart, title + f", {traffic.name}; {slo.describe()} at {1 + ask.headroom:g}× "
                                                  f"the traffic; {ask.router} router")
     seconds = time.perf_counter() - started

@@ -13,7 +13,6 @@ DataFrames a notebook can use."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +22,7 @@ from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, simulate
 from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets
-from specbench.fleet.tables import KV_BYTES, replica_spec, step_cost
+from specbench.fleet.tables import KV_BYTES, ServerFlags, replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
 REQUESTS_PER_CLIENT = 12  # each client's first and last request are left out (warm-up, drain)
@@ -100,15 +99,17 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
 def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tp: int,
                    draft_tp: int | None, ks: list[int], isl: int, osl: int,
                    gemm_quant: str | None = None, schedules: bool = False,
-                   kv_cache_dtype: str = "auto") -> list[Configuration]:
+                   server: ServerFlags = ServerFlags()) -> list[Configuration]:
     """The baseline, then each drafter × acceptance × K the tables price (not MTP), at `tp`; steps
-    priced for requests of `isl` tokens in and `osl` out, the target's KV cache at `kv_cache_dtype`
-    (vLLM's --kv-cache-dtype). `schedules`: each drafter × acceptance's K schedule too (`_scheduled`)."""
+    priced for requests of `isl` tokens in and `osl` out, each replica a vLLM server with `server`'s
+    flags (its KV cache at `--kv-cache-dtype`, a draft model's too, as vLLM's). `schedules`: each
+    drafter × acceptance's K schedule too (`_scheduled`)."""
+    kv_cache_dtype = server.kv_cache_dtype
     kv_quant = None if KV_BYTES[kv_cache_dtype] == 2 else kv_cache_dtype  # a draft model's cache too, as vLLM's
     target = planner.forward(planner.target, tp, kv_quant=kv_quant) if gemm_quant is None else kernel_tables.Forward(
         planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant,
         kv_quant=kv_quant)
-    spec = replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype)
+    spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype))
     found = [Configuration(tp, AR, 0, "", step_cost(target, isl, osl), spec, None)]
     for acceptance in accepted:
         drafter = next((d for d in drafters if d.name == acceptance.draft), None)
@@ -117,11 +118,9 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         size = tp if draft_tp is None else draft_tp
         draft = planner.forward(drafter.config, size, name=drafter.label, kv_quant=kv_quant) if drafter.config else None
         cost = step_cost(target, isl, osl, draft)
-        with_draft = replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config, size,
-                                  kv_cache_dtype) \
-            if drafter.config else spec
-        if drafter.kind == "ngram":  # vLLM schedules n-gram drafting synchronously
-            with_draft = dataclasses.replace(with_draft, async_scheduling=False)
+        with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
+                                                 size, kv_cache_dtype), drafter.kind == "ngram") \
+            if drafter.config else server.applied(spec, drafter.kind == "ngram")
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
                                 Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
         if schedules:
@@ -167,15 +166,14 @@ def mtp_left_out(drafters: list[Drafter]) -> list[str]:
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
-                      kv_cache_dtype: str = "auto") -> tuple[pd.DataFrame, list[str]]:
+                      server: ServerFlags = ServerFlags()) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
     tokens/s per GPU, the share of time at B >= 32, and TPOT's speed-up over the baseline, the
     clients sending as `clients` says. Drafters the tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
-        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant,
-                               kv_cache_dtype=kv_cache_dtype)
+        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, server=server)
         for concurrency in concurrencies:
             base = None
             for configuration in found:
@@ -193,12 +191,12 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
                   draft_tp: int | None, ks: list[int], traffic: Traffic, scales: list[float], objective: Objective,
                   headroom: float, router: str, gemm_quant: str | None = None,
                   price_per_gpu_hour: float | None = None,
-                  kv_cache_dtype: str = "auto") -> tuple[pd.DataFrame, list[str]]:
+                  server: ServerFlags = ServerFlags()) -> tuple[pd.DataFrame, list[str]]:
     """`size_fleets` for every configuration the kernel tables price at each TP (and each
     drafter's K schedule), requests priced at the traffic's mean lengths."""
     isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
     found = [c for tp in tps for c in configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl,
-                                                     gemm_quant, schedules=True, kv_cache_dtype=kv_cache_dtype)]
+                                                     gemm_quant, schedules=True, server=server)]
     return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour), \
         mtp_left_out(drafters)
 

@@ -4,6 +4,9 @@ its memory leaves at a tensor-parallel size."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from specbench.fit import kernel_tables
 from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, kv_bytes_per_token, parameters
 from specbench.fleet.replica import ReplicaSpec, StepCost
@@ -16,6 +19,46 @@ WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_stat
 KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
 # what `plan --kv-cache-dtype` offers: the model's own 16 bits, or fp8 (the tables' kvcache_quant_mode)
 KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """The `vllm serve` flags of the same names a simulated replica runs with; None keeps vLLM's
+    default on that GPU (`vllm_defaults`'s budget and sequence limit, blocks of 16, async scheduling
+    on). n-gram drafting always schedules synchronously: vLLM turns async scheduling off for it."""
+
+    kv_cache_dtype: str = "auto"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    async_scheduling: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_BYTES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+    def applied(self, spec: ReplicaSpec, ngram: bool = False) -> ReplicaSpec:
+        """`spec` (the replica vLLM's defaults give, `replica_spec`) with these flags set."""
+        return dataclasses.replace(
+            spec, max_num_seqs=self.max_num_seqs or spec.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or spec.max_num_batched_tokens,
+            block_size=self.block_size or spec.block_size,
+            async_scheduling=False if ngram else spec.async_scheduling if self.async_scheduling is None
+            else self.async_scheduling)
+
+    def described(self) -> str:
+        """The flags set, as a header says them ("" for vLLM's defaults and a 16-bit KV cache)."""
+        said = [f"KV cache {self.kv_cache_dtype}"] if self.kv_cache_dtype != "auto" else []
+        said += [f"{self.max_num_batched_tokens} tokens a step"] if self.max_num_batched_tokens else []
+        said += [f"{self.max_num_seqs} sequences"] if self.max_num_seqs else []
+        said += [f"blocks of {self.block_size}"] if self.block_size else []
+        said += [] if self.async_scheduling is None else [
+            "async scheduling" if self.async_scheduling else "synchronous scheduling"]
+        return ", ".join(said)
 
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,

@@ -57,7 +57,7 @@ class ServerFlags:
         said += [f"{self.max_num_seqs} sequences"] if self.max_num_seqs else []
         said += [f"blocks of {self.block_size}"] if self.block_size else []
         said += [] if self.async_scheduling is None else [
-            "async scheduling" if self.async_scheduling else "synchronous scheduling"]
+            "async scheduling (not for n-gram drafting)" if self.async_scheduling else "synchronous scheduling"]
         return ", ".join(said)
 
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate  # noqa: E402
-from specbench.fleet.vllm_oracle import run_vllm_async_scheduler, run_vllm_scheduler, vllm_scheduler  # noqa: E402
+from specbench.fleet.vllm_oracle import run_vllm_scheduler, vllm_scheduler  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_speculative_rows_take_k_plus_one_of_the_budget_as_in_vllm(model_config_
 def same_async_timelines(model_dir, spec: ReplicaSpec, arrivals, prompts, outputs):
     """As `same_timelines`, both with async scheduling: each step scheduled while the one before runs."""
     spec = dataclasses.replace(spec, async_scheduling=True)
-    timed = run_vllm_async_scheduler(vllm_scheduler(model_dir, spec), step_cost, list(zip(arrivals, prompts, outputs)))
+    timed = run_vllm_scheduler(vllm_scheduler(model_dir, spec), step_cost, list(zip(arrivals, prompts, outputs)))
     ours = simulate(np.asarray(prompts), np.asarray(outputs), step_cost, spec, arrivals_s=np.asarray(arrivals, float))
     np.testing.assert_allclose(ours.first_token_s, [t.first_token_s for t in timed], rtol=0, atol=1e-9)
     np.testing.assert_allclose(ours.finish_s, [t.finish_s for t in timed], rtol=0, atol=1e-9)

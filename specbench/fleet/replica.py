@@ -385,7 +385,7 @@ class Replica:
                 running.append(request)
                 prefills[request] = need
                 budget -= need
-            held = bool(self.held_rows or self.held_blocks)
+            held = self.held_rows > 0  # (their blocks come with them)
             # what the requests the step before finished held is free from the next step on (async
             # scheduling): a request still waiting may be admitted then, so this step is not stretched;
             # if this one found nothing to run (vLLM runs it empty, in no time), that next one is now

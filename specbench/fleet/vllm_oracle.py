@@ -30,9 +30,8 @@ class Timed:
 def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int = 16384, k: int = 0):
     """vLLM's v1 `Scheduler` as a server with `spec`'s limits would build it: chunked prefill on,
     prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps back as its
-    null block), and with `k` > 0 n-gram speculation of K tokens; its `AsyncScheduler` (for
-    `run_vllm_async_scheduler`) where `spec.async_scheduling`. `model_dir` only gives the model's
-    config (no weights read)."""
+    null block), and with `k` > 0 n-gram speculation of K tokens; its `AsyncScheduler` where
+    `spec.async_scheduling`. `model_dir` only gives the model's config (no weights read)."""
     if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
         raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
     import torch
@@ -67,76 +66,23 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, in
                        accept_all: bool = False) -> list[Timed]:
     """Each (arrival s, prompt tokens, output tokens) through `scheduler` (`vllm_scheduler`), every
     step priced by `cost(prefill tokens, decode rows)` as the replica prices it; per request, in
-    order, when its first and last tokens came. With `k` > 0 (a scheduler built with the same K)
-    every row that sampled drafts K tokens, and the verify keeps all of them (`accept_all`) or
-    none: the two cases a replica's acceptance draws alike."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-    from vllm.v1.request import Request
-
-    order = sorted(range(len(requests)), key=lambda i: (requests[i][0], i))
-    first = [math.nan] * len(requests)
-    finish = [math.nan] * len(requests)
-    preempted = [0] * len(requests)
-    by_id = {}
-    now, next_arrival, done = 0.0, 0, 0
-    while done < len(requests):
-        while next_arrival < len(order) and requests[order[next_arrival]][0] <= now:
-            index = order[next_arrival]
-            _, prompt, output = requests[index]
-            request = Request(request_id=str(index), prompt_token_ids=[1] * prompt, pooling_params=None,
-                              sampling_params=SamplingParams(max_tokens=output, ignore_eos=True))
-            scheduler.add_request(request)
-            by_id[str(index)] = request
-            next_arrival += 1
-        if not scheduler.has_requests():
-            now = requests[order[next_arrival]][0]  # idle until the next arrival
-            continue
-        # what each request had computed before the step: a row one token short of its tokens decodes
-        before = {rid: (r.num_computed_tokens, r.num_tokens) for rid, r in scheduler.requests.items()}
-        step = scheduler.schedule()
-        prefill_tokens, decode_rows, sampled = 0, 0, []
-        for rid, n in step.num_scheduled_tokens.items():
-            computed, total = before[rid]
-            if total - computed == 1:  # a decode: its token, and its drafts verified
-                decode_rows += 1
-                sampled.append([1] * (1 + (len(step.scheduled_spec_decode_tokens.get(rid, ())) if accept_all else 0)))
-            else:
-                prefill_tokens += n
-                sampled.append([1] if computed + n >= total else [])  # a partial prefill samples nothing
-        for rid in step.preempted_req_ids or ():
-            preempted[int(rid)] += 1
-        # priced as the replica prices it: K only with rows decoding
-        now += cost(prefill_tokens, decode_rows, k) if k and decode_rows else cost(prefill_tokens, decode_rows)
-        ids = list(step.num_scheduled_tokens)
-        output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                   sampled_token_ids=sampled)
-        scheduler.update_from_output(step, output)
-        for rid, tokens in zip(ids, sampled):
-            index = int(rid)
-            if tokens and math.isnan(first[index]):
-                first[index] = now
-            if tokens and by_id[rid].is_finished():
-                finish[index] = now
-                done += 1
-        if k:  # every row that sampled proposes K drafts for its next step (vLLM skips prefill chunks)
-            drafting = [rid for rid, tokens in zip(ids, sampled) if tokens and not by_id[rid].is_finished()]
-            scheduler.update_draft_token_ids(DraftTokenIds(drafting, [[1] * k for _ in drafting]))
-    return [Timed(f, e, p) for f, e, p in zip(first, finish, preempted)]
-
-
-def run_vllm_async_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, int, int]]) -> list[Timed]:
-    """As `run_vllm_scheduler`, for an `AsyncScheduler` (`vllm_scheduler` of a spec with
-    `async_scheduling`, no speculation) driven as vLLM's engine core drives it
-    (`EngineCore.step_with_batch_queue`, a queue of two steps): a step is scheduled as soon as
-    the one before it is under way, before that one's tokens are known, with the requests that had
-    arrived by then; the engine then waits for the older step, and its tokens count from its end."""
+    order, when its first and last tokens came. The scheduler is driven as vLLM's engine core drives
+    it (`EngineCore.step_with_batch_queue`): a `Scheduler` one step at a time; an `AsyncScheduler`
+    with a queue of two, each step scheduled as soon as the one before it is under way, before that
+    one's tokens are known, with the requests that had arrived by then, the engine then waiting for
+    the older step, whose tokens count from its end. With `k` > 0 (a synchronous scheduler built with
+    the same K) every row that sampled drafts K tokens, and the verify keeps all of them
+    (`accept_all`) or none: the two cases a replica's acceptance draws alike."""
     from collections import deque
 
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
 
+    depth = 2 if isinstance(scheduler, AsyncScheduler) else 1  # the engine core's batch queue
+    if k and depth > 1:
+        raise ValueError("the oracle drafts only for a synchronous scheduler (vLLM runs n-gram drafting so)")
     order = sorted(range(len(requests)), key=lambda i: (requests[i][0], i))
     first = [math.nan] * len(requests)
     finish = [math.nan] * len(requests)
@@ -153,8 +99,8 @@ def run_vllm_async_scheduler(scheduler, cost: StepCost, requests: list[tuple[flo
             scheduler.add_request(by_id[str(index)])
             next_arrival += 1
         if scheduler.has_requests():
-            # where each request stood before the step (with async scheduling a running row's
-            # computed tokens already count the steps scheduled and not yet done)
+            # where each request stood before the step: a row one token short of its tokens decodes
+            # (with async scheduling its computed tokens already count the steps scheduled, not done)
             before = {rid: (r.num_computed_tokens,
                             r.num_prompt_tokens + r.num_output_tokens + r.num_output_placeholders)
                       for rid, r in scheduler.requests.items()}
@@ -162,19 +108,22 @@ def run_vllm_async_scheduler(scheduler, cost: StepCost, requests: list[tuple[flo
             prefill_tokens, decode_rows, sampled = 0, 0, []
             for rid, n in step.num_scheduled_tokens.items():
                 computed, total = before[rid]
-                if n == 1 and total - computed == 1:  # a decode
+                if total - computed == 1:  # a decode: its token, and its drafts verified
                     decode_rows += 1
-                    sampled.append([1])
+                    drafts = len(step.scheduled_spec_decode_tokens.get(rid, ())) if accept_all else 0
+                    sampled.append([1] * (1 + drafts))
                 else:
                     prefill_tokens += n
-                    sampled.append([1] if computed + n >= total else [])
+                    sampled.append([1] if computed + n >= total else [])  # a partial prefill samples nothing
             for rid in step.preempted_req_ids or ():
                 preempted[int(rid)] += 1
             executed = step.total_num_scheduled_tokens > 0
-            start = max(now, busy_until)
-            busy_until = start + (cost(prefill_tokens, decode_rows) if executed else 0.0)
+            # priced as the replica prices it: K only with rows decoding; an empty step takes no time
+            seconds = (cost(prefill_tokens, decode_rows, k) if k and decode_rows else cost(prefill_tokens, decode_rows)
+                       ) if executed else 0.0
+            busy_until = max(now, busy_until) + seconds
             queue.appendleft((step, sampled, busy_until))
-            if len(queue) < 2 and (executed or scheduler.has_requests()):
+            if len(queue) < depth and (executed or scheduler.has_requests()):
                 continue  # vLLM schedules the next step before waiting for this one
         if not queue:
             now = requests[order[next_arrival]][0]  # idle until the next arrival
@@ -192,4 +141,7 @@ def run_vllm_async_scheduler(scheduler, cost: StepCost, requests: list[tuple[flo
             if tokens and by_id[rid].is_finished() and math.isnan(finish[index]):
                 finish[index] = now
                 done += 1
+        if k:  # every row that sampled proposes K drafts for its next step (vLLM skips prefill chunks)
+            drafting = [rid for rid, tokens in zip(ids, sampled) if tokens and not by_id[rid].is_finished()]
+            scheduler.update_draft_token_ids(DraftTokenIds(drafting, [[1] * k for _ in drafting]))
     return [Timed(f, e, p) for f, e, p in zip(first, finish, preempted)]

@@ -777,14 +777,58 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                                        "prefill and attention past it are extrapolated"]
 
 
+def test_the_closed_loop_answer_says_when_speculation_runs_a_smaller_batch():
+    """Llama-3.1-70B at TP4 on H100, 64 clients of 8k in and 1k out: the 16-bit KV cache holds about
+    50 such requests, and an 8B draft's weights and cache leave room for fewer. Its TPOT is lower
+    than the baseline's partly because fewer requests run; the answer says so, and which
+    configuration serves the most tokens/s per GPU."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "8b", "--device", "h100", "--tp",
+                                      "4", "--concurrency", "64", "--input-len", "8192", "--output-len", "1024",
+                                      "--k", "3", "--alpha", "0.7", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    base, draft = plan["rows"]
+    assert draft["kv_cache_requests"] < base["kv_cache_requests"] < 64
+    assert draft["mean_running_batch"] < 0.9 * base["mean_running_batch"] <= base["kv_cache_requests"]
+    assert draft["tpot_p50_ms"] < base["tpot_p50_ms"] and draft["ttft_p50_ms"] > base["ttft_p50_ms"]
+    [answer] = plan["answers"]
+    assert answer.startswith("TP4, 64 clients: ") and answer.endswith("(SIMULATED)")
+    assert f"{draft['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU" in answer
+    assert (f"on average 8b {draft['mean_running_batch']:.0f}, its KV cache holding {draft['kv_cache_requests']}; "
+            f"autoregressive {base['mean_running_batch']:.0f}") in answer
+
+
+def test_the_closed_loop_answer_says_when_no_speculation_serves_more():
+    import pandas as pd
+
+    from specbench.fleet.plan import closed_loop_answer
+
+    row = {"tp": 1, "concurrency": 8, "k": 0, "acceptance": "", "tokens_per_s_per_gpu": 100.0, "tpot_p50_ms": 10.0,
+           "ttft_p50_ms": 50.0, "mean_running_batch": 8.0, "kv_cache_requests": 100, "throughput_speedup": 1.0}
+    rows = pd.DataFrame([{**row, "draft": "autoregressive"},
+                         {**row, "draft": "1b", "k": 2, "acceptance": "α 0.3", "tokens_per_s_per_gpu": 90.0,
+                          "throughput_speedup": 0.9, "tpot_p50_ms": 11.0}])
+    assert closed_loop_answer(rows) == (
+        "TP1, 8 clients: no speculation serves more than autoregressive; the closest, 1b K=2: 90 against 100 tokens/s "
+        "per GPU (0.90×), TPOT p50 11.0 against 10.0 ms, TTFT p50 0.05 against 0.05 s (SIMULATED)")
+    assert closed_loop_answer(rows.iloc[:1]) == ""
+
+
 def test_the_running_batch_percentile_is_weighted_by_time():
-    from specbench.fleet.replica import running_percentile
+    from specbench.fleet.replica import mean_running, running_percentile
 
     timeline = [(0.0, 1), (1.0, 4), (10.0, 2), (11.0, 2)]  # 1 s at one row, 9 s at four, 1 s at two
     assert running_percentile(timeline, 90) == 4
     assert running_percentile(timeline, 10) == 2
     assert running_percentile(timeline, 5) == 1
     assert running_percentile([], 90) == 0
+    assert mean_running(timeline) == pytest.approx((1 * 1 + 9 * 4 + 1 * 2) / 11)
 
 
 def test_a_plan_past_the_batches_and_prompts_its_run_measured_says_so():

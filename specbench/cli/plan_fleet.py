@@ -150,7 +150,7 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
 
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
-    from specbench.fleet.plan import CLIENTS, closed_loop_table
+    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_table
 
     clients = CLIENTS[ask.clients]
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
@@ -158,9 +158,12 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                                         clients, ask.server())
     left_out += unpriced
     seconds = time.perf_counter() - started
+    groups = list(table.groupby(["tp", "concurrency"], sort=False))
+    answers = [closed_loop_answer(group) for _, group in groups]
     if json_output:
         print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
+                          "answers": [text for text in answers if text],
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
     how = ("started apart, the steady state" if not clients.together else
@@ -168,19 +171,21 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
            f"these, every request measured (as InferenceMAX's benchmark)")
     _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in and "
                       f"{ask.output_len} out", left_out, transferred)
-    for (tp, concurrency), group in table.groupby(["tp", "concurrency"], sort=False):
+    for ((tp, concurrency), group), answer in zip(groups, answers):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
                        "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", "tok/s/GPU", "TPOT speed-up",
-                       "time at B≥32"):
+                       "mean B", "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
                           f"{row.ttft_p99_ms:.0f}", f"{row.ttft_mean_ms:.0f}", f"{row.tpot_p50_ms:.1f}",
                           f"{row.tpot_p99_ms:.1f}", f"{row.itl_chunk_p50_ms:.1f}", f"{row.itl_chunk_p99_ms:.1f}",
                           f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
-                          f"{row.share_at_large_batch:.0%}")
+                          f"{row.mean_running_batch:.1f}", f"{row.share_at_large_batch:.0%}")
         console.print(shown)
+        if answer:
+            console.print(answer, highlight=False, soft_wrap=True)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
 
 

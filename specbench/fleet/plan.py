@@ -93,7 +93,13 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             **{f"itl_chunk_p{p}_ms": out.itl_chunk_percentile(p) * 1e3 for p in (50, 90, 99)},
             "ttft_mean_ms": float(np.mean(ttft)), "tpot_mean_ms": float(np.nanmean(tpot)),
             "tokens_per_s": tokens / span, "tokens_per_s_per_gpu": tokens / span / gpus,
-            "share_at_large_batch": out.share_at_least(LARGE_BATCH), "preemptions": out.preemptions}
+            "share_at_large_batch": out.share_at_least(LARGE_BATCH), "mean_running_batch": out.mean_running(),
+            "preemptions": out.preemptions}
+
+
+def requests_cached(spec: ReplicaSpec, isl: int, osl: int) -> int:
+    """How many requests of `isl` + `osl` tokens the replica's KV cache holds at once."""
+    return spec.kv_blocks // -(-(isl + osl) // spec.block_size)
 
 
 def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tp: int,
@@ -169,8 +175,9 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                       server: ServerFlags = ServerFlags()) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
-    tokens/s per GPU, the share of time at B >= 32, and TPOT's speed-up over the baseline, the
-    clients sending as `clients` says. Drafters the tables cannot price here are named in the lines."""
+    tokens/s per GPU, the share of time at B >= 32 and the mean running batch, how many requests
+    the KV cache holds, and TPOT's and tokens/s's speed-ups over the baseline, the clients sending
+    as `clients` says. Drafters the tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, server=server)
@@ -183,8 +190,54 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                 base = base or row
                 rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,
                              "k": configuration.k, "acceptance": configuration.acceptance, **row,
-                             "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"]})
+                             "kv_cache_requests": requests_cached(configuration.spec, isl, osl),
+                             "max_num_seqs": configuration.spec.max_num_seqs,
+                             "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
+                             "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]})
     return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def closed_loop_answer(rows: pd.DataFrame) -> str:
+    """One sentence for one TP × concurrency of `closed_loop_table`: the speculative configuration
+    that serves the most tokens/s per GPU against the baseline, and, where speculation runs fewer
+    requests at once than the baseline (a draft's weights and KV cache leave less room), that its
+    lower TPOT is partly a smaller batch's, paid for in queueing. Every figure simulated."""
+    base = rows[rows["draft"] == AR].iloc[0]
+    where = f"TP{int(base['tp'])}, {int(base['concurrency'])} clients"
+    speculative = rows[rows["draft"] != AR]
+    if speculative.empty:
+        return ""
+
+    def name(row) -> str:
+        return f"{row['draft']} K={int(row['k'])}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1
+                                                       else "")
+
+    best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU "
+               f"({best['throughput_speedup']:.2f}×), TPOT p50 {best['tpot_p50_ms']:.1f} against "
+               f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
+               f"{base['ttft_p50_ms'] / 1e3:.2f} s")
+    if best["throughput_speedup"] > 1:
+        text = f"{where}: speculation serves the most with {name(best)}: {figures}"
+    else:
+        text = f"{where}: no speculation serves more than autoregressive; the closest, {name(best)}: {figures}"
+    # a closed loop's TPOT falls when fewer requests run: speculation whose batch is smaller than the
+    # baseline's buys part of its TPOT with waiting, which tokens/s and TTFT show and TPOT hides
+    smaller = speculative[speculative["mean_running_batch"] < 0.9 * base["mean_running_batch"]]
+    if not smaller.empty:
+        drafts = []
+        for draft, group in smaller.groupby("draft", sort=False):
+            low, high = group["mean_running_batch"].min(), group["mean_running_batch"].max()
+            batch = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}–{high:.0f}"
+            cache = int(group["kv_cache_requests"].min())
+            why = f", its KV cache holding {cache}" if cache < int(base["concurrency"]) else ""
+            drafts.append(f"{draft} {batch}{why}")
+        held = int(base["kv_cache_requests"])
+        text += (f". Fewer requests run at once with speculation (on average {'; '.join(drafts)}; autoregressive "
+                 f"{base['mean_running_batch']:.0f}" + (f", its KV cache holding {held}" if held < int(base["concurrency"])
+                                                         else "") +
+                 "): their lower TPOT is partly a smaller batch's, the other clients waiting (TTFT)")
+    return text + " (SIMULATED)"
 
 
 def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],

@@ -183,6 +183,10 @@ class Outcome:
         """The share of time the replica ran at least `rows` requests (B >= 32: speculation's worry)."""
         return share_at_least(self.timeline, rows)
 
+    def mean_running(self) -> float:
+        """The time-weighted mean of the running rows: the batch the replica ran at on average."""
+        return mean_running(self.timeline)
+
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
     """The `p`th percentile of `values`, each counted `counts` times (the smallest value whose
@@ -214,6 +218,14 @@ def share_at_least(timeline: list[tuple[float, int]], rows: int) -> float:
         return 0.0
     counts, spans = _rows_and_spans(timeline)
     return float(spans[counts >= rows].sum() / spans.sum()) if spans.sum() > 0 else 0.0
+
+
+def mean_running(timeline: list[tuple[float, int]]) -> float:
+    """A timeline's running rows averaged over its time (from its first change to its last)."""
+    if len(timeline) < 2:
+        return float(timeline[0][1]) if timeline else 0.0
+    counts, spans = _rows_and_spans(timeline)
+    return float((counts * spans).sum() / spans.sum()) if spans.sum() > 0 else float(counts.mean())
 
 
 def running_percentile(timeline: list[tuple[float, int]], p: float) -> float:

@@ -790,16 +790,21 @@ def test_the_closed_loop_answer_says_when_speculation_runs_a_smaller_batch():
 
     result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "8b", "--device", "h100", "--tp",
                                       "4", "--concurrency", "64", "--input-len", "8192", "--output-len", "1024",
-                                      "--k", "3", "--alpha", "0.7", "--json"])
+                                      "--k", "3", "--alpha", "0.7", "--gpu-price", "2", "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     base, draft = plan["rows"]
+    assert plan["price_per_gpu_hour"] == 2 and plan["price"] == "given"
+    for row in (base, draft):  # a GPU-hour at 2 $ serves tokens/s/GPU × 3600 tokens
+        assert row["dollars_per_million_tokens"] == pytest.approx(2e6 / (row["tokens_per_s_per_gpu"] * 3600))
     assert draft["kv_cache_requests"] < base["kv_cache_requests"] < 64
     assert draft["mean_running_batch"] < 0.9 * base["mean_running_batch"] <= base["kv_cache_requests"]
     assert draft["tpot_p50_ms"] < base["tpot_p50_ms"] and draft["ttft_p50_ms"] > base["ttft_p50_ms"]
     [answer] = plan["answers"]
     assert answer.startswith("TP4, 64 clients: ") and answer.endswith("(SIMULATED)")
-    assert f"{draft['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU" in answer
+    assert (f"{draft['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU "
+            f"({draft['throughput_speedup']:.2f}×; ${draft['dollars_per_million_tokens']:.2f} against "
+            f"${base['dollars_per_million_tokens']:.2f} per 1M tokens)") in answer
     assert (f"on average 8b {draft['mean_running_batch']:.0f}, its KV cache holding {draft['kv_cache_requests']}; "
             f"autoregressive {base['mean_running_batch']:.0f}") in answer
 

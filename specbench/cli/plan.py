@@ -31,7 +31,7 @@ def plan(
                                                     "GPU's datasheet bandwidth and FLOP/s: h100, h200, a100 or l40s "
                                                     "(an ESTIMATE). With a CPU run: price its models on this GPU's "
                                                     "kernel tables, with its measured α."),
-    gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the run's GPU, if known)."),
+    gpu_price: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: the GPU's price where specbench has one: the run's, or --device's on the tables)."),
     gpus: int = typer.Option(1, help="Devices the deployment uses."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Output tokens per request the predictions assume "
                                                             "(default: the run's --max-new-tokens; with --target: "
@@ -394,7 +394,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
                        kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling)
+                       max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
+                       gpu_price=gpu_price)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

@@ -74,6 +74,7 @@ class FleetAsk:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     async_scheduling: bool | None = None
+    gpu_price: float | None = None  # $ per GPU-hour for a closed loop (a trace's: traffic.gpu_price)
 
     def server(self):
         from specbench.fleet.tables import ServerFlags
@@ -150,18 +151,22 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
 
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
+    from specbench.fit import default_gpu_price
     from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_table
 
     clients = CLIENTS[ask.clients]
+    price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
+        default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
-                                        clients, ask.server())
+                                        clients, ask.server(), price)
     left_out += unpriced
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
     answers = [closed_loop_answer(group) for _, group in groups]
     if json_output:
         print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
+                          "price": price_note, "price_per_gpu_hour": price,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
                           "answers": [text for text in answers if text],
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
@@ -170,19 +175,22 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
            f"all started at once, {clients.requests_per_client} requests each, lengths {clients.shortest_share:g}-1× "
            f"these, every request measured (as InferenceMAX's benchmark)")
     _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in and "
-                      f"{ask.output_len} out", left_out, transferred)
+                      f"{ask.output_len} out; prices {price_note}", left_out, transferred)
+    unit = "$/1M tok" if price is not None else "GPU-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, answers):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
-                       "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", "tok/s/GPU", "TPOT speed-up",
-                       "mean B", "time at B≥32"):
+                       "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", "tok/s/GPU", unit,
+                       "TPOT speed-up", "mean B", "time at B≥32"):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
                           f"{row.ttft_p99_ms:.0f}", f"{row.ttft_mean_ms:.0f}", f"{row.tpot_p50_ms:.1f}",
                           f"{row.tpot_p99_ms:.1f}", f"{row.itl_chunk_p50_ms:.1f}", f"{row.itl_chunk_p99_ms:.1f}",
-                          f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}", f"{row.tpot_speedup:.2f}×",
-                          f"{row.mean_running_batch:.1f}", f"{row.share_at_large_batch:.0%}")
+                          f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}",
+                          f"{row.dollars_per_million_tokens if price is not None else row.gpu_hours_per_million_tokens:.2f}",
+                          f"{row.tpot_speedup:.2f}×", f"{row.mean_running_batch:.1f}",
+                          f"{row.share_at_large_batch:.0%}")
         console.print(shown)
         if answer:
             console.print(answer, highlight=False, soft_wrap=True)

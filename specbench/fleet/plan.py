@@ -172,12 +172,14 @@ def mtp_left_out(drafters: list[Drafter]) -> list[str]:
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
-                      server: ServerFlags = ServerFlags()) -> tuple[pd.DataFrame, list[str]]:
+                      server: ServerFlags = ServerFlags(),
+                      price_per_gpu_hour: float | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
     tokens/s per GPU, the share of time at B >= 32 and the mean running batch, how many requests
-    the KV cache holds, and TPOT's and tokens/s's speed-ups over the baseline, the clients sending
-    as `clients` says. Drafters the tables cannot price here are named in the lines."""
+    the KV cache holds, TPOT's and tokens/s's speed-ups over the baseline, and GPU-hours (and $ at
+    `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says. Drafters the
+    tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, server=server)
@@ -193,7 +195,10 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                              "kv_cache_requests": requests_cached(configuration.spec, isl, osl),
                              "max_num_seqs": configuration.spec.max_num_seqs,
                              "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
-                             "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]})
+                             "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"],
+                             "gpu_hours_per_million_tokens": 1e6 / (row["tokens_per_s_per_gpu"] * 3600),
+                             "dollars_per_million_tokens": 1e6 / (row["tokens_per_s_per_gpu"] * 3600)
+                             * price_per_gpu_hour if price_per_gpu_hour is not None else float("nan")})
     return pd.DataFrame(rows), mtp_left_out(drafters)
 
 
@@ -213,8 +218,11 @@ def closed_loop_answer(rows: pd.DataFrame) -> str:
                                                        else "")
 
     best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    dollars = "" if not best.get("dollars_per_million_tokens", float("nan")) == \
+        best.get("dollars_per_million_tokens", float("nan")) else \
+        f"; ${best['dollars_per_million_tokens']:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
     figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU "
-               f"({best['throughput_speedup']:.2f}×), TPOT p50 {best['tpot_p50_ms']:.1f} against "
+               f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
     if best["throughput_speedup"] > 1:

@@ -251,7 +251,8 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
-    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=0.05"], "size a fleet with --trace"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--chart", "x.png"], "size a fleet with --trace"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=abc"], "needs a number of seconds"),
     (["--target", "llama3-8b", "--concurrency", "4", "--calibrate", "x"], "not simulated yet"),
     (["--target", "llama3-8b", "--concurrency", "4", "--trace", "azure-conv"], "two loads: give one"),
     (["--target", "llama3-8b", "--trace", "azure-conv"], "give --slo"),
@@ -807,6 +808,36 @@ def test_the_closed_loop_answer_says_when_speculation_runs_a_smaller_batch():
             f"${base['dollars_per_million_tokens']:.2f} per 1M tokens)") in answer
     assert (f"on average 8b {draft['mean_running_batch']:.0f}, its KV cache holding {draft['kv_cache_requests']}; "
             f"autoregressive {base['mean_running_batch']:.0f}") in answer
+
+
+def test_a_closed_loop_at_an_slo_says_which_configurations_meet_it_and_how_many_clients_they_hold():
+    """--slo with --concurrency: each configuration's share of requests meeting it and whether its
+    percentile holds, as the trace sizing judges a fleet. Llama-3.1-70B TP4 on H100, 8k in and 1k
+    out: the baseline's TPOT (about 17 ms at 4 clients, 28 at 16) misses a 20 ms bound at 16
+    clients, where a 1B draft at K = 3 (about 17 ms) still meets it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "1b", "--device", "h100", "--tp",
+                                      "4", "--concurrency", "4,16", "--input-len", "8192", "--output-len", "1024",
+                                      "--k", "3", "--alpha", "0.7", "--slo", "ttft=2,tpot=0.02,p90", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["slo"] == "ttft=2,tpot=0.02,p90"
+    rows = {(row["concurrency"], row["draft"]): row for row in plan["rows"]}
+    for row in rows.values():  # the verdict is the p90s' (no one-token outputs here)
+        assert row["meets_slo"] == (row["ttft_p90_ms"] <= 2000 and row["tpot_p90_ms"] <= 20)
+        assert 0 <= row["good_share"] <= 1 and row["goodput_rps"] >= 0
+    assert rows[4, "autoregressive"]["meets_slo"] and not rows[16, "autoregressive"]["meets_slo"]
+    assert rows[16, "1b"]["meets_slo"]
+    assert rows[16, "autoregressive"]["good_share"] < 0.1 < 0.9 < rows[16, "1b"]["good_share"]
+    assert ("TP4, 16 clients: speculation serves the most with 1b K=3" in plan["answers"][1]
+            and "At p90 TTFT ≤ 2 s and TPOT ≤ 20 ms: met by 1b K=3 (SIMULATED)" in plan["answers"][1])
+    assert plan["answers"][-1] == ("TP4, the most clients one replica serves at p90 TTFT ≤ 2 s and TPOT ≤ 20 ms, "
+                                   "of 4, 16: autoregressive 4; 1b 16 (K=3) (SIMULATED)")
 
 
 def test_the_closed_loop_answer_says_when_no_speculation_serves_more():

@@ -54,7 +54,8 @@ def plan(
                                 help="Whose kernels: vllm, sglang or trtllm."),
     slo: Optional[str] = typer.Option(None, "--slo", rich_help_panel="On kernel tables, no run",
                                       help="tpot=SECONDS: per TP, the batch that meets it with and without "
-                                           "speculation, and the cheaper."),
+                                           "speculation, and the cheaper. With --trace (ttft=,tpot=,e2e=,pNN): "
+                                           "the fleet that meets it; with --concurrency: who meets it at each."),
     concurrency: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                               help="With --target: simulate one vLLM-like replica step by step, "
                                                    "these many clients each sending its next request when the last "
@@ -378,8 +379,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                              "give one")
         if calibrate is not None:
             raise UsageError("--calibrate is not simulated yet: leave it out with --concurrency or --trace")
-        if trace is None and (slo is not None or chart is not None or trace_window or trace_speedup != "1"):
-            raise UsageError("--slo, --chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
+        if trace is None and (chart is not None or trace_window or trace_speedup != "1"):
+            raise UsageError("--chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
                              "with --trace instead")
         if trace is not None and slo is None:
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
@@ -395,7 +396,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
                        kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-                       gpu_price=gpu_price)
+                       gpu_price=gpu_price, slo=slo if trace is None else None)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

@@ -75,6 +75,7 @@ class FleetAsk:
     max_num_batched_tokens: int | None = None
     async_scheduling: bool | None = None
     gpu_price: float | None = None  # $ per GPU-hour for a closed loop (a trace's: traffic.gpu_price)
+    slo: str | None = None  # a closed loop's objective (a trace's: traffic.slo)
 
     def server(self):
         from specbench.fleet.tables import ServerFlags
@@ -128,8 +129,13 @@ def _check(ask: FleetAsk) -> None:
     ask.server()  # its flags checked (one line each)
     if ask.traffic is not None:
         ask.traffic.check()
-    elif ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
+        return
+    if ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
+    if ask.slo is not None:
+        from specbench.fit.slo import parse_slo
+
+        parse_slo(ask.slo)  # one line if it is not an SLO
 
 
 def _server_note(head: dict) -> str:
@@ -152,23 +158,29 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
     from specbench.fit import default_gpu_price
-    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_table
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_table
+    from specbench.fleet.sizing import Objective
 
     clients = CLIENTS[ask.clients]
+    slo = parse_slo(ask.slo) if ask.slo is not None else None
     price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
         default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
-                                        clients, ask.server(), price)
+                                        clients, ask.server(), price,
+                                        Objective(slo.bounds, slo.percentile) if slo else None)
     left_out += unpriced
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
-    answers = [closed_loop_answer(group) for _, group in groups]
+    slo_words = slo.describe() if slo else ""
+    answers = [closed_loop_answer(group, slo_words) for _, group in groups]
+    capacity = closed_loop_capacity(table, slo_words) if len(ask.concurrencies) > 1 else []
     if json_output:
         print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
                           "price": price_note, "price_per_gpu_hour": price,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
-                          "answers": [text for text in answers if text],
+                          "slo": slo.text if slo else None, "answers": [text for text in answers if text] + capacity,
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
     how = ("started apart, the steady state" if not clients.together else
@@ -181,7 +193,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
                        "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", "tok/s/GPU", unit,
-                       "TPOT speed-up", "mean B", "time at B≥32"):
+                       "TPOT speed-up", "mean B", "time at B≥32") + (("good", "meets SLO") if slo else ()):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
@@ -190,10 +202,13 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                           f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}",
                           f"{row.dollars_per_million_tokens if price is not None else row.gpu_hours_per_million_tokens:.2f}",
                           f"{row.tpot_speedup:.2f}×", f"{row.mean_running_batch:.1f}",
-                          f"{row.share_at_large_batch:.0%}")
+                          f"{row.share_at_large_batch:.0%}",
+                          *((f"{row.good_share:.1%}", "yes" if row.meets_slo else "no") if slo else ()))
         console.print(shown)
         if answer:
             console.print(answer, highlight=False, soft_wrap=True)
+    for line in capacity:
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
 
 

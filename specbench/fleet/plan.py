@@ -21,7 +21,7 @@ import pandas as pd
 from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, simulate
-from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets
+from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets, slo_verdict
 from specbench.fleet.tables import KV_BYTES, ServerFlags, replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
@@ -81,10 +81,14 @@ def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: S
     return out, keep
 
 
+def _span_s(out: Outcome, keep: np.ndarray) -> float:
+    """From the first measured request's arrival to the last one's finish."""
+    return float(out.finish_s[keep].max() - out.arrival_s[keep].min()) if keep.any() else float("nan")
+
+
 def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
     ttft, tpot, e2e = out.ttft_s[keep] * 1e3, out.tpot_s[keep] * 1e3, out.e2e_s[keep] * 1e3
-    measured = out.finish_s[keep]
-    span = float(measured.max() - out.arrival_s[keep].min()) if len(measured) else float("nan")
+    span = _span_s(out, keep)
     tokens = float(out.output_tokens[keep].sum())
     return {**{f"ttft_p{p}_ms": float(np.percentile(ttft, p)) for p in (50, 90, 99)},
             **{f"tpot_p{p}_ms": float(np.nanpercentile(tpot, p)) for p in (50, 90, 99)},
@@ -172,14 +176,15 @@ def mtp_left_out(drafters: list[Drafter]) -> list[str]:
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
-                      server: ServerFlags = ServerFlags(),
-                      price_per_gpu_hour: float | None = None) -> tuple[pd.DataFrame, list[str]]:
+                      server: ServerFlags = ServerFlags(), price_per_gpu_hour: float | None = None,
+                      objective: Objective | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
     tokens/s per GPU, the share of time at B >= 32 and the mean running batch, how many requests
     the KV cache holds, TPOT's and tokens/s's speed-ups over the baseline, and GPU-hours (and $ at
-    `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says. Drafters the
-    tables cannot price here are named in the lines."""
+    `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says; with an
+    `objective`, the share of requests meeting it, the goodput (requests/s meeting it) and whether
+    its percentiles hold. Drafters the tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, server=server)
@@ -189,6 +194,10 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                 out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
                                         configuration.speculation, clients)
                 row = _row(out, keep, tp)
+                if objective is not None:
+                    good_share, meets = slo_verdict(out, objective, keep)
+                    row |= {"good_share": good_share, "meets_slo": meets,
+                            "goodput_rps": good_share * keep.sum() / _span_s(out, keep)}
                 base = base or row
                 rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,
                              "k": configuration.k, "acceptance": configuration.acceptance, **row,
@@ -202,16 +211,41 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     return pd.DataFrame(rows), mtp_left_out(drafters)
 
 
-def closed_loop_answer(rows: pd.DataFrame) -> str:
+def _configurations(rows: pd.DataFrame, acceptances: bool) -> str:
+    """"autoregressive, 1b K=2,3, 8b K=3 (α 0.7)": the configurations in `rows`, by drafter."""
+    names = []
+    for (draft, acceptance), group in rows.groupby(["draft", "acceptance"], sort=False):
+        if draft == AR:
+            names.append(AR)
+            continue
+        ks = ",".join(str(int(k)) for k in sorted(group["k"].unique()))
+        names.append(f"{draft} K={ks}" + (f" ({acceptance})" if acceptances else ""))
+    return ", ".join(names)
+
+
+def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     """One sentence for one TP × concurrency of `closed_loop_table`: the speculative configuration
     that serves the most tokens/s per GPU against the baseline, and, where speculation runs fewer
     requests at once than the baseline (a draft's weights and KV cache leave less room), that its
-    lower TPOT is partly a smaller batch's, paid for in queueing. Every figure simulated."""
+    lower TPOT is partly a smaller batch's, paid for in queueing; with an objective (`slo` its
+    words), which configurations meet it and which of those serves the most. Every figure simulated."""
     base = rows[rows["draft"] == AR].iloc[0]
     where = f"TP{int(base['tp'])}, {int(base['concurrency'])} clients"
     speculative = rows[rows["draft"] != AR]
+    met = ""
+    if "meets_slo" in rows:
+        meeting = rows[rows["meets_slo"].astype(bool)]
+        acceptances = speculative["acceptance"].nunique() > 1
+        if meeting.empty:
+            met = f"At {slo}: no configuration meets it"
+        else:
+            most = meeting.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+            met = (f"At {slo}: met by {_configurations(meeting, acceptances)}"
+                   + ("" if len(meeting) == 1 else
+                      f"; of those {_configurations(most.to_frame().T, acceptances)} serves the most "
+                      f"({most['tokens_per_s_per_gpu']:.0f} tokens/s per GPU)"))
     if speculative.empty:
-        return ""
+        return f"{where}: {met} (SIMULATED)" if met else ""
 
     def name(row) -> str:
         return f"{row['draft']} K={int(row['k'])}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1
@@ -245,7 +279,29 @@ def closed_loop_answer(rows: pd.DataFrame) -> str:
                  f"{base['mean_running_batch']:.0f}" + (f", its KV cache holding {held}" if held < int(base["concurrency"])
                                                          else "") +
                  "): their lower TPOT is partly a smaller batch's, the other clients waiting (TTFT)")
-    return text + " (SIMULATED)"
+    return text + (f". {met}" if met else "") + " (SIMULATED)"
+
+
+def closed_loop_capacity(table: pd.DataFrame, slo: str) -> list[str]:
+    """Per TP: the most clients of those simulated at which each drafter (at its best K) and the
+    baseline still meet the objective. One sentence each, labelled SIMULATED."""
+    if "meets_slo" not in table:
+        return []
+    found = []
+    for tp, rows in table.groupby("tp", sort=False):
+        asked = ", ".join(str(c) for c in sorted(rows["concurrency"].unique()))
+        parts = []
+        for draft, group in rows.groupby("draft", sort=False):
+            meeting = group[group["meets_slo"].astype(bool)]
+            if meeting.empty:
+                parts.append(f"{draft} none")
+                continue
+            most = int(meeting["concurrency"].max())
+            ks = sorted(int(k) for k in meeting.loc[meeting["concurrency"] == most, "k"].unique())
+            parts.append(f"{draft} {most}" + ("" if draft == AR else f" (K={','.join(map(str, ks))})"))
+        found.append(f"TP{int(tp)}, the most clients one replica serves at {slo}, of {asked}: {'; '.join(parts)} "
+                     "(SIMULATED)")
+    return found
 
 
 def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench.fleet.replica import ReplicaSpec, Speculation, StepCost
+from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost
 from specbench.fleet.router import FleetOutcome, SloWatch, simulate_fleet
 from specbench.schema import LARGE_BATCH
 
@@ -60,6 +60,25 @@ class Objective:
         return SloWatch(dict(self.bounds), self.percentile, count)
 
 
+UNSERVED_S = 1e300  # a request never served: later than any bound (finite, so percentiles interpolate)
+
+
+def slo_verdict(out: Outcome, objective: Objective, mask: np.ndarray | None = None) -> tuple[float, bool]:
+    """Over the requests in `mask` (every one by default): the share meeting every bound, and
+    whether the objective's percentile of each bounded metric is within its bound (a request not
+    served misses every bound; a one-token output has no TPOT and misses no TPOT bound)."""
+    metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
+    chosen = np.ones(len(out.finish_s), bool) if mask is None else mask
+    served = ~np.isnan(out.finish_s[chosen])
+    good, meets = served.copy(), True
+    for name, bound in objective.bounds:
+        values = np.nan_to_num(metrics[name][chosen], nan=0.0 if name == "tpot" else np.inf)
+        values = np.where(served, values, UNSERVED_S)
+        good &= values <= bound
+        meets = meets and float(np.percentile(values, objective.percentile)) <= bound
+    return float(good.mean()), meets
+
+
 def judged(fleet: FleetOutcome, objective: Objective) -> dict:
     """Percentiles of TTFT, TPOT, E2E and the pooled inter-token latency (ms), the share of requests
     meeting every bound, and whether the objective's percentile of each bounded metric is within
@@ -67,10 +86,6 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
     out = fleet.outcome
     metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
     served = ~np.isnan(out.finish_s)
-    good = served.copy()
-    for name, bound in objective.bounds:
-        values = np.nan_to_num(metrics[name], nan=0.0 if name == "tpot" else np.inf)
-        good &= np.where(served, values <= bound, False)
     row: dict = {}
     for name, values in metrics.items():
         kept = values[served & ~np.isnan(values)]
@@ -79,12 +94,9 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
     for p in (50, 90, 99):
         row[f"itl_p{p}_ms"] = out.itl_percentile(p) * 1e3
         row[f"itl_chunk_p{p}_ms"] = out.itl_chunk_percentile(p) * 1e3
-    meets = not fleet.stopped and bool(served.all())
-    for name, bound in objective.bounds:
-        values = np.nan_to_num(metrics[name], nan=0.0 if name == "tpot" else np.inf)
-        meets = meets and float(np.percentile(values, objective.percentile)) <= bound
-    row["good_share"] = float(good.mean())
-    row["meets_slo"] = meets
+    good_share, meets = slo_verdict(out, objective)
+    row["good_share"] = good_share
+    row["meets_slo"] = not fleet.stopped and bool(served.all()) and meets
     return row
 
 

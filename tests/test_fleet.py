@@ -840,6 +840,32 @@ def test_a_closed_loop_at_an_slo_says_which_configurations_meet_it_and_how_many_
                                    "of 4, 16: autoregressive 4; 1b 16 (K=3) (SIMULATED)")
 
 
+def test_the_closed_loop_simulates_the_k_schedule_too():
+    """The K schedule `plan --target` picks (8b on 70B TP4, 1k in: K = 3 up to 32 rows, K = 1
+    beyond) is one more configuration of the closed loop: at 8 clients it runs as K = 3 does, at
+    128 as K = 1 does."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "8b", "--device", "h100", "--tp",
+                                      "4", "--concurrency", "8,128", "--input-len", "1024", "--output-len", "1024",
+                                      "--k", "1,3", "--alpha", "0.7", "--slo", "tpot=0.028,p90", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    scheduled = [row for row in rows if row["k_schedule"]]
+    assert [row["k_schedule"] for row in scheduled] == ["{1-32: 3, 33+: 1}"] * 2
+    for row in scheduled:
+        like = 3 if row["concurrency"] == 8 else 1
+        fixed = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["draft"] == "8b"
+                     and r["k"] == like and not r["k_schedule"])
+        assert row["tpot_p50_ms"] == pytest.approx(fixed["tpot_p50_ms"], rel=0.03)
+    answers = json.loads(result.output)["answers"]  # at 128 clients K = 3's TPOT (~29 ms) misses the bound
+    assert "At p90 TPOT ≤ 28 ms: met by 8b K=1 and K schedule {1-32: 3, 33+: 1};" in answers[1]
+
+
 def test_the_closed_loop_answer_says_when_no_speculation_serves_more():
     import pandas as pd
 

@@ -196,7 +196,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                        "TPOT speed-up", "mean B", "time at B≥32") + (("good", "meets SLO") if slo else ()):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
-            shown.add_row(row.draft, str(row.k) if row.k else "", row.acceptance, f"{row.ttft_p50_ms:.0f}",
+            shown.add_row(row.draft, f"schedule {row.k_schedule}" if row.k_schedule else str(row.k) if row.k else "",
+                          row.acceptance, f"{row.ttft_p50_ms:.0f}",
                           f"{row.ttft_p99_ms:.0f}", f"{row.ttft_mean_ms:.0f}", f"{row.tpot_p50_ms:.1f}",
                           f"{row.tpot_p99_ms:.1f}", f"{row.itl_chunk_p50_ms:.1f}", f"{row.itl_chunk_p99_ms:.1f}",
                           f"{row.e2e_p50_ms / 1e3:.2f}", f"{row.tokens_per_s_per_gpu:.0f}",

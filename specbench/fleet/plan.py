@@ -178,7 +178,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                       gemm_quant: str | None = None, clients: Clients = STEADY,
                       server: ServerFlags = ServerFlags(), price_per_gpu_hour: float | None = None,
                       objective: Objective | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance):
+    """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance,
+    and each drafter's K schedule where it is not one K everywhere; `k_schedule` names it):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
     tokens/s per GPU, the share of time at B >= 32 and the mean running batch, how many requests
     the KV cache holds, TPOT's and tokens/s's speed-ups over the baseline, and GPU-hours (and $ at
@@ -187,7 +188,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     its percentiles hold. Drafters the tables cannot price here are named in the lines."""
     rows = []
     for tp in tps:
-        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, server=server)
+        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
+                               server=server)
         for concurrency in concurrencies:
             base = None
             for configuration in found:
@@ -200,7 +202,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                             "goodput_rps": good_share * keep.sum() / _span_s(out, keep)}
                 base = base or row
                 rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,
-                             "k": configuration.k, "acceptance": configuration.acceptance, **row,
+                             "k": configuration.k, "k_schedule": configuration.schedule,
+                             "acceptance": configuration.acceptance, **row,
                              "kv_cache_requests": requests_cached(configuration.spec, isl, osl),
                              "max_num_seqs": configuration.spec.max_num_seqs,
                              "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
@@ -214,12 +217,15 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
 def _configurations(rows: pd.DataFrame, acceptances: bool) -> str:
     """"autoregressive, 1b K=2,3, 8b K=3 (α 0.7)": the configurations in `rows`, by drafter."""
     names = []
+    schedule = rows["k_schedule"] if "k_schedule" in rows else pd.Series("", index=rows.index)
     for (draft, acceptance), group in rows.groupby(["draft", "acceptance"], sort=False):
         if draft == AR:
             names.append(AR)
             continue
-        ks = ",".join(str(int(k)) for k in sorted(group["k"].unique()))
-        names.append(f"{draft} K={ks}" + (f" ({acceptance})" if acceptances else ""))
+        fixed = group[schedule[group.index] == ""]
+        ks = ",".join(str(int(k)) for k in sorted(fixed["k"].unique()))
+        labels = ([f"K={ks}"] if ks else []) + [f"K schedule {s}" for s in schedule[group.index] if s]
+        names.append(f"{draft} {' and '.join(labels)}" + (f" ({acceptance})" if acceptances else ""))
     return ", ".join(names)
 
 
@@ -248,8 +254,8 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
         return f"{where}: {met} (SIMULATED)" if met else ""
 
     def name(row) -> str:
-        return f"{row['draft']} K={int(row['k'])}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1
-                                                       else "")
+        k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"
+        return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1 else "")
 
     best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     dollars = "" if not best.get("dollars_per_million_tokens", float("nan")) == \
@@ -297,8 +303,8 @@ def closed_loop_capacity(table: pd.DataFrame, slo: str) -> list[str]:
                 parts.append(f"{draft} none")
                 continue
             most = int(meeting["concurrency"].max())
-            ks = sorted(int(k) for k in meeting.loc[meeting["concurrency"] == most, "k"].unique())
-            parts.append(f"{draft} {most}" + ("" if draft == AR else f" (K={','.join(map(str, ks))})"))
+            which = _configurations(meeting[meeting["concurrency"] == most], False).removeprefix(f"{draft} ")
+            parts.append(f"{draft} {most}" + ("" if draft == AR else f" ({which})"))
         found.append(f"TP{int(tp)}, the most clients one replica serves at {slo}, of {asked}: {'; '.join(parts)} "
                      "(SIMULATED)")
     return found

@@ -439,3 +439,24 @@ def test_a_runs_per_position_acceptance_sets_tau_not_its_iid_alpha():
     chat = row(plan, draft="ngram", acceptance="chat T=0", batch_size=8)
     assert chat["tau"] == pytest.approx(1 + reach[0] + reach[1])
     assert chat["tau"] != pytest.approx((1 - chat["alpha"] ** 3) / (1 - chat["alpha"]), rel=1e-3)
+
+
+def test_the_tensor_peaks_are_the_system_files_and_a_measured_row_can_exceed_them():
+    """The dense tensor-core peaks as aiconfigurator's system files state them, and the audit the
+    silicon benchmark runs with them: NVIDIA's Llama-3.1-8B FP8 row at 2,000 in and 100 out, 64
+    clients on one H200 (TTFT 121.73 ms, TPOT 9.74 ms measured) served 58.9 requests a second,
+    whose prompts' GEMMs alone are 83 % of the H200's 1,978 TFLOP/s."""
+    import sys
+
+    assert kernel_tables.tensor_flops("h100_sxm") == 989e12
+    assert kernel_tables.tensor_flops("h100_sxm", "fp8") == 1978e12
+    assert kernel_tables.tensor_flops("b200_sxm", "fp4") == 9000e12
+    sys.path.insert(0, str(Path("benchmarks/fleet-2026-11-25").resolve()))
+    from silicon import prefill_peak_share
+
+    row = {"model_path": "nvidia/Llama-3.1-8B-Instruct-FP8", "system": "h200_sxm", "precision": "fp8", "isl": 2000,
+           "osl": 100, "batch_size": 64, "tp_size": 1, "silicon_ttft_ms": 121.73, "silicon_tpot_ms": 9.74}
+    rate = 64 / ((121.73 + 99 * 9.74) / 1e3)
+    layer_weights = 32 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336)  # q, o; k, v; the MLP
+    assert prefill_peak_share(row) == pytest.approx(rate * 2000 * 2 * layer_weights / 1978e12, rel=1e-3)
+    assert prefill_peak_share(row) == pytest.approx(0.83, abs=0.01)

@@ -37,6 +37,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specbench.fit import kernel_tables  # noqa: E402
+from specbench.fit.table_plan import parameters  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
 
@@ -102,6 +103,23 @@ def simulate_row(row: dict, forwards: dict) -> dict:
     return found
 
 
+# a row whose own throughput implies its prompts' GEMMs alone at over this share of its GPUs' dense
+# tensor peak, its decodes beside them, was not measured computing every prompt token
+IMPLAUSIBLE_PREFILL_SHARE = 0.5
+
+
+def prefill_peak_share(row: dict) -> float:
+    """The compute the row's measured throughput implies for its prompts, as a share of its GPUs'
+    dense tensor-core peak at its precision: requests/s by Little's law (C / (TTFT + (output - 1)
+    · TPOT)) × the prompt's tokens × 2 FLOPs per layer weight (attention and the decodes left out:
+    a floor on the work)."""
+    config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
+    layer_weights = parameters(config) - parameters(config, 0)
+    e2e_s = (float(row["silicon_ttft_ms"]) + (int(row["osl"]) - 1) * float(row["silicon_tpot_ms"])) / 1e3
+    flops = int(row["batch_size"]) / e2e_s * int(row["isl"]) * 2 * layer_weights
+    return flops / (kernel_tables.tensor_flops(row["system"], row["precision"] or "bf16") * int(row["tp_size"]))
+
+
 def _median_abs(errors: pd.Series) -> float:
     return errors.abs().median()
 
@@ -119,7 +137,7 @@ def main() -> None:
         base = {"id": row["id"], "model": row["model_path"], "system": row["system"], "precision": row["precision"]
                 or "bf16", "tp": int(row["tp_size"]), "concurrency": int(row["batch_size"]),
                 "lengths": f"{row['isl']}/{row['osl']}", "silicon_ttft_ms": float(row["silicon_ttft_ms"]),
-                "silicon_tpot_ms": float(row["silicon_tpot_ms"])}
+                "silicon_tpot_ms": float(row["silicon_tpot_ms"]), "prefill_peak_share": prefill_peak_share(row)}
         try:
             base |= simulate_row(row, forwards)
             for prefix in ("sim", "steady"):
@@ -170,6 +188,19 @@ def main() -> None:
         lines += [f"On the {len(both)} rows aiconfigurator estimates: the simulator {_median_abs(both['sim_tpot_error']):.1%} "
                   f"TPOT, {_median_abs(both['sim_ttft_error']):.1%} TTFT; aiconfigurator "
                   f"{_median_abs(both['aic_tpot_error']):.1%} TPOT, {_median_abs(both['aic_ttft_error']):.1%} TTFT.", ""]
+        fast = both[both["prefill_peak_share"] > IMPLAUSIBLE_PREFILL_SHARE]
+        if len(fast):
+            rest = both.drop(fast.index)
+            models = ", ".join(f"{n} {model}" for model, n in fast["model"].value_counts().items())
+            lines += [f"{len(fast)} of them ({models}) imply their prompts' GEMMs alone at over "
+                      f"{IMPLAUSIBLE_PREFILL_SHARE:.0%} of their GPUs' dense tensor peak (up to "
+                      f"{fast['prefill_peak_share'].max():.0%}; `prefill_peak_share`: requests/s by Little's law × "
+                      f"the prompt × 2 FLOPs a layer weight), their decodes beside them: measured so fast only if "
+                      f"much of each prompt was not computed (its KV found in vLLM's prefix cache, for instance). "
+                      f"The other {len(rest)}: the simulator {_median_abs(rest['sim_tpot_error']):.1%} TPOT, "
+                      f"{_median_abs(rest['sim_ttft_error']):.1%} TTFT; aiconfigurator "
+                      f"{_median_abs(rest['aic_tpot_error']):.1%} TPOT, {_median_abs(rest['aic_ttft_error']):.1%} "
+                      f"TTFT.", ""]
         missing = table[table["aic_tpot_error"].isna() & table["aic_error"].notna()]
         if len(missing):
             lines += [f"aiconfigurator gave no estimate for {len(missing)} rows"] + [

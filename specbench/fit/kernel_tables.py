@@ -135,6 +135,17 @@ def device(system: str) -> Device:
                   {tp: other + nccl.get(tp, max(nccl.values(), default=0)) for tp in (1, 2, 4, 8, 16, 32, 64)})
 
 
+def tensor_flops(system: str, precision: str = "bf16") -> float:
+    """The GPU's dense tensor-core peak (FLOP/s) at `precision` (bf16, fp8, fp4), as the tables'
+    system file states it."""
+    import yaml
+
+    gpu = yaml.safe_load((_systems_dir() / f"{system}.yaml").read_text())["gpu"]
+    key = {"bf16": "bfloat16_tc_flops", "fp16": "bfloat16_tc_flops", "fp8": "fp8_tc_flops",
+           "fp4": "fp4_tc_flops", "nvfp4": "fp4_tc_flops"}.get(precision, "bfloat16_tc_flops")
+    return float(gpu.get(key) or gpu["bfloat16_tc_flops"])
+
+
 def shipped_model_config(name: str) -> dict | None:
     """A Hugging Face config the tables' package ships (its `model_configs`: `meta-llama/Meta-Llama-3.1-70B`
     and the like), None where it has none."""

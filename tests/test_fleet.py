@@ -251,7 +251,9 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
-    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--chart", "x.png"], "size a fleet with --trace"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--trace-speedup", "2"],
+     "size a fleet with --trace"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--chart", "x.svg"], "write a .png file"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=abc"], "needs a number of seconds"),
     (["--target", "llama3-8b", "--concurrency", "4", "--calibrate", "x"], "not simulated yet"),
     (["--target", "llama3-8b", "--concurrency", "4", "--trace", "azure-conv"], "two loads: give one"),
@@ -840,10 +842,10 @@ def test_a_closed_loop_at_an_slo_says_which_configurations_meet_it_and_how_many_
                                    "of 4, 16: autoregressive 4; 1b 16 (K=3) (SIMULATED)")
 
 
-def test_the_closed_loop_simulates_the_k_schedule_too():
+def test_the_closed_loop_simulates_the_k_schedule_too(tmp_path):
     """The K schedule `plan --target` picks (8b on 70B TP4, 1k in: K = 3 up to 32 rows, K = 1
     beyond) is one more configuration of the closed loop: at 8 clients it runs as K = 3 does, at
-    128 as K = 1 does."""
+    128 as K = 1 does. --chart draws them all against the clients."""
     import json
 
     from typer.testing import CliRunner
@@ -852,7 +854,8 @@ def test_the_closed_loop_simulates_the_k_schedule_too():
 
     result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "8b", "--device", "h100", "--tp",
                                       "4", "--concurrency", "8,128", "--input-len", "1024", "--output-len", "1024",
-                                      "--k", "1,3", "--alpha", "0.7", "--slo", "tpot=0.028,p90", "--json"])
+                                      "--k", "1,3", "--alpha", "0.7", "--slo", "tpot=0.028,p90", "--chart",
+                                      str(tmp_path / "clients.png"), "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["rows"]
     scheduled = [row for row in rows if row["k_schedule"]]
@@ -862,6 +865,7 @@ def test_the_closed_loop_simulates_the_k_schedule_too():
         fixed = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["draft"] == "8b"
                      and r["k"] == like and not r["k_schedule"])
         assert row["tpot_p50_ms"] == pytest.approx(fixed["tpot_p50_ms"], rel=0.03)
+    assert (tmp_path / "clients.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     answers = json.loads(result.output)["answers"]  # at 128 clients K = 3's TPOT (~29 ms) misses the bound
     assert "At p90 TPOT ≤ 28 ms: met by 8b K=1 and K schedule {1-32: 3, 33+: 1};" in answers[1]
 

@@ -105,7 +105,8 @@ def plan(
     router: str = typer.Option("least-outstanding", rich_help_panel="Served, simulated on kernel tables",
                                help="--trace: how requests are spread: least-outstanding or round-robin."),
     chart: Optional[Path] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
-                                         help="--trace: draw replicas needed against traffic scale to this PNG."),
+                                         help="--trace: draw replicas needed against traffic scale to this PNG; "
+                                              "--concurrency: tokens/s per GPU and TPOT against the clients."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                              help="A native or vLLM run measured on the same GPU kind: what "
                                                   "it measured corrects the tables (decode, verify, draft, "
@@ -140,7 +141,7 @@ def plan(
     if concurrency is not None or dtype is not None:
         fail("--concurrency and --dtype simulate served replicas on the kernel tables: give --target MODEL")
     if trace_window or trace_speedup != "1" or chart is not None:
-        fail("--trace-window, --trace-speedup and --chart need --trace (and --target)")
+        fail("--trace-window and --trace-speedup need --trace, --chart --trace or --concurrency (and --target)")
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
@@ -379,9 +380,11 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                              "give one")
         if calibrate is not None:
             raise UsageError("--calibrate is not simulated yet: leave it out with --concurrency or --trace")
-        if trace is None and (chart is not None or trace_window or trace_speedup != "1"):
-            raise UsageError("--chart, --trace-window and --trace-speedup with --concurrency: size a fleet "
-                             "with --trace instead")
+        if trace is None and (trace_window or trace_speedup != "1"):
+            raise UsageError("--trace-window and --trace-speedup with --concurrency: size a fleet with --trace "
+                             "instead")
+        if chart is not None and chart.suffix.lower() != ".png":
+            raise UsageError(f"--chart {chart}: write a .png file")
         if trace is not None and slo is None:
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         ks = split_list(k, int, "--k")
@@ -396,7 +399,8 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
                        kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-                       gpu_price=gpu_price, slo=slo if trace is None else None)
+                       gpu_price=gpu_price, slo=slo if trace is None else None,
+                       chart=chart if trace is None else None)
         plan_fleet(ask, json_output)
     except known_errors() as error:
         fail(str(error))

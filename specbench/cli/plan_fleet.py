@@ -76,6 +76,7 @@ class FleetAsk:
     async_scheduling: bool | None = None
     gpu_price: float | None = None  # $ per GPU-hour for a closed loop (a trace's: traffic.gpu_price)
     slo: str | None = None  # a closed loop's objective (a trace's: traffic.slo)
+    chart: Path | None = None  # a closed loop's chart (a trace's: traffic.chart)
 
     def server(self):
         from specbench.fleet.tables import ServerFlags
@@ -159,7 +160,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                  json_output, started) -> None:
     from specbench.fit import default_gpu_price
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_table
+    from specbench.fleet.plan import (CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart,
+                                      closed_loop_table)
     from specbench.fleet.sizing import Objective
 
     clients = CLIENTS[ask.clients]
@@ -171,6 +173,10 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                                         clients, ask.server(), price,
                                         Objective(slo.bounds, slo.percentile) if slo else None)
     left_out += unpriced
+    if ask.chart is not None:
+        closed_loop_chart(table, ask.chart, f"SIMULATED: {head['target']}{_server_note(head)} on {planner.system}, "
+                                            f"closed loop ({ask.clients}), {ask.input_len} tokens in and "
+                                            f"{ask.output_len} out")
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
     slo_words = slo.describe() if slo else ""
@@ -180,7 +186,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
         print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
                           "price": price_note, "price_per_gpu_hour": price,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
-                          "slo": slo.text if slo else None, "answers": [text for text in answers if text] + capacity,
+                          "slo": slo.text if slo else None, "chart": str(ask.chart) if ask.chart else None, "answers": [text for text in answers if text] + capacity,
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
     how = ("started apart, the steady state" if not clients.together else
@@ -210,6 +216,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
             console.print(answer, highlight=False, soft_wrap=True)
     for line in capacity:
         console.print(line, highlight=False, soft_wrap=True)
+    if ask.chart is not None:
+        console.print(f"chart: {ask.chart}", highlight=False, soft_wrap=True)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
 
 

@@ -384,6 +384,54 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
     return text + (f", with it {least(speculative)}" if (table["draft"] != AR).any() else "") + " (SIMULATED)"
 
 
+def _label(row) -> str:
+    if row["draft"] == AR:
+        return AR
+    k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"
+    return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if row["acceptance"] else "")
+
+
+def closed_loop_chart(table: pd.DataFrame, path, title: str) -> None:
+    """Against the clients: tokens/s per GPU (top) and TPOT p50 (bottom), one line per
+    configuration, one column per TP: where each configuration's throughput stops growing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import textwrap
+
+    tps = sorted(table["tp"].unique())
+    fig, axes = plt.subplots(2, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 7.0), squeeze=False, sharex="col")
+    labels = table.apply(_label, axis=1)
+    for column, tp in enumerate(tps):
+        rows = table[table["tp"] == tp]
+        for n, (label, group) in enumerate(rows.groupby(labels[rows.index], sort=False)):
+            group = group.sort_values("concurrency")
+            baseline = (group["draft"] == AR).all()
+            # equal values overlap: each later line drawn thinner, with smaller markers, over the earlier
+            style = {"marker": "o", "markersize": max(3.0, 9.0 - 1.2 * n), "linewidth": max(1.0, 3.0 - 0.4 * n),
+                     "alpha": 0.85, "label": label}
+            style |= {"color": "black", "linestyle": "--"} if baseline else {}
+            axes[0][column].plot(group["concurrency"], group["tokens_per_s_per_gpu"], **style)
+            axes[1][column].plot(group["concurrency"], group["tpot_p50_ms"], **style)
+        clients = sorted(int(c) for c in rows["concurrency"].unique())
+        axes[0][column].set_title(f"TP{tp}", fontsize=10)
+        axes[0][column].set_ylabel("output tokens/s per GPU (simulated)")
+        axes[1][column].set_ylabel("TPOT p50, ms (simulated)")
+        axes[1][column].set_xlabel("closed-loop clients")
+        for ax in (axes[0][column], axes[1][column]):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(clients, [str(c) for c in clients])
+            ax.minorticks_off()
+            ax.grid(alpha=0.3)
+        axes[0][column].legend(fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
     """Replicas needed against traffic scale, one line per configuration, one panel per TP."""
     import matplotlib

@@ -884,6 +884,9 @@ def test_the_closed_loop_answer_says_when_no_speculation_serves_more():
         "TP1, 8 clients: no speculation serves more than autoregressive; the closest, 1b K=2: 90 against 100 tokens/s "
         "per GPU (0.90×), TPOT p50 11.0 against 10.0 ms, TTFT p50 0.05 against 0.05 s (SIMULATED)")
     assert closed_loop_answer(rows.iloc[:1]) == ""
+    alone = rows.iloc[:1].assign(meets_slo=True)
+    assert closed_loop_answer(alone, "p90 TPOT ≤ 10 ms") == \
+        "TP1, 8 clients: at p90 TPOT ≤ 10 ms: met by autoregressive (SIMULATED)"
 
 
 def test_the_running_batch_percentile_is_weighted_by_time():

@@ -251,7 +251,7 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
                       f"; of those {_configurations(most.to_frame().T, acceptances)} serves the most "
                       f"({most['tokens_per_s_per_gpu']:.0f} tokens/s per GPU)"))
     if speculative.empty:
-        return f"{where}: {met} (SIMULATED)" if met else ""
+        return f"{where}: {met[0].lower()}{met[1:]} (SIMULATED)" if met else ""
 
     def name(row) -> str:
         k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"

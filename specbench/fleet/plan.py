@@ -13,6 +13,7 @@ DataFrames a notebook can use."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,8 +215,9 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     return pd.DataFrame(rows), mtp_left_out(drafters)
 
 
-def _configurations(rows: pd.DataFrame, acceptances: bool) -> str:
-    """"autoregressive, 1b K=2,3, 8b K=3 (α 0.7)": the configurations in `rows`, by drafter."""
+def _configurations(rows: pd.DataFrame, acceptances: bool, drafts: bool = True) -> str:
+    """"autoregressive, 1b K=2,3, 8b K=3 (α 0.7)": the configurations in `rows`, by drafter and
+    acceptance (`acceptances`: named; `drafts`: False leaves the drafters' names out)."""
     names = []
     schedule = rows["k_schedule"] if "k_schedule" in rows else pd.Series("", index=rows.index)
     for (draft, acceptance), group in rows.groupby(["draft", "acceptance"], sort=False):
@@ -225,7 +227,8 @@ def _configurations(rows: pd.DataFrame, acceptances: bool) -> str:
         fixed = group[schedule[group.index] == ""]
         ks = ",".join(str(int(k)) for k in sorted(fixed["k"].unique()))
         labels = ([f"K={ks}"] if ks else []) + [f"K schedule {s}" for s in schedule[group.index] if s]
-        names.append(f"{draft} {' and '.join(labels)}" + (f" ({acceptance})" if acceptances else ""))
+        names.append((f"{draft} " if drafts else "") + " and ".join(labels)
+                     + (f" ({acceptance})" if acceptances else ""))
     return ", ".join(names)
 
 
@@ -258,9 +261,9 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
         return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1 else "")
 
     best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
-    dollars = "" if not best.get("dollars_per_million_tokens", float("nan")) == \
-        best.get("dollars_per_million_tokens", float("nan")) else \
-        f"; ${best['dollars_per_million_tokens']:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
+    price = best.get("dollars_per_million_tokens", math.nan)
+    dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
+               if math.isfinite(price) else "")
     figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU "
                f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
@@ -303,7 +306,8 @@ def closed_loop_capacity(table: pd.DataFrame, slo: str) -> list[str]:
                 parts.append(f"{draft} none")
                 continue
             most = int(meeting["concurrency"].max())
-            which = _configurations(meeting[meeting["concurrency"] == most], False).removeprefix(f"{draft} ")
+            there = meeting[meeting["concurrency"] == most]
+            which = _configurations(there, there["acceptance"].nunique() > 1, drafts=False)
             parts.append(f"{draft} {most}" + ("" if draft == AR else f" ({which})"))
         found.append(f"TP{int(tp)}, the most clients one replica serves at {slo}, of {asked}: {'; '.join(parts)} "
                      "(SIMULATED)")

@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from specbench.fit import kernel_tables
+from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
-from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, simulate
+from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
 from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets, slo_verdict
 from specbench.fleet.tables import KV_BYTES, ServerFlags, replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
@@ -104,7 +105,7 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
 
 def requests_cached(spec: ReplicaSpec, isl: int, osl: int) -> int:
     """How many requests of `isl` + `osl` tokens the replica's KV cache holds at once."""
-    return spec.kv_blocks // -(-(isl + osl) // spec.block_size)
+    return spec.kv_blocks // blocks_for(isl + osl, spec.block_size)
 
 
 def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tp: int,
@@ -209,10 +210,20 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                              "max_num_seqs": configuration.spec.max_num_seqs,
                              "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
                              "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"],
-                             "gpu_hours_per_million_tokens": 1e6 / (row["tokens_per_s_per_gpu"] * 3600),
-                             "dollars_per_million_tokens": 1e6 / (row["tokens_per_s_per_gpu"] * 3600)
-                             * price_per_gpu_hour if price_per_gpu_hour is not None else float("nan")})
+                             "gpu_hours_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"],
+                                                                                    None)),
+                             "dollars_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"],
+                                                                                  price_per_gpu_hour))
+                             if price_per_gpu_hour is not None else math.nan})
     return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def _label(row, acceptance: bool = True) -> str:
+    """"1b K=3 (α 0.7)", "8b K schedule {1-32: 3, 33+: 1}": one row's configuration."""
+    if row["draft"] == AR:
+        return AR
+    k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"
+    return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if acceptance and row["acceptance"] else "")
 
 
 def _configurations(rows: pd.DataFrame, acceptances: bool, drafts: bool = True) -> str:
@@ -256,10 +267,7 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     if speculative.empty:
         return f"{where}: {met[0].lower()}{met[1:]} (SIMULATED)" if met else ""
 
-    def name(row) -> str:
-        k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"
-        return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if speculative["acceptance"].nunique() > 1 else "")
-
+    several = speculative["acceptance"].nunique() > 1
     best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     price = best.get("dollars_per_million_tokens", math.nan)
     dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
@@ -269,9 +277,10 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
     if best["throughput_speedup"] > 1:
-        text = f"{where}: speculation serves the most with {name(best)}: {figures}"
+        text = f"{where}: speculation serves the most with {_label(best, several)}: {figures}"
     else:
-        text = f"{where}: no speculation serves more than autoregressive; the closest, {name(best)}: {figures}"
+        text = (f"{where}: no speculation serves more than autoregressive; the closest, {_label(best, several)}: "
+                f"{figures}")
     # a closed loop's TPOT falls when fewer requests run: speculation whose batch is smaller than the
     # baseline's buys part of its TPOT with waiting, which tokens/s and TTFT show and TPOT hides
     smaller = speculative[speculative["mean_running_batch"] < 0.9 * base["mean_running_batch"]]
@@ -388,11 +397,6 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
     return text + (f", with it {least(speculative)}" if (table["draft"] != AR).any() else "") + " (SIMULATED)"
 
 
-def _label(row) -> str:
-    if row["draft"] == AR:
-        return AR
-    k = f"K schedule {row['k_schedule']}" if row.get("k_schedule") else f"K={int(row['k'])}"
-    return f"{row['draft']} {k}" + (f" ({row['acceptance']})" if row["acceptance"] else "")
 
 
 def closed_loop_chart(table: pd.DataFrame, path, title: str) -> None:

@@ -237,7 +237,8 @@ def running_percentile(timeline: list[tuple[float, int]], p: float) -> float:
     return weighted_percentile(counts, spans, p) if spans.sum() > 0 else float(counts.max())
 
 
-def _blocks_for(tokens: int, block_size: int) -> int:
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks `tokens` take."""
     return -(-tokens // block_size)
 
 
@@ -245,7 +246,7 @@ def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
     """One line if a request is empty or needs more KV cache than the replica has."""
     if prompt < 1 or output < 1:
         raise ValueError("every request needs a prompt and an output of at least one token")
-    if _blocks_for(prompt + output, spec.block_size) > spec.kv_blocks:
+    if blocks_for(prompt + output, spec.block_size) > spec.kv_blocks:
         raise ValueError(f"request {index} ({prompt} + {output} tokens) needs more KV cache than the replica "
                          f"has ({spec.kv_capacity_tokens} tokens)")
 

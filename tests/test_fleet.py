@@ -3,6 +3,9 @@ chunked prompt, a queue at a known rate (M/D/1), a KV cache that fills, closed-l
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -239,7 +242,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     assert base["tpot_p50_ms"] == pytest.approx(target.mixed_ms(0, 1, 512, 256), rel=1e-6)
     assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256), rel=1e-6)
     draft = planner.forward(model_config("llama3.2-1b")[1], 1)
-    step_ms = step_cost(target, 512, 256, draft)(0, 1, 3) * 1e3
+    step_ms = step_cost(target, 512, 256, draft, async_scheduling=True)(0, 1, 3) * 1e3
     tau = 1 + 0.7 + 0.7 ** 2 + 0.7 ** 3
     assert speculative["draft"] == "1b" and speculative["k"] == 3
     # 255 tokens after the first, about tau a step (the last step cut at the output's length)
@@ -395,7 +398,7 @@ def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():
         isl, osl, clients = int(row["isl"]), int(row["osl"]), int(row["batch_size"])
         spec = dataclasses.replace(replica_spec(config, "h100_sxm", 4, "fp8", kv_cache_dtype="fp8"),
                                    max_num_batched_tokens=8192, max_num_seqs=clients, reserve_full_input=False)
-        cost = step_cost(forward, isl, osl)
+        cost = step_cost(forward, isl, osl, async_scheduling=spec.async_scheduling)
         out, keep = closed_loop(cost, spec, clients, isl, osl, clients=INFERENCEMAX)
         errors["ttft"].append(np.mean(out.ttft_s[keep]) * 1e3 / float(row["silicon_ttft_ms"]) - 1)
         errors["tpot"].append(np.nanmean(out.tpot_s[keep]) * 1e3 / float(row["silicon_tpot_ms"]) - 1)
@@ -404,6 +407,35 @@ def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():
     assert np.median(np.abs(errors["ttft"])) < 0.15, errors["ttft"]
     assert np.median(np.abs(errors["tpot"])) < 0.12, errors["tpot"]
     assert np.median(errors["steady_ttft"]) < -0.15, errors["steady_ttft"]
+
+
+def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapped_when_async():
+    """The kernel tables hold GPU time; vLLM's host schedules, prepares and books each step beside it
+    (async scheduling) or before it (synchronous): the longer of the two, or their sum."""
+    from specbench.fit import kernel_tables
+    from specbench.fleet.tables import VLLM_HOST_STEP, HostCost, step_cost
+
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
+    forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
+    kernels = step_cost(forward, 1024, 128, async_scheduling=False, host=None)
+    synchronous = step_cost(forward, 1024, 128, async_scheduling=False)
+    overlapped = step_cost(forward, 1024, 128, async_scheduling=True)
+    for prefill, rows in ((0, 1), (0, 64), (2048, 30), (1500, 0)):
+        prompts = -(-prefill // 1024)
+        host_s = VLLM_HOST_STEP.ms(rows + prompts, prompts, prefill) / 1e3
+        assert synchronous(prefill, rows) == pytest.approx(kernels(prefill, rows) + host_s, rel=1e-9)
+        assert overlapped(prefill, rows) == pytest.approx(max(kernels(prefill, rows), host_s), rel=1e-9)
+    slow_host = HostCost(intercept_ms=50.0, per_running_row_ms=0, per_new_request_ms=0, per_prompt_token_ms=0)
+    assert step_cost(forward, 1024, 128, async_scheduling=True, host=slow_host)(0, 8) == pytest.approx(0.05)
+
+
+def test_the_host_step_cost_is_the_one_its_benchmark_measured():
+    """`VLLM_HOST_STEP` is not typed in: it is host_step.py's fit, committed as host_step.json."""
+    from specbench.fleet.tables import VLLM_HOST_STEP
+
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27" / "host_step.json").read_text())
+    for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):
+        assert getattr(VLLM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
 
 
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_is_priced_as_the_tables_read_it():

@@ -10,7 +10,8 @@ every request). The Llama-3.1-70B rows (225 of 339) are InferenceMAX's own lengt
 concurrencies; the csv does not say how the Qwen3-32B and Llama-3.1-8B rows were taken, and they are
 simulated the same way. The steady state (`fleet.plan.STEADY`: clients started apart, the first
 and last requests left out) is shown beside: the clients' start alone moves TTFT by half. Steps
-are priced by the kernel tables' mixed prefill+decode step (`specbench.fleet.tables`), the replica
+are priced by the kernel tables' mixed prefill+decode step and the host's time per step measured by
+`benchmarks/fleet-2026-11-27/host_step.py` (`specbench.fleet.tables`), the replica
 as vLLM's defaults and the GPU's memory make it, admitting as the rows' vLLM did: every row was
 measured on a vLLM from before `scheduler_reserve_full_isl` (vLLM PR #37307, March 2026; the
 Llama-3.1-70B rows in October 2025, the others on vLLM 0.12), which admitted a waiting request when
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specbench.fit import kernel_tables  # noqa: E402
 from specbench.fit.table_plan import parameters  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
-from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
+from specbench.fleet.tables import VLLM_HOST_STEP, HostCost, ServerFlags, replica_spec, step_cost  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import silicon_aic  # noqa: E402  (the rows and their models, shared with aiconfigurator's own estimate)
@@ -69,9 +70,10 @@ def served_as(row: dict) -> ServerFlags:
     return ServerFlags(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=seqs, async_scheduling=True)
 
 
-def priced_row(row: dict, forwards: dict, server: ServerFlags):
+def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP):
     """The row's step cost and replica at its model, GPU, TP and precision, its server's flags as
-    `server` says; `forwards` caches the priced forwards across rows."""
+    `server` says, the host's time per step `host` (None: the kernels' alone); `forwards` caches
+    the priced forwards across rows."""
     system, tp = row["system"], int(row["tp_size"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
@@ -80,11 +82,12 @@ def priced_row(row: dict, forwards: dict, server: ServerFlags):
     if key not in forwards:
         forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant,
                                               kv_quant=kv_quant)
-    cost = step_cost(forwards[key], int(row["isl"]), int(row["osl"]))
     # the rows' vLLM admitted on the first chunk's blocks (see the docstring)
     spec = dataclasses.replace(server.applied(replica_spec(config, system, tp, quant,
                                                            kv_cache_dtype=server.kv_cache_dtype)),
                                reserve_full_input=False)
+    cost = step_cost(forwards[key], int(row["isl"]), int(row["osl"]), async_scheduling=spec.async_scheduling,
+                     host=host)
     return cost, spec
 
 

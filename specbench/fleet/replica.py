@@ -13,9 +13,9 @@ it runs: it sees only the requests that arrived before that one started, and the
 the requests that one finishes are free a step later. `fleet.vllm_oracle` runs vLLM's own scheduler
 (and its `AsyncScheduler`, driven as its engine core drives it) on the same requests and step
 prices, and the tests hold the two timelines equal.
-The step's time comes from a `StepCost` (the kernel tables' mixed prefill+decode step, or a run's
-fitted model); the step that finishes a prompt emits its first token, each decode step one token
-per row.
+The step's time comes from a `StepCost` (the kernel tables' mixed prefill+decode step with the
+host's time per step, `fleet.tables.step_cost`, or a run's fitted model); the step that finishes a
+prompt emits its first token, each decode step one token per row.
 
 Speculative decoding (`Speculation`): each decoding row drafts K tokens and the target verifies
 K + 1 positions; the row emits 1 + the tokens accepted, drawn each step from the per-position

@@ -1,6 +1,6 @@
-"""A replica's steps priced from NVIDIA's kernel tables (fit/kernel_tables.py), and the replica a
-vLLM server on that GPU would be: its default token budget and sequence limit, and the KV cache
-its memory leaves at a tensor-parallel size."""
+"""A replica's steps priced from NVIDIA's kernel tables (fit/kernel_tables.py) and the host's own
+time per engine step (`HostCost`), and the replica a vLLM server on that GPU would be: its default
+token budget and sequence limit, and the KV cache its memory leaves at a tensor-parallel size."""
 
 from __future__ import annotations
 
@@ -61,13 +61,40 @@ class ServerFlags:
         return ", ".join(said)
 
 
-def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,
-              draft: kernel_tables.Forward | None = None) -> StepCost:
+@dataclass(frozen=True)
+class HostCost:
+    """A vLLM engine step's host time outside the model's kernels, in ms: scheduling the step,
+    preparing its inputs and booking its tokens, linear in the step's running requests, the new
+    requests it admits and their prompt tokens. The kernel tables hold GPU time only; with
+    synchronous scheduling the GPU waits for this, with async scheduling it runs beside the GPU."""
+
+    intercept_ms: float
+    per_running_row_ms: float
+    per_new_request_ms: float
+    per_prompt_token_ms: float
+
+    def ms(self, running_rows: int, new_requests: int, prompt_tokens: int) -> float:
+        return (self.intercept_ms + self.per_running_row_ms * running_rows + self.per_new_request_ms * new_requests
+                + self.per_prompt_token_ms * prompt_tokens)
+
+
+# vLLM 0.32's engine core (its GPUModelRunner's host path, run by its CPU build) on this project's
+# 2-core AMD EPYC VM, measured by benchmarks/fleet-2026-11-27/host_step.py (host_step.json; a test
+# holds the two equal). A GPU server's host CPU and vLLM version differ; this is the one measured.
+VLLM_HOST_STEP = HostCost(intercept_ms=0.742, per_running_row_ms=0.0240, per_new_request_ms=0.0233,
+                          per_prompt_token_ms=0.000149)
+
+
+def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
+              async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
-    less its one-token decode)."""
+    less its one-token decode). The host's time (`host`; None: none) is added to the kernels' when
+    the replica schedules synchronously, and overlaps them with `async_scheduling` (the step takes
+    the longer of the two). A step's prompt tokens count as ceil(tokens / isl) requests, each new
+    and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it."""
     cache: dict[tuple[int, int, int], float] = {}
     context = isl + osl // 2
 
@@ -79,6 +106,10 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int,
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:
                     ms += k * draft.mixed_ms(0, decode_rows, isl, osl)
+            if host is not None:
+                prompts = -(-prefill_tokens // max(isl, 1))
+                host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
+                ms = max(ms, host_ms) if async_scheduling else ms + host_ms
             cache[key] = ms / 1e3
         return cache[key]
 

@@ -431,7 +431,7 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
 
 def test_the_host_step_cost_is_the_one_its_benchmark_measured():
     """`VLLM_HOST_STEP` is not typed in: it is host_step.py's fit, committed as host_step.json."""
-    from specbench.fleet.tables import VLLM_HOST_STEP
+    from specbench.fit.host_cost import VLLM_HOST_STEP
 
     measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27" / "host_step.json").read_text())
     for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):

@@ -460,3 +460,26 @@ def test_the_tensor_peaks_are_the_system_files_and_a_measured_row_can_exceed_the
     layer_weights = 32 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336)  # q, o; k, v; the MLP
     assert prefill_peak_share(row) == pytest.approx(rate * 2000 * 2 * layer_weights / 1978e12, rel=1e-3)
     assert prefill_peak_share(row) == pytest.approx(0.83, abs=0.01)
+
+
+def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_beside_async_steps():
+    """vLLM schedules n-gram drafting synchronously: its host's time per step (fit/host_cost.py)
+    follows the verify's kernels; the baseline's and a draft model's run beside them (async). A
+    run's corrections already hold their host's time: a corrected planner adds none."""
+    from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost
+    from specbench.fit.table_plan import Drafter, TablePlanner, model_config
+
+    name, config = model_config("llama3-70b")
+    ngram = Drafter("ngram", "ngram", label="n-gram lookup")
+    draft = Drafter("1b", "model", model_config("llama3.2-1b")[1], "llama3.2-1b")
+    served, kernels = (TablePlanner(config, name, "h100_sxm", "vllm", host=host) for host in (VLLM_HOST_STEP, None))
+    for b in (1, 64, 256):
+        host_ms = VLLM_HOST_STEP.ms(b)
+        assert served.step_ms(ngram, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, b, 1536, 4, 4)
+                                                                         + host_ms, rel=1e-9)
+        assert served.step_ms(draft, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(draft, 2, b, 1536, 4, 4))
+        assert served.decode_ms(b, 1536, 4) == pytest.approx(max(kernels.decode_ms(b, 1536, 4), host_ms))
+    slow = TablePlanner(config, name, "h100_sxm", "vllm", host=HostCost(500.0, 0, 0, 0))
+    assert slow.decode_ms(8, 1536, 4) == pytest.approx(500.0)
+    corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
+    assert corrected.step_ms(ngram, 2, 64, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, 64, 1536, 4, 4))

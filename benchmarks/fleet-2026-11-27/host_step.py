@@ -12,7 +12,7 @@ greedy, sent at once (the prefill steps admit them, then every row decodes); eac
 the second timed.
 
 The fit, least squares over every timed step: host ms = a + b · running rows + c · new requests
-+ d · prompt tokens. `specbench.fleet.tables.VLLM_HOST_STEP` holds it (tests hold the two equal);
++ d · prompt tokens. `specbench.fit.host_cost.VLLM_HOST_STEP` holds it (tests hold the two equal);
 the simulator adds it to a synchronously scheduled step's kernel time and overlaps it with an
 async-scheduled one's.
 

@@ -31,6 +31,7 @@ import pandas as pd
 from specbench.fit import kernel_tables
 from specbench.fit.acceptance import acceptance_by_position, alpha_table
 from specbench.fit.cells import base_draft, label_synthetic
+from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost, served_step_ms
 from specbench.fit.prices import cost_per_million
 from specbench.models import REGISTRY, lookup_alias
 from specbench.schema import AR
@@ -130,7 +131,10 @@ def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens
 class TablePlanner:
     """The tables' forwards for one target on one system and backend, compiled once per TP size;
     `corrections` (by kind: decode, verify, draft, prefill, draft prefill; from a served run decode, step and
-    prefill) scale them as a measured run did (`calibration.Calibration.by_kind`)."""
+    prefill) scale them as a measured run did (`calibration.Calibration.by_kind`). Without
+    corrections each step also takes vLLM's host time (`host`; None: the kernels' alone), beside the
+    kernels (async scheduling, vLLM's default) or after them (n-gram drafting, which vLLM schedules
+    synchronously); a run's corrections hold its own host's time."""
 
     target: dict
     target_name: str
@@ -140,7 +144,16 @@ class TablePlanner:
     # a native run's measured models (calibration.MeasuredModel): each draft takes the decode and
     # prefill corrections of the one nearest its size, not the run's draft's whatever its size
     measured_models: list = field(default_factory=list)
+    host: HostCost | None = VLLM_HOST_STEP
     _forwards: dict = field(default_factory=dict)
+
+    def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
+                prompt_tokens: int = 0) -> float:
+        """A step's kernels with the host's time, as the served engine schedules it."""
+        if self.host is None or self.corrections:
+            return kernels_ms
+        host_ms = self.host.ms(rows, new_requests, prompt_tokens)
+        return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
                 kv_quant: str | None = None) -> kernel_tables.Forward:
@@ -174,13 +187,15 @@ class TablePlanner:
         return self._scale(kind, batch_size)
 
     def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
-        return self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
+        kernels = self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
+        return self._served(kernels, None, batch_size)
 
     def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
         """One speculative step: K draft forwards plus the verify of K + 1 positions."""
         if drafter.kind == "mtp":
-            return self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
+            kernels = self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
                 * self._scale("decode", batch_size)
+            return self._served(kernels, drafter, batch_size)
         whole = "step" in self.corrections  # a served run corrects the whole step, not its parts
         verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
         verify *= 1.0 if whole else self._scale("verify", batch_size)
@@ -189,7 +204,8 @@ class TablePlanner:
             draft_tp = tp if drafter.kind == "eagle" else draft_tp
             draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
-        return (draft + verify) * (self._scale("step", batch_size) if whole else 1.0)
+        return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
+                            batch_size)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         """The batch's prefill: the target's, then a draft model's."""
@@ -197,7 +213,7 @@ class TablePlanner:
         if drafter is not None and drafter.kind == "model":
             draft = self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
-        return total
+        return self._served(total, drafter, batch_size, batch_size, batch_size * prompt)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:

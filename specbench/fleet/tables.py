@@ -1,5 +1,5 @@
 """A replica's steps priced from NVIDIA's kernel tables (fit/kernel_tables.py) and the host's own
-time per engine step (`HostCost`), and the replica a vLLM server on that GPU would be: its default
+time per engine step (fit/host_cost.py), and the replica a vLLM server on that GPU would be: its default
 token budget and sequence limit, and the KV cache its memory leaves at a tensor-parallel size."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from specbench.fit import kernel_tables
+from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost, served_step_ms
 from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, kv_bytes_per_token, parameters
 from specbench.fleet.replica import ReplicaSpec, StepCost
 
@@ -61,30 +62,6 @@ class ServerFlags:
         return ", ".join(said)
 
 
-@dataclass(frozen=True)
-class HostCost:
-    """A vLLM engine step's host time outside the model's kernels, in ms: scheduling the step,
-    preparing its inputs and booking its tokens, linear in the step's running requests, the new
-    requests it admits and their prompt tokens. The kernel tables hold GPU time only; with
-    synchronous scheduling the GPU waits for this, with async scheduling it runs beside the GPU."""
-
-    intercept_ms: float
-    per_running_row_ms: float
-    per_new_request_ms: float
-    per_prompt_token_ms: float
-
-    def ms(self, running_rows: int, new_requests: int, prompt_tokens: int) -> float:
-        return (self.intercept_ms + self.per_running_row_ms * running_rows + self.per_new_request_ms * new_requests
-                + self.per_prompt_token_ms * prompt_tokens)
-
-
-# vLLM 0.32's engine core (its GPUModelRunner's host path, run by its CPU build) on this project's
-# 2-core AMD EPYC VM, measured by benchmarks/fleet-2026-11-27/host_step.py (host_step.json; a test
-# holds the two equal). A GPU server's host CPU and vLLM version differ; this is the one measured.
-VLLM_HOST_STEP = HostCost(intercept_ms=0.742, per_running_row_ms=0.0240, per_new_request_ms=0.0233,
-                          per_prompt_token_ms=0.000149)
-
-
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
               async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
@@ -109,7 +86,7 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
-                ms = max(ms, host_ms) if async_scheduling else ms + host_ms
+                ms = served_step_ms(ms, host_ms, async_scheduling)
             cache[key] = ms / 1e3
         return cache[key]
 

@@ -483,3 +483,6 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     assert slow.decode_ms(8, 1536, 4) == pytest.approx(500.0)
     corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
     assert corrected.step_ms(ngram, 2, 64, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, 64, 1536, 4, 4))
+    plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
+    assert plan["host_step"]["intercept_ms"] == VLLM_HOST_STEP.intercept_ms
+    assert "host_step.md" in plan["host_step"]["measured"]

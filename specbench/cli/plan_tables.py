@@ -29,6 +29,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                      json_output: bool, calibrate: Path | None = None, notes: list[str] = ()) -> None:
     from specbench.fit import default_gpu_price, kernel_tables
     from specbench.fit import table_plan as tp_plan
+    from specbench.fit.host_cost import described
 
     started = time.perf_counter()
     if alpha is None and acceptance is None:
@@ -73,6 +74,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
                           "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
                           "corrected_by": corrected or None, "notes": list(notes) or None,
+                          "host_step": None if planner.corrections else described(planner.host),
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return

@@ -5,7 +5,7 @@ step, which then takes the longer of the two."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,15 @@ class HostCost:
 # holds the two equal). A GPU server's host CPU and vLLM version differ; this is the one measured.
 VLLM_HOST_STEP = HostCost(intercept_ms=0.742, per_running_row_ms=0.0240, per_new_request_ms=0.0233,
                           per_prompt_token_ms=0.000149)
+VLLM_HOST_STEP_SOURCE = ("vLLM 0.32's engine core on a 2-core AMD EPYC VM "
+                         "(specbench's benchmarks/fleet-2026-11-27/host_step.md)")
+
+
+def described(host: HostCost | None) -> dict | None:
+    """What --json says of the host time a plan priced: its terms and where they were measured."""
+    if host is None:
+        return None
+    return {**asdict(host), "measured": VLLM_HOST_STEP_SOURCE if host == VLLM_HOST_STEP else "given"}
 
 
 def served_step_ms(kernels_ms: float, host_ms: float, async_scheduling: bool) -> float:

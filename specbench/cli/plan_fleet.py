@@ -155,7 +155,7 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
 
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
-    from specbench.fit import default_gpu_price
+    from specbench.fit.prices import tables_gpu_price
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import (CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart,
                                       closed_loop_table)
@@ -163,8 +163,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
 
     clients = CLIENTS[ask.clients]
     slo = parse_slo(ask.slo) if ask.slo is not None else None
-    price, price_note = (ask.gpu_price, "given") if ask.gpu_price is not None else \
-        default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
+    price, price_note = tables_gpu_price(planner.system, ask.gpu_price)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
                                         clients, ask.server(), price,
@@ -240,7 +239,7 @@ def load_traffic(trace: str, window: str, context_limit: int):
 
 def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred, target_config,
              json_output, started) -> None:
-    from specbench.fit import default_gpu_price
+    from specbench.fit.prices import tables_gpu_price
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import traffic_table
     from specbench.fleet.sizing import Objective
@@ -248,8 +247,7 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     wanted = ask.traffic
     slo = parse_slo(wanted.slo)
     traffic, replay = load_traffic(wanted.trace, wanted.window, int(target_config.get("max_position_embeddings") or 0))
-    price, price_note = (wanted.gpu_price, "given") if wanted.gpu_price is not None else \
-        default_gpu_price({"gpus": [{"name": planner.system.replace("_", " ")}]})
+    price, price_note = tables_gpu_price(planner.system, wanted.gpu_price)
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
                                     list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
                                     wanted.router,

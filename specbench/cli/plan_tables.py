@@ -27,9 +27,10 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                      ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
                      alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
                      json_output: bool, calibrate: Path | None = None, notes: list[str] = ()) -> None:
-    from specbench.fit import default_gpu_price, kernel_tables
+    from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.host_cost import described
+    from specbench.fit.prices import tables_gpu_price
 
     started = time.perf_counter()
     if alpha is None and acceptance is None:
@@ -50,8 +51,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                                                                               family)
     corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
         if calibrate is not None else ({}, [], [])
-    price, price_note = (gpu_price, "given") if gpu_price is not None else \
-        default_gpu_price({"gpus": [{"name": system.replace("_", " ")}]})
+    price, price_note = tables_gpu_price(system, gpu_price)
     planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models)
     for drafter in drafters:
         source = planner.draft_source(drafter)

@@ -23,6 +23,14 @@ def default_gpu_price(hardware: dict) -> tuple[float | None, str]:
     return None, f"no default price for {gpus[0]['name']}: pass --gpu-price"
 
 
+def tables_gpu_price(system: str, given: float | None) -> tuple[float | None, str]:
+    """(price per GPU-hour, where it came from) for a kernel-table system (`h100_sxm`): `given`
+    (--gpu-price), else the GPU's default price, else None and why."""
+    if given is not None:
+        return given, "given"
+    return default_gpu_price({"gpus": [{"name": system.replace("_", " ")}]})
+
+
 def cost_per_million(tokens_per_s: float | np.ndarray, price_per_hour: float | None, devices: int = 1):
     """$ per 1M output tokens, or device-hours per 1M tokens when no price is known."""
     hours = 1e6 / (np.asarray(tokens_per_s, dtype=float) * 3600) * devices

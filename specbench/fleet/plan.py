@@ -254,22 +254,21 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     base = rows[rows["draft"] == AR].iloc[0]
     where = f"TP{int(base['tp'])}, {int(base['concurrency'])} clients"
     speculative = rows[rows["draft"] != AR]
+    several = speculative["acceptance"].nunique() > 1  # name each configuration's acceptance
     met = ""
     if "meets_slo" in rows:
         meeting = rows[rows["meets_slo"].astype(bool)]
-        acceptances = speculative["acceptance"].nunique() > 1
         if meeting.empty:
             met = f"At {slo}: no configuration meets it"
         else:
             most = meeting.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
-            met = (f"At {slo}: met by {_configurations(meeting, acceptances)}"
+            met = (f"At {slo}: met by {_configurations(meeting, several)}"
                    + ("" if len(meeting) == 1 else
-                      f"; of those {_configurations(most.to_frame().T, acceptances)} serves the most "
+                      f"; of those {_configurations(most.to_frame().T, several)} serves the most "
                       f"({most['tokens_per_s_per_gpu']:.0f} tokens/s per GPU)"))
     if speculative.empty:
         return f"{where}: {met[0].lower()}{met[1:]} (SIMULATED)" if met else ""
 
-    several = speculative["acceptance"].nunique() > 1
     best = speculative.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     price = best.get("dollars_per_million_tokens", math.nan)
     dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
@@ -287,18 +286,17 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     # baseline's buys part of its TPOT with waiting, which tokens/s and TTFT show and TPOT hides
     smaller = speculative[speculative["mean_running_batch"] < 0.9 * base["mean_running_batch"]]
     if not smaller.empty:
+        def cache_note(held: int) -> str:  # the KV cache, where it holds fewer requests than the clients
+            return f", its KV cache holding {held}" if held < int(base["concurrency"]) else ""
+
         drafts = []
         for draft, group in smaller.groupby("draft", sort=False):
             low, high = group["mean_running_batch"].min(), group["mean_running_batch"].max()
             batch = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}–{high:.0f}"
-            cache = int(group["kv_cache_requests"].min())
-            why = f", its KV cache holding {cache}" if cache < int(base["concurrency"]) else ""
-            drafts.append(f"{draft} {batch}{why}")
-        held = int(base["kv_cache_requests"])
+            drafts.append(f"{draft} {batch}{cache_note(int(group['kv_cache_requests'].min()))}")
         text += (f". Fewer requests run at once with speculation (on average {'; '.join(drafts)}; autoregressive "
-                 f"{base['mean_running_batch']:.0f}" + (f", its KV cache holding {held}" if held < int(base["concurrency"])
-                                                         else "") +
-                 "): their lower TPOT is partly a smaller batch's, the other clients waiting (TTFT)")
+                 f"{base['mean_running_batch']:.0f}{cache_note(int(base['kv_cache_requests']))}): their lower TPOT "
+                 "is partly a smaller batch's, the other clients waiting (TTFT)")
     return text + (f". {met}" if met else "") + " (SIMULATED)"
 
 
@@ -404,12 +402,12 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
 def closed_loop_chart(table: pd.DataFrame, path, title: str) -> None:
     """Against the clients: tokens/s per GPU (top) and TPOT p50 (bottom), one line per
     configuration, one column per TP: where each configuration's throughput stops growing."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    import textwrap
 
     tps = sorted(table["tp"].unique())
     fig, axes = plt.subplots(2, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 7.0), squeeze=False, sharex="col")

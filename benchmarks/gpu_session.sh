@@ -24,6 +24,10 @@
 #         two drafts in about 200 s, llama3.2-3b:1b in about 100 s.
 # context: the graph tests, then a synthetic llama3-8b + 1b sweep over context lengths (CONTEXTS,
 #         BATCH_SIZES) on CUDA graphs: where long contexts keep decode memory-bound at large batch.
+# launch: issue 40's host launch time: benchmarks/fleet-2026-11-27/launch_host.py (a real model's layers, one TP
+#         shard, eager and torch.compile'd without a CUDA graph: how long the host takes to launch a step
+#         that vLLM runs outside its graphs, beside the GPU time), and this host's speed beside the VM's.
+#         Needs nothing carried (torch and pandas). LAUNCH_S seconds of measurements (175; ~3 min on an H100).
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
 # (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
 # runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
@@ -32,7 +36,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context|launch}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -153,8 +157,15 @@ context)  # issue 21: context length as an axis, where decode stays memory-bound
     --workloads chat --device "$DEVICE" --output results/gpu_context "${flag[@]}" 2>&1 | tail -30; } | tee -a "$OUT/context.log"
   tar czf "$OUT/context.tgz" results/gpu_context
   ;;
+launch)
+  export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-16}
+  extra=(); [ -n "${QUICK:-}" ] && extra=(--shards tiny-tp2 --tokens 16,64 --repeats 3)
+  { limited python3 benchmarks/fleet-2026-11-27/launch_host.py --out "$OUT" --modes compiled,eager \
+    --budget-s "${LAUNCH_S:-175}" "${extra[@]}" \
+    2>&1 | grep -v Warning; } | tee "$OUT/launch.log"
+  ;;
 *)
-  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context)" >&2
+  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context|launch)" >&2
   exit 2
   ;;
 esac

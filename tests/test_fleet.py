@@ -417,9 +417,9 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
 
     config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
     forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
-    kernels = step_cost(forward, 1024, 128, async_scheduling=False, host=None)
-    synchronous = step_cost(forward, 1024, 128, async_scheduling=False)
-    overlapped = step_cost(forward, 1024, 128, async_scheduling=True)
+    kernels = step_cost(forward, 1024, 128, async_scheduling=False, host=None, launch=None)
+    synchronous = step_cost(forward, 1024, 128, async_scheduling=False, launch=None)
+    overlapped = step_cost(forward, 1024, 128, async_scheduling=True, launch=None)
     for prefill, rows in ((0, 1), (0, 64), (2048, 30), (1500, 0)):
         prompts = -(-prefill // 1024)
         host_s = VLLM_HOST_STEP.ms(rows + prompts, prompts, prefill) / 1e3
@@ -427,6 +427,49 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
         assert overlapped(prefill, rows) == pytest.approx(max(kernels(prefill, rows), host_s), rel=1e-9)
     slow_host = HostCost(intercept_ms=50.0, per_running_row_ms=0, per_new_request_ms=0, per_prompt_token_ms=0)
     assert step_cost(forward, 1024, 128, async_scheduling=True, host=slow_host)(0, 8) == pytest.approx(0.05)
+
+
+def test_a_step_outside_cuda_graphs_takes_at_least_the_hosts_kernel_launches():
+    """vLLM replays CUDA graphs for steps of up to 512 tokens (and, under FULL_DECODE_ONLY, for
+    decode-only steps alone); any other step launches its compiled kernels from the host, layer by
+    layer, and takes at least that long however fast the GPU. TP does not shorten it."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import COMPILED_LAUNCH
+    from specbench.fleet.tables import ServerFlags, step_cost
+
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
+    forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
+    kernels = step_cost(forward, 1024, 128, async_scheduling=True, host=None, launch=None)
+    graphed = step_cost(forward, 1024, 128, async_scheduling=True, host=None)
+    decode_only = step_cost(forward, 1024, 128, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY")
+    floor_s = COMPILED_LAUNCH.ms(32, 1) / 1e3
+    for step in ((0, 1), (0, 64), (256, 8), (0, 512), (0, 100, 3)):  # up to 512 tokens: the kernels alone
+        assert graphed(*step) == kernels(*step), step
+    for step in ((600, 0), (2048, 30), (0, 200, 3)):  # over 512 (a verify: rows · (K + 1)): the floor
+        assert graphed(*step) == pytest.approx(max(kernels(*step), floor_s), rel=1e-9), step
+    assert graphed(600, 0) > kernels(600, 0)  # the floor binds somewhere: an 8B's 600-token prefill on an H200
+    assert decode_only(100, 8) == pytest.approx(max(kernels(100, 8), floor_s))  # a small prefill: no graph there
+    assert decode_only(100, 8) > graphed(100, 8) == kernels(100, 8)
+    assert decode_only(0, 64) == kernels(0, 64)
+    assert COMPILED_LAUNCH.ms(80, 8) == COMPILED_LAUNCH.ms(80, 2) > COMPILED_LAUNCH.ms(80, 1)
+    with pytest.raises(ValueError, match="cudagraph_mode"):
+        step_cost(forward, 1024, 128, async_scheduling=True, cudagraph_mode="sometimes")
+    with pytest.raises(ValueError, match="cudagraph_mode"):
+        ServerFlags(cudagraph_mode="sometimes")
+
+
+def test_the_launch_cost_is_the_one_its_benchmark_measured():
+    """`COMPILED_LAUNCH` is not typed in: the medians of launch_host.py's compiled forwards on an H100
+    server, per layer, over token counts up to 1,024 (TP1: Llama-3-8B; TP > 1: Llama-3-70B at TP8
+    and Qwen3-32B at TP2 together)."""
+    from specbench.fit.host_cost import COMPILED_LAUNCH
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu" / "h100-2026-11-27" / "launch_host.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    per_layer = [(r["tp"], r["host_ms"] / r["layers"]) for r in rows
+                 if r.get("mode") == "compiled" and "error" not in r and r["tokens"] <= 1024]
+    assert COMPILED_LAUNCH.per_layer_ms == pytest.approx(np.median([ms for tp, ms in per_layer if tp == 1]), rel=0.005)
+    assert COMPILED_LAUNCH.per_layer_tp_ms == pytest.approx(np.median([ms for tp, ms in per_layer if tp > 1]), rel=0.005)
 
 
 def test_the_host_step_cost_is_the_one_its_benchmark_measured():

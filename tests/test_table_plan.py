@@ -486,3 +486,30 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
     assert plan["host_step"]["intercept_ms"] == VLLM_HOST_STEP.intercept_ms
     assert "host_step.md" in plan["host_step"]["measured"]
+
+
+def test_a_static_step_outside_cuda_graphs_lasts_at_least_its_kernel_launches():
+    """A verify of B · (K + 1) positions over 512 (vLLM's largest captured step) runs without a CUDA
+    graph: at least the host's launch of the target's 80 layers, whatever the kernels; up to 512
+    positions the kernels alone. A run's corrections hold their own launches."""
+    from specbench.fit.host_cost import COMPILED_LAUNCH
+    from specbench.fit.table_plan import Drafter, TablePlanner, model_config
+
+    name, config = model_config("llama3-70b")
+    ngram = Drafter("ngram", "ngram", label="n-gram lookup")
+    floored, bare = (TablePlanner(config, name, "h100_sxm", "vllm", host=None, launch=launch)
+                     for launch in (COMPILED_LAUNCH, None))
+    floor_ms = COMPILED_LAUNCH.ms(80, 4)
+    assert floor_ms == pytest.approx(80 * COMPILED_LAUNCH.per_layer_tp_ms)
+    assert floored.step_ms(ngram, 3, 128, 1536, 4, 4) == bare.step_ms(ngram, 3, 128, 1536, 4, 4)  # 512 positions
+    assert floored.decode_ms(256, 1536, 4) == bare.decode_ms(256, 1536, 4)
+    over = bare.step_ms(ngram, 3, 256, 1536, 4, 4)  # 1,024 positions
+    assert floored.step_ms(ngram, 3, 256, 1536, 4, 4) == pytest.approx(max(over, floor_ms))
+    # where the kernels are quicker than the launches it binds: K = 8 at B = 64 on TP8, 576 positions
+    assert bare.step_ms(ngram, 8, 64, 1536, 8, 8) < floor_ms
+    assert floored.step_ms(ngram, 8, 64, 1536, 8, 8) == pytest.approx(COMPILED_LAUNCH.ms(80, 8))
+    corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
+    assert corrected.step_ms(ngram, 3, 256, 1536, 4, 4) == pytest.approx(over)
+    plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
+    assert plan["launch_without_graph"]["per_layer_tp_ms"] == COMPILED_LAUNCH.per_layer_tp_ms
+    assert "h100-2026-11-27" in plan["launch_without_graph"]["measured"]

@@ -10,8 +10,10 @@ every request). The Llama-3.1-70B rows (225 of 339) are InferenceMAX's own lengt
 concurrencies; the csv does not say how the Qwen3-32B and Llama-3.1-8B rows were taken, and they are
 simulated the same way. The steady state (`fleet.plan.STEADY`: clients started apart, the first
 and last requests left out) is shown beside: the clients' start alone moves TTFT by half. Steps
-are priced by the kernel tables' mixed prefill+decode step and the host's time per step measured by
-`benchmarks/fleet-2026-11-27/host_step.py` (`specbench.fleet.tables`), the replica
+are priced by the kernel tables' mixed prefill+decode step, the host's time per step measured by
+`benchmarks/fleet-2026-11-27/host_step.py`, and, for a step vLLM runs outside CUDA graphs, the
+host's time to launch its kernels measured by `benchmarks/fleet-2026-11-27/launch_host.py` on an
+H100 server (`specbench.fleet.tables`), the replica
 as vLLM's defaults and the GPU's memory make it, admitting as the rows' vLLM did: every row was
 measured on a vLLM from before `scheduler_reserve_full_isl` (vLLM PR #37307, March 2026; the
 Llama-3.1-70B rows in October 2025, the others on vLLM 0.12), which admitted a waiting request when
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specbench.fit import kernel_tables  # noqa: E402
 from specbench.fit.table_plan import parameters  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
+from specbench.fit.host_cost import COMPILED_LAUNCH, LaunchCost  # noqa: E402
 from specbench.fleet.tables import VLLM_HOST_STEP, HostCost, ServerFlags, replica_spec, step_cost  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,20 +63,23 @@ def served_as(row: dict) -> ServerFlags:
     launch scripts of that day (SemiAnalysisAI/InferenceX at 9596d23: benchmarks/70b_fp8_h100_slurm.sh,
     70b_fp8_h200_slurm.sh, 70b_fp8_b200_docker.sh, 70b_fp4_b200_docker.sh) served every GPU with
     `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` and `async-scheduling: true`, and
-    `--max-num-seqs` the concurrency (H100, H200) or 512 (B200). The csv does not say how the
+    `--max-num-seqs` the concurrency (H100, H200) or 512 (B200), and on B200 `cudagraph_mode:
+    FULL_DECODE_ONLY` (every step that carries a prefill outside CUDA graphs). The csv does not say how the
     Qwen3-32B and Llama-3.1-8B rows were served: vLLM's defaults for them, as of the vLLM the four
     Qwen3-32B rows that name their server ran (0.12, in Dynamo's vllm-runtime 0.8.0), which scheduled
     synchronously (async scheduling became vLLM's default in 0.14)."""
     if row["model_path"] != "meta-llama/Llama-3.1-70B":
         return ServerFlags(async_scheduling=False)
-    seqs = 512 if row["system"].startswith("b200") else int(row["batch_size"])
-    return ServerFlags(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=seqs, async_scheduling=True)
+    b200 = row["system"].startswith("b200")
+    return ServerFlags(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=512 if b200 else int(row["batch_size"]),
+                       async_scheduling=True, cudagraph_mode="FULL_DECODE_ONLY" if b200 else "FULL_AND_PIECEWISE")
 
 
-def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP):
+def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP,
+               launch: LaunchCost | None = COMPILED_LAUNCH):
     """The row's step cost and replica at its model, GPU, TP and precision, its server's flags as
-    `server` says, the host's time per step `host` (None: the kernels' alone); `forwards` caches
-    the priced forwards across rows."""
+    `server` says, the host's time per step `host` and to launch a step outside CUDA graphs `launch`
+    (None: the kernels' alone); `forwards` caches the priced forwards across rows."""
     system, tp = row["system"], int(row["tp_size"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
@@ -87,7 +93,7 @@ def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | 
                                                            kv_cache_dtype=server.kv_cache_dtype)),
                                reserve_full_input=False)
     cost = step_cost(forwards[key], int(row["isl"]), int(row["osl"]), async_scheduling=spec.async_scheduling,
-                     host=host)
+                     host=host, launch=launch, cudagraph_mode=server.cudagraph_mode)
     return cost, spec
 
 

@@ -108,7 +108,8 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
             "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
-            "server_flags": ask.server().described(), "host_step": described(planner.host), "alpha_from": alpha_from,
+            "server_flags": ask.server().described(), "host_step": described(planner.host),
+            "launch_without_graph": described(planner.launch), "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,

@@ -1,7 +1,8 @@
 """A vLLM engine step's time on its host, outside the model's kernels: what the kernel tables (GPU
 time) do not hold. With synchronous scheduling the GPU waits for it every step; with async
 scheduling (vLLM's default on a GPU since v0.14, never for n-gram drafting) it runs beside the GPU's
-step, which then takes the longer of the two."""
+step, which then takes the longer of the two. And a step that runs outside CUDA graphs takes at
+least as long as its host needs to launch its kernels, however fast the GPU (`LaunchCost`)."""
 
 from __future__ import annotations
 
@@ -32,13 +33,49 @@ VLLM_HOST_STEP_SOURCE = ("vLLM 0.32's engine core on a 2-core AMD EPYC VM "
                          "(specbench's benchmarks/fleet-2026-11-27/host_step.md)")
 
 
-def described(host: HostCost | None) -> dict | None:
+def described(host: HostCost | LaunchCost | None) -> dict | None:
     """What --json says of the host time a plan priced: its terms and where they were measured."""
     if host is None:
         return None
-    return {**asdict(host), "measured": VLLM_HOST_STEP_SOURCE if host == VLLM_HOST_STEP else "given"}
+    source = {VLLM_HOST_STEP: VLLM_HOST_STEP_SOURCE, COMPILED_LAUNCH: COMPILED_LAUNCH_SOURCE}.get(host, "given")
+    return {**asdict(host), "measured": source}
 
 
 def served_step_ms(kernels_ms: float, host_ms: float, async_scheduling: bool) -> float:
     """A step's time from its kernels' and its host's: the longer with async scheduling, else both."""
     return max(kernels_ms, host_ms) if async_scheduling else kernels_ms + host_ms
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """The host's time to launch a compiled forward's kernels one by one, per decoder layer (ms), for
+    a step that runs outside CUDA graphs. Tensor parallelism does not shorten it: every TP worker
+    launches the same kernels, and each of a layer's two all-reduces is one more launch."""
+
+    per_layer_ms: float  # TP1
+    per_layer_tp_ms: float  # TP > 1: the layer's two all-reduces launched too
+
+    def ms(self, layers: int, tp: int) -> float:
+        return layers * (self.per_layer_tp_ms if tp > 1 else self.per_layer_ms)
+
+
+# A decoder layer's compiled forward (Inductor, one compiled call a layer as vLLM's piecewise forward
+# makes it, 17-18 kernels) launched without a CUDA graph from an H100 server's host CPU (torch 2.11),
+# measured by benchmarks/fleet-2026-11-27/launch_host.py (benchmarks/gpu/h100-2026-11-27): the median
+# over 5 token counts of Llama-3-8B at TP1 (0.471 ms a layer) and of Llama-3-70B at TP8 and Qwen3-32B
+# at TP2 together (0.687; a test holds these to launch_host.jsonl).
+COMPILED_LAUNCH = LaunchCost(per_layer_ms=0.471, per_layer_tp_ms=0.687)
+COMPILED_LAUNCH_SOURCE = ("a compiled decoder layer's kernels launched without a CUDA graph on an H100 server's host "
+                          "(specbench's benchmarks/gpu/h100-2026-11-27/README.md)")
+# vLLM's largest CUDA-graph-captured step by default (max_cudagraph_capture_size): a step of more
+# tokens (a long prefill chunk) runs its compiled forward without a graph
+GRAPH_CAPTURE_TOKENS = 512
+# vLLM's --compilation-config cudagraph_mode values, and whether a step that carries a prefill can
+# replay a graph under each (FULL_DECODE_ONLY: decode-only steps alone)
+CUDAGRAPH_MODES = {"FULL_AND_PIECEWISE": True, "PIECEWISE": True, "FULL": True, "FULL_DECODE_ONLY": False}
+
+
+def runs_without_graph(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",
+                       capture_tokens: int = GRAPH_CAPTURE_TOKENS) -> bool:
+    """Whether vLLM runs a step of `tokens` (`prefill_tokens` of them a prefill's) outside CUDA graphs."""
+    return tokens > capture_tokens or (prefill_tokens > 0 and not CUDAGRAPH_MODES[cudagraph_mode])

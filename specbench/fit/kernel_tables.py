@@ -179,6 +179,7 @@ class Forward:
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         self.tp, self.nextn, self.name = tp, nextn, name
+        self.layers = int(config.get("num_hidden_layers", 0))  # what a step's kernel launches scale with
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
         quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
         if kv_quant:  # the KV cache's precision (vLLM's --kv-cache-dtype fp8): what decode attention reads

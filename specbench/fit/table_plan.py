@@ -31,7 +31,14 @@ import pandas as pd
 from specbench.fit import kernel_tables
 from specbench.fit.acceptance import acceptance_by_position, alpha_table
 from specbench.fit.cells import base_draft, label_synthetic
-from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost, served_step_ms
+from specbench.fit.host_cost import (
+    COMPILED_LAUNCH,
+    VLLM_HOST_STEP,
+    HostCost,
+    LaunchCost,
+    runs_without_graph,
+    served_step_ms,
+)
 from specbench.fit.prices import cost_per_million
 from specbench.models import REGISTRY, lookup_alias
 from specbench.schema import AR
@@ -134,7 +141,9 @@ class TablePlanner:
     prefill) scale them as a measured run did (`calibration.Calibration.by_kind`). Without
     corrections each step also takes vLLM's host time (`host`; None: the kernels' alone), beside the
     kernels (async scheduling, vLLM's default) or after them (n-gram drafting, which vLLM schedules
-    synchronously); a run's corrections hold its own host's time."""
+    synchronously), and a step vLLM runs outside CUDA graphs (over 512 tokens: a long prefill, a
+    verify of many rows) at least the host's time to launch its kernels (`launch`); a run's
+    corrections hold its own host's time."""
 
     target: dict
     target_name: str
@@ -145,12 +154,20 @@ class TablePlanner:
     # prefill corrections of the one nearest its size, not the run's draft's whatever its size
     measured_models: list = field(default_factory=list)
     host: HostCost | None = VLLM_HOST_STEP
+    # the host's time to launch a step that runs outside CUDA graphs (fleet.tables.step_cost's floor)
+    launch: LaunchCost | None = COMPILED_LAUNCH
     _forwards: dict = field(default_factory=dict)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
-                prompt_tokens: int = 0) -> float:
-        """A step's kernels with the host's time, as the served engine schedules it."""
-        if self.host is None or self.corrections:
+                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1) -> float:
+        """A step's kernels with the host's time, as the served engine schedules it: a step of
+        `tokens` (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's
+        launch of the target's kernels at `tp`."""
+        if self.corrections:
+            return kernels_ms
+        if self.launch is not None and runs_without_graph(tokens, prompt_tokens):
+            kernels_ms = max(kernels_ms, self.launch.ms(int(self.target["num_hidden_layers"]), tp))
+        if self.host is None:
             return kernels_ms
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)
         return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")
@@ -188,14 +205,14 @@ class TablePlanner:
 
     def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
         kernels = self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
-        return self._served(kernels, None, batch_size)
+        return self._served(kernels, None, batch_size, tokens=batch_size, tp=tp)
 
     def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
         """One speculative step: K draft forwards plus the verify of K + 1 positions."""
         if drafter.kind == "mtp":
             kernels = self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
                 * self._scale("decode", batch_size)
-            return self._served(kernels, drafter, batch_size)
+            return self._served(kernels, drafter, batch_size, tokens=batch_size * (drafter.layers + 1), tp=tp)
         whole = "step" in self.corrections  # a served run corrects the whole step, not its parts
         verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
         verify *= 1.0 if whole else self._scale("verify", batch_size)
@@ -205,7 +222,7 @@ class TablePlanner:
             draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
-                            batch_size)
+                            batch_size, tokens=batch_size * (k + 1), tp=tp)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         """The batch's prefill: the target's, then a draft model's."""
@@ -213,7 +230,8 @@ class TablePlanner:
         if drafter is not None and drafter.kind == "model":
             draft = self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
-        return self._served(total, drafter, batch_size, batch_size, batch_size * prompt)
+        return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
+                            tp=tp)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:

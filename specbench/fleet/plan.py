@@ -122,8 +122,8 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant,
         kv_quant=kv_quant)
     spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype))
-    found = [Configuration(tp, AR, 0, "", step_cost(target, isl, osl, async_scheduling=spec.async_scheduling,
-                                                         host=planner.host),
+    priced = {"host": planner.host, "launch": planner.launch, "cudagraph_mode": server.cudagraph_mode}
+    found = [Configuration(tp, AR, 0, "", step_cost(target, isl, osl, async_scheduling=spec.async_scheduling, **priced),
                            spec, None)]
     for acceptance in accepted:
         drafter = next((d for d in drafters if d.name == acceptance.draft), None)
@@ -134,7 +134,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
                                                  size, kv_cache_dtype), drafter.kind == "ngram") \
             if drafter.config else server.applied(spec, drafter.kind == "ngram")
-        cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling, host=planner.host)
+        cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling, **priced)
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
                                 Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
         if schedules:

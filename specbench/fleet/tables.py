@@ -8,7 +8,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from specbench.fit import kernel_tables
-from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost, served_step_ms
+from specbench.fit.host_cost import (
+    COMPILED_LAUNCH,
+    CUDAGRAPH_MODES,
+    VLLM_HOST_STEP,
+    HostCost,
+    LaunchCost,
+    runs_without_graph,
+    served_step_ms,
+)
 from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, kv_bytes_per_token, parameters
 from specbench.fleet.replica import ReplicaSpec, StepCost
 
@@ -33,10 +41,14 @@ class ServerFlags:
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
     async_scheduling: bool | None = None
+    # --compilation-config's cudagraph_mode: which steps replay CUDA graphs (step_cost's launch floor)
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_BYTES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode {self.cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -59,11 +71,13 @@ class ServerFlags:
         said += [f"blocks of {self.block_size}"] if self.block_size else []
         said += [] if self.async_scheduling is None else [
             "async scheduling (not for n-gram drafting)" if self.async_scheduling else "synchronous scheduling"]
+        said += [] if self.cudagraph_mode == "FULL_AND_PIECEWISE" else [f"cudagraph_mode {self.cudagraph_mode}"]
         return ", ".join(said)
 
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
-              async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP) -> StepCost:
+              async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
+              launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE") -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
@@ -71,9 +85,15 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     less its one-token decode). The host's time (`host`; None: none) is added to the kernels' when
     the replica schedules synchronously, and overlaps them with `async_scheduling` (the step takes
     the longer of the two). A step's prompt tokens count as ceil(tokens / isl) requests, each new
-    and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it."""
+    and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it.
+    A step vLLM runs outside CUDA graphs (more tokens than it captures, or a prefill under
+    `cudagraph_mode` FULL_DECODE_ONLY) takes at least the host's time to launch the target's
+    kernels (`launch`; None: no such floor)."""
+    if cudagraph_mode not in CUDAGRAPH_MODES:
+        raise ValueError(f"cudagraph_mode {cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
     cache: dict[tuple[int, int, int], float] = {}
     context = isl + osl // 2
+    launch_ms = launch.ms(forward.layers, forward.tp) if launch is not None else 0.0
 
     def cost(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
         key = (prefill_tokens, decode_rows, k)
@@ -83,6 +103,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:
                     ms += k * draft.mixed_ms(0, decode_rows, isl, osl)
+            if launch_ms and runs_without_graph(prefill_tokens + decode_rows * (k + 1), prefill_tokens, cudagraph_mode):
+                ms = max(ms, launch_ms)
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)

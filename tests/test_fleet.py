@@ -458,6 +458,31 @@ def test_a_step_outside_cuda_graphs_takes_at_least_the_hosts_kernel_launches():
         ServerFlags(cudagraph_mode="sometimes")
 
 
+def test_a_draft_model_prefills_every_prompt_chunk_and_its_launches_add_to_the_targets():
+    """vLLM runs a draft model over every prompt chunk a step carries (its own KV cache, and its
+    proposals from the prompt's last token): the chunk costs the target's and the draft's prefill.
+    Outside CUDA graphs the host launches both models' layers; decode steps are unchanged."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import COMPILED_LAUNCH
+    from specbench.fit.table_plan import model_config
+    from specbench.fleet.tables import step_cost
+
+    target = kernel_tables.Forward(kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B"), "h200_sxm",
+                                   "vllm", 1, name="llama-3.1-8b")
+    draft = kernel_tables.Forward(model_config("llama3.2-1b")[1], "h200_sxm", "vllm", 1, name="llama-3.2-1b")
+    alone = step_cost(target, 1024, 128, async_scheduling=True, host=None, launch=None)
+    with_draft = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, launch=None)
+    chunk_s = draft.mixed_ms(300, 0, 1024, 128) / 1e3
+    assert with_draft(300, 0) == pytest.approx(alone(300, 0) + chunk_s, rel=1e-9)
+    assert with_draft(300, 4, 2) == pytest.approx(alone(300, 4, 2) + chunk_s + 2 * draft.mixed_ms(0, 4, 1024, 128) / 1e3,
+                                                  rel=1e-9)
+    assert with_draft(0, 8, 3) - alone(0, 8, 3) == pytest.approx(3 * draft.mixed_ms(0, 8, 1024, 128) / 1e3, rel=1e-9)
+    floored = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY")
+    both_s = (COMPILED_LAUNCH.ms(target.layers, 1) + COMPILED_LAUNCH.ms(draft.layers, 1)) / 1e3
+    assert draft.layers == 16 and target.layers == 32
+    assert floored(100, 0) == pytest.approx(max(with_draft(100, 0), both_s), rel=1e-9)
+
+
 def test_the_launch_cost_is_the_one_its_benchmark_measured():
     """`COMPILED_LAUNCH` is not typed in: the medians of launch_host.py's compiled forwards on an H100
     server, per layer, over token counts up to 1,024 (TP1: Llama-3-8B; TP > 1: Llama-3-70B at TP8

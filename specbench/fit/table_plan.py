@@ -159,14 +159,17 @@ class TablePlanner:
     _forwards: dict = field(default_factory=dict)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
-                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1) -> float:
+                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1) -> float:
         """A step's kernels with the host's time, as the served engine schedules it: a step of
         `tokens` (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's
-        launch of the target's kernels at `tp`."""
+        launch of the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`."""
         if self.corrections:
             return kernels_ms
         if self.launch is not None and runs_without_graph(tokens, prompt_tokens):
-            kernels_ms = max(kernels_ms, self.launch.ms(int(self.target["num_hidden_layers"]), tp))
+            floor = self.launch.ms(int(self.target["num_hidden_layers"]), tp)
+            if drafter is not None and drafter.kind == "model" and drafter.config:
+                floor += self.launch.ms(int(drafter.config["num_hidden_layers"]), draft_tp)
+            kernels_ms = max(kernels_ms, floor)
         if self.host is None:
             return kernels_ms
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)
@@ -222,7 +225,7 @@ class TablePlanner:
             draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
-                            batch_size, tokens=batch_size * (k + 1), tp=tp)
+                            batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         """The batch's prefill: the target's, then a draft model's."""
@@ -231,7 +234,7 @@ class TablePlanner:
             draft = self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
         return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
-                            tp=tp)
+                            tp=tp, draft_tp=draft_tp)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:

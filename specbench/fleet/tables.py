@@ -86,19 +86,24 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     the replica schedules synchronously, and overlaps them with `async_scheduling` (the step takes
     the longer of the two). A step's prompt tokens count as ceil(tokens / isl) requests, each new
     and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it.
-    A step vLLM runs outside CUDA graphs (more tokens than it captures, or a prefill under
-    `cudagraph_mode` FULL_DECODE_ONLY) takes at least the host's time to launch the target's
-    kernels (`launch`; None: no such floor)."""
+    A draft model also runs over every prompt chunk a step carries (its KV cache needs the prompt,
+    and it proposes from the prompt's last token). A step vLLM runs outside CUDA graphs (more tokens
+    than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the
+    host's time to launch the target's kernels and, with a draft model, the draft's first forward
+    over the same tokens (`launch`; None: no such floor)."""
     if cudagraph_mode not in CUDAGRAPH_MODES:
         raise ValueError(f"cudagraph_mode {cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
     cache: dict[tuple[int, int, int], float] = {}
     context = isl + osl // 2
-    launch_ms = launch.ms(forward.layers, forward.tp) if launch is not None else 0.0
+    launch_ms = 0.0 if launch is None else launch.ms(forward.layers, forward.tp) + (
+        0.0 if draft is None else launch.ms(draft.layers, draft.tp))
 
     def cost(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
         key = (prefill_tokens, decode_rows, k)
         if key not in cache:
             ms = forward.mixed_ms(prefill_tokens, decode_rows, isl, osl)
+            if draft is not None and prefill_tokens > 0:
+                ms += draft.mixed_ms(prefill_tokens, 0, isl, osl)
             if k > 0 and decode_rows > 0:
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:

@@ -75,6 +75,13 @@ GRAPH_CAPTURE_TOKENS = 512
 CUDAGRAPH_MODES = {"FULL_AND_PIECEWISE": True, "PIECEWISE": True, "FULL": True, "FULL_DECODE_ONLY": False}
 
 
+def check_cudagraph_mode(cudagraph_mode: str) -> str:
+    """`cudagraph_mode` if vLLM has it, else a one-line ValueError naming the ones it has."""
+    if cudagraph_mode not in CUDAGRAPH_MODES:
+        raise ValueError(f"cudagraph_mode {cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
+    return cudagraph_mode
+
+
 def runs_without_graph(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",
                        capture_tokens: int = GRAPH_CAPTURE_TOKENS) -> bool:
     """Whether vLLM runs a step of `tokens` (`prefill_tokens` of them a prefill's) outside CUDA graphs."""

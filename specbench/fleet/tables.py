@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from specbench.fit import kernel_tables
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
-    CUDAGRAPH_MODES,
     VLLM_HOST_STEP,
     HostCost,
     LaunchCost,
+    check_cudagraph_mode,
     runs_without_graph,
     served_step_ms,
 )
@@ -47,8 +47,7 @@ class ServerFlags:
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_BYTES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
-        if self.cudagraph_mode not in CUDAGRAPH_MODES:
-            raise ValueError(f"cudagraph_mode {self.cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
+        check_cudagraph_mode(self.cudagraph_mode)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -91,8 +90,7 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the
     host's time to launch the target's kernels and, with a draft model, the draft's first forward
     over the same tokens (`launch`; None: no such floor)."""
-    if cudagraph_mode not in CUDAGRAPH_MODES:
-        raise ValueError(f"cudagraph_mode {cudagraph_mode!r}: one of {', '.join(CUDAGRAPH_MODES)}")
+    check_cudagraph_mode(cudagraph_mode)
     cache: dict[tuple[int, int, int], float] = {}
     context = isl + osl // 2
     launch_ms = 0.0 if launch is None else launch.ms(forward.layers, forward.tp) + (

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specbench.fit import kernel_tables  # noqa: E402
 from specbench.fit.table_plan import parameters  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
-from specbench.fit.host_cost import COMPILED_LAUNCH, LaunchCost  # noqa: E402
-from specbench.fleet.tables import VLLM_HOST_STEP, HostCost, ServerFlags, replica_spec, step_cost  # noqa: E402
+from specbench.fit.host_cost import COMPILED_LAUNCH, VLLM_HOST_STEP, HostCost, LaunchCost  # noqa: E402
+from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import silicon_aic  # noqa: E402  (the rows and their models, shared with aiconfigurator's own estimate)

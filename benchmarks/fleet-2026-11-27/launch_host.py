@@ -40,6 +40,7 @@ import os
 import platform
 import sys
 import time
+from statistics import median
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -244,11 +245,6 @@ def count_kernels(call) -> int | None:
         return None
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
-
-
 def measure_shard(key: str, widths: list[str], token_counts: list[int], modes: list[str], device: str,
                   repeats: int, write, deadline: float) -> None:
     """Every mode and width of one shard; one compile per shard serves both widths (dynamic sizes)."""
@@ -362,8 +358,8 @@ def summarize(path: Path) -> str:
         lines.append(f"| {r['shard']} | {r['mode']} | {r['width']} | {r['tokens']} | {r['host_ms']:.1f} | "
                      f"{r['wall_ms']:.1f} | {gpu} | {r['host_ms'] / r['layers']:.3f} | {r['kernels'] or ''} |")
     per_layer = [(r["tp"], r["host_ms"] / r["layers"]) for r in done if r["mode"] == "compiled" and r["tokens"] <= 1024]
-    tp1 = sorted(ms for tp, ms in per_layer if tp == 1)
-    tps = sorted(ms for tp, ms in per_layer if tp > 1)
+    tp1 = [ms for tp, ms in per_layer if tp == 1]
+    tps = [ms for tp, ms in per_layer if tp > 1]
     if tp1 and tps:
         lines += ["", f"Compiled, up to 1,024 tokens, host time a layer: TP1 median {median(tp1):.3f} ms "
                   f"({len(tp1)} cells), TP > 1 (with the two all-reduce stand-ins) median {median(tps):.3f} ms "

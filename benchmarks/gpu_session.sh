@@ -28,6 +28,10 @@
 #         shard, eager and torch.compile'd without a CUDA graph: how long the host takes to launch a step
 #         that vLLM runs outside its graphs, beside the GPU time), and this host's speed beside the VM's.
 #         Needs nothing carried (torch and pandas). LAUNCH_S seconds of measurements (175; ~3 min on an H100).
+# piecewise: issue 40's decode step with attention called between CUDA-graph pieces (vLLM 0.10.2's default
+#         PIECEWISE mode) against the same step from one graph: benchmarks/fleet-2026-11-27/piecewise_decode.py,
+#         one TP shard of Llama-3-70B (TP 2/4/8), Qwen3-32B and Llama-3-8B at B 1-64. Needs nothing carried;
+#         PIECEWISE_S seconds of measurements (200). CUDA only.
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
 # (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
 # runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
@@ -36,7 +40,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context|launch}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context|launch|piecewise}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -164,8 +168,12 @@ launch)
     --budget-s "${LAUNCH_S:-175}" "${extra[@]}" \
     2>&1 | grep -v Warning; } | tee "$OUT/launch.log"
   ;;
+piecewise)
+  { limited python3 benchmarks/fleet-2026-11-27/piecewise_decode.py --out "$OUT" --budget-s "${PIECEWISE_S:-200}" \
+    2>&1 | grep -v Warning; } | tee "$OUT/piecewise.log"
+  ;;
 *)
-  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context|launch)" >&2
+  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context|launch|piecewise)" >&2
   exit 2
   ;;
 esac

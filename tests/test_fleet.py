@@ -215,8 +215,9 @@ def test_a_k_schedule_turns_speculation_off_at_large_batches():
 # --- on the kernel tables (the gpu-tables extra, which CI installs) -----------------------------------
 
 def test_a_served_replica_on_the_tables_prices_each_step_from_them():
-    """The baseline at one client: its TPOT is the tables' one-row decode step, its TTFT the prompt's
-    prefill step (the replica is idle when the request arrives); speculation with a 1b draft at
+    """The baseline at one client: its TPOT is the tables' one-row decode step (one CUDA graph), its
+    TTFT the prompt's prefill step (the replica is idle when the request arrives; a step that carries
+    a prefill replays graph pieces, a layer's attention between them); speculation with a 1b draft at
     α 0.7 and K 3 runs steps of the draft's three decodes plus the verify, emitting 1 + 0.7 + 0.49
     + 0.343 tokens a step on average."""
     import json
@@ -225,6 +226,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
     from specbench.cli import app
     from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS
     from specbench.fit.table_plan import TablePlanner, model_config
     from specbench.fleet.tables import step_cost
 
@@ -240,7 +242,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     planner = TablePlanner(config, name, "h100_sxm", "vllm")
     target = planner.forward(config, 1)
     assert base["tpot_p50_ms"] == pytest.approx(target.mixed_ms(0, 1, 512, 256), rel=1e-6)
-    assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256), rel=1e-6)
+    assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256) + 32 * PIECEWISE_LAYER_MS, rel=1e-6)
     draft = planner.forward(model_config("llama3.2-1b")[1], 1)
     step_ms = step_cost(target, 512, 256, draft, async_scheduling=True)(0, 1, 3) * 1e3
     tau = 1 + 0.7 + 0.7 ** 2 + 0.7 ** 3
@@ -470,17 +472,70 @@ def test_a_draft_model_prefills_every_prompt_chunk_and_its_launches_add_to_the_t
     target = kernel_tables.Forward(kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B"), "h200_sxm",
                                    "vllm", 1, name="llama-3.1-8b")
     draft = kernel_tables.Forward(model_config("llama3.2-1b")[1], "h200_sxm", "vllm", 1, name="llama-3.2-1b")
-    alone = step_cost(target, 1024, 128, async_scheduling=True, host=None, launch=None)
-    with_draft = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, launch=None)
+    alone = step_cost(target, 1024, 128, async_scheduling=True, host=None, launch=None, piecewise_layer_ms=0)
+    with_draft = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, launch=None,
+                           piecewise_layer_ms=0)
     chunk_s = draft.mixed_ms(300, 0, 1024, 128) / 1e3
     assert with_draft(300, 0) == pytest.approx(alone(300, 0) + chunk_s, rel=1e-9)
     assert with_draft(300, 4, 2) == pytest.approx(alone(300, 4, 2) + chunk_s + 2 * draft.mixed_ms(0, 4, 1024, 128) / 1e3,
                                                   rel=1e-9)
     assert with_draft(0, 8, 3) - alone(0, 8, 3) == pytest.approx(3 * draft.mixed_ms(0, 8, 1024, 128) / 1e3, rel=1e-9)
-    floored = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY")
+    floored = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY",
+                        piecewise_layer_ms=0)
     both_s = (COMPILED_LAUNCH.ms(target.layers, 1) + COMPILED_LAUNCH.ms(draft.layers, 1)) / 1e3
     assert draft.layers == 16 and target.layers == 32
     assert floored(100, 0) == pytest.approx(max(with_draft(100, 0), both_s), rel=1e-9)
+
+
+def test_a_step_replayed_as_graph_pieces_costs_a_little_more_a_layer():
+    """Under PIECEWISE (vLLM's default until 0.11) every graphed step calls each layer's attention
+    between two graph pieces; under FULL_AND_PIECEWISE only a step that carries a prefill does (a
+    decode-only step, a verify too, replays one graph). Each layer of each forward such a step runs
+    adds PIECEWISE_LAYER_MS; a step outside graphs (over 512 tokens) pays the launch floor instead."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS
+    from specbench.fit.table_plan import model_config
+    from specbench.fleet.tables import step_cost
+
+    target = kernel_tables.Forward(kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B"), "h200_sxm",
+                                   "vllm", 1, name="llama-3.1-8b")
+    draft = kernel_tables.Forward(model_config("llama3.2-1b")[1], "h200_sxm", "vllm", 1, name="llama-3.2-1b")
+
+    def priced(mode: str, pieces_ms: float = PIECEWISE_LAYER_MS, with_draft=None):
+        return step_cost(target, 1024, 128, with_draft, async_scheduling=True, host=None, launch=None,
+                         cudagraph_mode=mode, piecewise_layer_ms=pieces_ms)
+
+    graphs = priced("FULL", 0.0)
+    layers_s = 32 * PIECEWISE_LAYER_MS / 1e3
+    for step in ((0, 1), (0, 64), (0, 100, 3), (256, 8), (300, 0)):
+        assert priced("PIECEWISE")(*step) == pytest.approx(graphs(*step) + layers_s, rel=1e-9), step
+        assert priced("FULL")(*step) == graphs(*step), step
+    assert priced("FULL_AND_PIECEWISE")(0, 64) == graphs(0, 64)  # decode-only: one full graph
+    assert priced("FULL_AND_PIECEWISE")(0, 100, 3) == graphs(0, 100, 3)  # a verify too
+    assert priced("FULL_AND_PIECEWISE")(256, 8) == pytest.approx(graphs(256, 8) + layers_s, rel=1e-9)
+    assert priced("FULL_DECODE_ONLY")(256, 8) == graphs(256, 8)  # outside graphs: the launch floor's case
+    for step in ((600, 0), (0, 200, 3)):  # over 512 tokens: no graph, no pieces
+        assert priced("PIECEWISE")(*step) == graphs(*step), step
+    # a draft model's forwards in a piecewise step: its prefill of the chunk and its K decodes
+    draft_graphs = priced("FULL", 0.0, draft)
+    assert priced("PIECEWISE", with_draft=draft)(0, 8, 3) == pytest.approx(
+        draft_graphs(0, 8, 3) + (32 + 3 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
+    assert priced("PIECEWISE", with_draft=draft)(100, 8, 3) == pytest.approx(
+        draft_graphs(100, 8, 3) + (32 + 4 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
+
+
+def test_the_piecewise_cost_is_the_one_its_benchmark_measured():
+    """`PIECEWISE_LAYER_MS` is not typed in: the median, per decoder layer, of piecewise_decode.py's
+    piecewise step less its one-graph step on an H100, over every real-width cell of both runs."""
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS
+
+    folder = Path(__file__).parents[1] / "benchmarks" / "gpu" / "h100-2026-11-27" / "piecewise"
+    cells = [json.loads(line) for path in sorted(folder.glob("piecewise_decode*.jsonl"))
+             for line in path.read_text().splitlines()]
+    extra = [(c["piecewise_ms"] - c["full_ms"]) / c["layers"] for c in cells
+             if c.get("width") == "real" and "error" not in c]
+    assert len(extra) == 25
+    assert PIECEWISE_LAYER_MS == pytest.approx(np.median(extra), rel=0.005)
 
 
 def test_the_launch_cost_is_the_one_its_benchmark_measured():

@@ -342,13 +342,30 @@ def host_speed() -> dict:
     return row
 
 
-def summarize(path: Path) -> str:
-    """The measurements as markdown, and the per-layer launch medians the simulator takes."""
+def read_measurements(path: Path) -> tuple[dict, list[dict]]:
+    """A measurements file's host speed and the cells that measured (those that failed left out)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     speed = next((r["host_speed"] for r in rows if "host_speed" in r), {})
-    done = [r for r in rows if "shard" in r and "error" not in r]
-    lines = [f"# Launching a forward without a CUDA graph: {speed.get('gpu')} on {speed.get('cpu')} "
-             f"(torch {speed.get('torch')})", "",
+    return speed, [r for r in rows if "shard" in r and "error" not in r]
+
+
+def heading(what: str, speed: dict) -> str:
+    return f"# {what}: {speed.get('gpu')} on {speed.get('cpu')} (torch {speed.get('torch')})"
+
+
+def appender(path: Path):
+    """A function that appends one measurement to `path` as a JSON line (a cell's row survives a later crash)."""
+    def write(row: dict) -> None:
+        with path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    return write
+
+
+def summarize(path: Path) -> str:
+    """The measurements as markdown, and the per-layer launch medians the simulator takes."""
+    speed, done = read_measurements(path)
+    lines = [heading("Launching a forward without a CUDA graph", speed), "",
              "host: from the call until the forward returns (the host's launches); wall: until the GPU is done; "
              "GPU: the same forward replayed from a CUDA graph. narrow: the same kernels at hidden 256 (launch "
              "time alone). Medians of each cell's repeats, ms.", "",
@@ -391,10 +408,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "launch_host.jsonl"
     device = "cuda" if torch.cuda.is_available() else "cpu"
-
-    def write(row: dict) -> None:
-        with path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+    write = appender(path)
 
     speed = host_speed()
     speed["gpu"] = torch.cuda.get_device_name() if device == "cuda" else None

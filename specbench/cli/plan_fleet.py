@@ -89,7 +89,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.fit.host_cost import described
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, described
 
     started = time.perf_counter()
     _check(ask)
@@ -109,7 +109,9 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
             "server_flags": ask.server().described(), "host_step": described(planner.host),
-            "launch_without_graph": described(planner.launch), "alpha_from": alpha_from,
+            "launch_without_graph": described(planner.launch),
+            "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": ask.server().cudagraph_mode,
+                             "measured": PIECEWISE_SOURCE}, "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,

@@ -82,7 +82,29 @@ def check_cudagraph_mode(cudagraph_mode: str) -> str:
     return cudagraph_mode
 
 
+# A decode step replayed as CUDA-graph pieces, each layer's attention (its KV-cache write and kernel)
+# called between two pieces as vLLM's PIECEWISE mode runs it, against the same step from one graph,
+# on an H100 (torch 2.11, no vLLM): benchmarks/fleet-2026-11-27/piecewise_decode.py
+# (benchmarks/gpu/h100-2026-11-27/piecewise): 8-16 µs more a decoder layer, median 12.4, over 25 cells
+# of Llama-3-70B at TP 2/4/8, Qwen3-32B at TP4 and Llama-3-8B at TP1, 1-128 rows, 2k and 8k of
+# context (a test holds this to the cells). The GPU's time between pieces, not the host's: the
+# host's calls ran ahead of the GPU in every cell.
+PIECEWISE_LAYER_MS = 0.0124
+PIECEWISE_SOURCE = ("a decode step's CUDA-graph pieces with attention called between them, against one graph, on an "
+                    "H100 (specbench's benchmarks/gpu/h100-2026-11-27/piecewise/README.md)")
+
+
 def runs_without_graph(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",
                        capture_tokens: int = GRAPH_CAPTURE_TOKENS) -> bool:
     """Whether vLLM runs a step of `tokens` (`prefill_tokens` of them a prefill's) outside CUDA graphs."""
     return tokens > capture_tokens or (prefill_tokens > 0 and not CUDAGRAPH_MODES[cudagraph_mode])
+
+
+def runs_piecewise(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",
+                   capture_tokens: int = GRAPH_CAPTURE_TOKENS) -> bool:
+    """Whether vLLM replays a step as graph pieces with each layer's attention between them: every
+    graphed step under PIECEWISE (vLLM's default until 0.11), one that carries a prefill under
+    FULL_AND_PIECEWISE (decode-only steps, a verify's too, replay one full graph)."""
+    if runs_without_graph(tokens, prefill_tokens, cudagraph_mode, capture_tokens):
+        return False
+    return cudagraph_mode == "PIECEWISE" or (cudagraph_mode == "FULL_AND_PIECEWISE" and prefill_tokens > 0)

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from specbench.fit import kernel_tables
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    PIECEWISE_LAYER_MS,
     VLLM_HOST_STEP,
     HostCost,
     LaunchCost,
     check_cudagraph_mode,
+    runs_piecewise,
     runs_without_graph,
     served_step_ms,
 )
@@ -76,7 +78,8 @@ class ServerFlags:
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
               async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
-              launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE") -> StepCost:
+              launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE",
+              piecewise_layer_ms: float = PIECEWISE_LAYER_MS) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
@@ -89,7 +92,10 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     and it proposes from the prompt's last token). A step vLLM runs outside CUDA graphs (more tokens
     than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the
     host's time to launch the target's kernels and, with a draft model, the draft's first forward
-    over the same tokens (`launch`; None: no such floor)."""
+    over the same tokens (`launch`; None: no such floor). A step replayed as graph pieces (every
+    graphed step under PIECEWISE, one with a prefill under FULL_AND_PIECEWISE) adds
+    `piecewise_layer_ms` for each layer of each forward it runs (the target's, and a draft model's
+    prefill and K decodes)."""
     check_cudagraph_mode(cudagraph_mode)
     cache: dict[tuple[int, int, int], float] = {}
     context = isl + osl // 2
@@ -106,7 +112,12 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:
                     ms += k * draft.mixed_ms(0, decode_rows, isl, osl)
-            if launch_ms and runs_without_graph(prefill_tokens + decode_rows * (k + 1), prefill_tokens, cudagraph_mode):
+            tokens = prefill_tokens + decode_rows * (k + 1)
+            if piecewise_layer_ms and runs_piecewise(tokens, prefill_tokens, cudagraph_mode):
+                draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
+                layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
+                ms += layers * piecewise_layer_ms
+            if launch_ms and runs_without_graph(tokens, prefill_tokens, cudagraph_mode):
                 ms = max(ms, launch_ms)
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))

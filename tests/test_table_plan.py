@@ -48,8 +48,10 @@ def row(plan: dict, **where) -> dict:
 
 
 def test_plan_cells_recomputed_by_hand_from_the_tables(tmp_path):
-    """A draft-model cell: K draft decodes plus a verify of K + 1 positions over the context, and
-    the batch's prefills, each from the tables; τ, tokens/s per GPU, speed-up and $ from them."""
+    """A draft-model cell: K draft decodes, what the first draft forward's K + 2 positions a row add
+    (vLLM's draft model runs over the K + 1 verified tokens and one more slot), and a verify of K + 1
+    positions over the context, and the batch's prefills, each from the tables; τ, tokens/s per GPU,
+    speed-up and $ from them."""
     plan = plan_json("--drafts", "1b", "--tp", "4", "--alpha", "0.7", "--k", "3", "--batch-sizes", "32",
                      "--context-lengths", "2048", "--max-new-tokens", "200")
     target, draft = engine("llama3-70b", 4, tmp_path), engine("llama3.2-1b", 4, tmp_path)
@@ -57,7 +59,8 @@ def test_plan_cells_recomputed_by_hand_from_the_tables(tmp_path):
     at = prompt + out // 2  # the mean context over the decode
     ar_step = target.predict_decode_latency(b, at, 2)
     verify = target.predict_prefill_latency(b, at + k + 1, at) + logits_ms(target, b * (k + 1)) - logits_ms(target, b)
-    sd_step = k * draft.predict_decode_latency(b, at, 2) + verify
+    catch_up = draft.predict_prefill_latency(b, at + k + 2, at) - draft.predict_prefill_latency(b, at + 1, at)
+    sd_step = k * draft.predict_decode_latency(b, at, 2) + catch_up + verify
     ar_batch = target.predict_prefill_latency(b, prompt, 0) + (out - 1) * ar_step
     tau = (1 - alpha ** (k + 1)) / (1 - alpha)
     sd_batch = target.predict_prefill_latency(b, prompt, 0) + draft.predict_prefill_latency(b, prompt, 0) \
@@ -74,6 +77,27 @@ def test_plan_cells_recomputed_by_hand_from_the_tables(tmp_path):
     assert sd["cost_per_1m"] == pytest.approx(4.25 * 1e6 / (sd_per_gpu * 3600), rel=1e-9)  # H100's default price
     assert plan["tables"] == f"aiconfigurator-core {kernel_tables.version()} tables (h100_sxm, vLLM 0.24.0)"
     assert plan["estimate"].startswith("ESTIMATE from aiconfigurator-core")
+
+
+def test_the_first_draft_forward_runs_over_the_verified_tokens_as_vllms_proposers_do():
+    """vLLM's first draft forward of a step runs over the K + 1 tokens the target verified and, for a
+    draft model, one slot more (K + 2 a row; an EAGLE head shifts its inputs: K + 1). The native
+    engine feeds its draft only what it has not cached, so a plan a native run corrects prices none."""
+    from specbench.cli.plan_tables import target_and_drafters
+    from specbench.fit.table_plan import TablePlanner, first_draft_positions
+
+    assert first_draft_positions("model", 3) == 5 and first_draft_positions("eagle", 3) == 4
+    _, name, config, drafters = target_and_drafters("llama3-70b", "1b,eagle")
+    bare = TablePlanner(config, name, "h100_sxm", "vllm", host=None, launch=None)
+    same = {kind: (lambda b: 1.0) for kind in ("decode", "verify", "draft", "prefill", "draft prefill")}
+    native = TablePlanner(config, name, "h100_sxm", "vllm", corrections=same, host=None, launch=None)
+    for drafter in drafters:
+        draft_tp = 4 if drafter.kind == "eagle" else 1
+        forward = bare.forward(drafter.config, draft_tp, name=drafter.label)
+        extra = forward.extra_positions_ms(64, 2048, first_draft_positions(drafter.kind, 3))
+        assert extra > 0, drafter.name
+        assert bare.step_ms(drafter, 3, 64, 2048, 4, 1) - native.step_ms(drafter, 3, 64, 2048, 4, 1) == \
+            pytest.approx(extra, rel=1e-9), drafter.name
 
 
 def test_mtp_is_priced_as_aiconfigurator_prices_it(tmp_path):

@@ -228,7 +228,18 @@ class Forward:
             return self._ms(self._engine.decode_step_latency, decode_rows, max(isl, 1), max(osl, 2))
         return self._ms(self._engine.mixed_step_latency, prefill_tokens, decode_rows, max(isl, 1), max(osl, 2))
 
+    def extend_ms(self, batch_size: int, context: int, positions: int) -> float:
+        """`positions` new tokens per row over `context` cached ones, with logits at one position a row."""
+        return self._ms(self._engine.predict_prefill_latency, batch_size, context + positions, context)
+
+    def extra_positions_ms(self, batch_size: int, context: int, positions: int) -> float:
+        """What `positions` - 1 more positions a row add to a one-position forward, logits at one a row
+        (both ends priced on the tables' prefill path: their decode path prices attention otherwise)."""
+        if positions <= 1:
+            return 0.0
+        return max(0.0, self.extend_ms(batch_size, context, positions) - self.extend_ms(batch_size, context, 1))
+
     def verify_ms(self, batch_size: int, context: int, positions: int) -> float:
         """`positions` new tokens per row over `context` cached ones, with logits at every position."""
-        step = self._ms(self._engine.predict_prefill_latency, batch_size, context + positions, context)
+        step = self.extend_ms(batch_size, context, positions)
         return step + self._logits_ms(batch_size * positions) - self._logits_ms(batch_size)

@@ -4,9 +4,12 @@ did not measure (`specbench plan --target ... --device h100 --tp 4,8`).
 A step, per batch of B rows at a context of C cached tokens (the mean over the decode, prompt plus
 half the output), each forward from `kernel_tables`:
 - autoregressive: one target decode at B and C;
-- speculative with a draft model or an EAGLE-style head: K draft decodes at B (the draft at
+- speculative with a draft model or an EAGLE-style head: K draft forwards at B (the draft at
   `draft_tp`, 1 or the target's TP as vLLM allows) plus one target verify of K + 1 new positions
-  per row over C as prefix;
+  per row over C as prefix. The first draft forward runs over every token the target verified
+  and, for a draft model, the one sampled after them (K + 2 positions a row; an EAGLE head, K + 1),
+  as vLLM's proposers run it (`first_draft_positions`): K one-token decodes plus what the first
+  forward's extra positions add (`Forward.extra_positions_ms`);
 - n-gram lookup: the verify alone (drafting is a CPU lookup; its α must come from a run);
 - MTP with N layers: aiconfigurator's own pricing (the target compiled with `nextn` N: its decode
   step carries the N layers and a verify of N + 1 tokens per row as decode rows), K = N.
@@ -211,7 +214,8 @@ class TablePlanner:
         return self._served(kernels, None, batch_size, tokens=batch_size, tp=tp)
 
     def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
-        """One speculative step: K draft forwards plus the verify of K + 1 positions."""
+        """One speculative step: K draft forwards (the first over `first_draft_positions`) plus the
+        verify of K + 1 positions."""
         if drafter.kind == "mtp":
             kernels = self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
                 * self._scale("decode", batch_size)
@@ -222,7 +226,13 @@ class TablePlanner:
         draft = 0.0
         if drafter.kind != "ngram":
             draft_tp = tp if drafter.kind == "eagle" else draft_tp
-            draft = k * self.forward(drafter.config, draft_tp, name=drafter.label).decode_ms(batch_size, context)
+            drafter_forward = self.forward(drafter.config, draft_tp, name=drafter.label)
+            # vLLM's first draft forward runs over every verified token; the engine a native run's
+            # corrections describe (not a whole served step) feeds its draft only what it has not cached
+            native = bool(self.corrections) and not whole
+            positions = 1 if native else first_draft_positions(drafter.kind, k)
+            draft = k * drafter_forward.decode_ms(batch_size, context) + drafter_forward.extra_positions_ms(
+                batch_size, context, positions)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
                             batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp)
@@ -235,6 +245,14 @@ class TablePlanner:
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
         return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
                             tp=tp, draft_tp=draft_tp)
+
+
+def first_draft_positions(kind: str, k: int) -> int:
+    """Positions a row of a speculative step's first draft forward, as vLLM 0.32's proposers run it
+    (`SpecDecodeBaseProposer.set_inputs_first_pass`): every token the target verified (K + 1: the
+    last step's token and its K drafts) and, for a draft model, one more slot for the token sampled
+    after them (`DraftModelProposer`); an EAGLE head shifts its inputs by one and needs no slot."""
+    return k + (1 if kind == "eagle" else 2)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:

@@ -19,7 +19,7 @@ from specbench.fit.host_cost import (
     runs_without_graph,
     served_step_ms,
 )
-from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, kv_bytes_per_token, parameters
+from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, first_draft_positions, kv_bytes_per_token, parameters
 from specbench.fleet.replica import ReplicaSpec, StepCost
 
 GIB = 1024 ** 3
@@ -79,12 +79,14 @@ class ServerFlags:
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
               async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
               launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE",
-              piecewise_layer_ms: float = PIECEWISE_LAYER_MS) -> StepCost:
+              piecewise_layer_ms: float = PIECEWISE_LAYER_MS, draft_kind: str = "model") -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
-    less its one-token decode). The host's time (`host`; None: none) is added to the kernels' when
+    less its one-token decode); the draft's first forward runs over `first_draft_positions` a row
+    (`draft_kind` "model" or "eagle": the tokens the target verified, and a draft model's extra
+    slot), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`; None: none) is added to the kernels' when
     the replica schedules synchronously, and overlaps them with `async_scheduling` (the step takes
     the longer of the two). A step's prompt tokens count as ceil(tokens / isl) requests, each new
     and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it.
@@ -111,7 +113,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
             if k > 0 and decode_rows > 0:
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:
-                    ms += k * draft.mixed_ms(0, decode_rows, isl, osl)
+                    ms += k * draft.mixed_ms(0, decode_rows, isl, osl) + draft.extra_positions_ms(
+                        decode_rows, context, first_draft_positions(draft_kind, k))
             tokens = prefill_tokens + decode_rows * (k + 1)
             if piecewise_layer_ms and runs_piecewise(tokens, prefill_tokens, cudagraph_mode):
                 draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)

@@ -86,10 +86,11 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
     less its one-token decode); the draft's first forward runs over `first_draft_positions` a row
     (`draft_kind` "model" or "eagle": the tokens the target verified, and a draft model's extra
-    slot), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`; None: none) is added to the kernels' when
-    the replica schedules synchronously, and overlaps them with `async_scheduling` (the step takes
-    the longer of the two). A step's prompt tokens count as ceil(tokens / isl) requests, each new
-    and running; speculation's own host work (the proposer's, the rejection sampler's) is not in it.
+    slot), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`;
+    None: none) is added to the kernels' when the replica schedules synchronously, and overlaps
+    them with `async_scheduling` (the step takes the longer of the two). A step's prompt tokens
+    count as ceil(tokens / isl) requests, each new and running; speculation's own host work (the
+    proposer's, the rejection sampler's) is not in it.
     A draft model also runs over every prompt chunk a step carries (its KV cache needs the prompt,
     and it proposes from the prompt's last token). A step vLLM runs outside CUDA graphs (more tokens
     than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the

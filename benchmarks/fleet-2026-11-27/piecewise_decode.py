@@ -59,6 +59,8 @@ SHARDS = {
     "llama3-70b-tp2": shard("llama3-70b", 80, 8192, 64, 8, 28672, False, 2),
     "llama3-70b-tp4": shard("llama3-70b", 80, 8192, 64, 8, 28672, False, 4),
     "llama3-70b-tp8": shard("llama3-70b", 80, 8192, 64, 8, 28672, False, 8),
+    # bf16 at TP16 reads the weight bytes an fp8 shard at TP8 reads (NVIDIA's 70B rows are fp8)
+    "llama3-70b-tp16": shard("llama3-70b", 80, 8192, 64, 8, 28672, False, 16),
     "qwen3-32b-tp4": shard("qwen3-32b", 64, 5120, 64, 8, 25600, True, 4),
     "llama3-8b-tp1": shard("llama3-8b", 32, 4096, 32, 8, 14336, False, 1),
 }

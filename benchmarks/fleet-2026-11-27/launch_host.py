@@ -41,6 +41,7 @@ import platform
 import sys
 import time
 from statistics import median
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -362,6 +363,25 @@ def appender(path: Path):
     return write
 
 
+def begin(out: Path, filename: str) -> tuple[Path, Callable[[dict], None]]:
+    """`out`/`filename` to append measurements to, its writer, and this host's speed written first."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / filename
+    write = appender(path)
+    speed = host_speed()
+    speed["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    write({"host_speed": speed})
+    print(json.dumps(speed), flush=True)
+    return path, write
+
+
+def write_summary(path: Path, summarize: Callable[[Path], str]) -> None:
+    """`summarize(path)`'s markdown written beside the measurements (path.md) and printed."""
+    text = summarize(path)
+    path.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def summarize(path: Path) -> str:
     """The measurements as markdown, and the per-layer launch medians the simulator takes."""
     speed, done = read_measurements(path)
@@ -401,19 +421,10 @@ def main() -> None:
     parser.add_argument("--summarize", type=Path, help="a launch_host.jsonl: write its markdown beside it")
     args = parser.parse_args()
     if args.summarize:
-        text = summarize(args.summarize)
-        args.summarize.with_suffix(".md").write_text(text)
-        print(text)
+        write_summary(args.summarize, summarize)
         return
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "launch_host.jsonl"
+    path, write = begin(args.out, "launch_host.jsonl")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    write = appender(path)
-
-    speed = host_speed()
-    speed["gpu"] = torch.cuda.get_device_name() if device == "cuda" else None
-    write({"host_speed": speed})
-    print(json.dumps(speed), flush=True)
     if args.host_speed_only:
         return
     deadline = time.monotonic() + args.budget_s

@@ -44,14 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_host import (  # noqa: E402
     Shard,
     all_reduce_stand_in,
-    appender,
+    begin,
     heading,
-    host_speed,
     read_measurements,
     rms_norm,
     rotary,
     shard,
     time_calls,
+    write_summary,
 )
 
 SHARDS = {
@@ -249,19 +249,11 @@ def main() -> None:
     parser.add_argument("--summarize", type=Path, help="a piecewise_decode.jsonl: write its markdown beside it")
     args = parser.parse_args()
     if args.summarize:
-        text = summarize(args.summarize)
-        args.summarize.with_suffix(".md").write_text(text)
-        print(text)
+        write_summary(args.summarize, summarize)
         return
     if not torch.cuda.is_available():
         sys.exit("piecewise_decode.py: needs CUDA (it replays CUDA graphs)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "piecewise_decode.jsonl"
-    write = appender(path)
-
-    speed = host_speed()
-    speed["gpu"] = torch.cuda.get_device_name()
-    write({"host_speed": speed})
+    path, write = begin(args.out, "piecewise_decode.jsonl")
     deadline = time.monotonic() + args.budget_s
     cells = [(key, "narrow", 1, 256) for key in args.shards.split(",")[:2]]
     cells += [(key, "real", int(rows), int(context)) for key in args.shards.split(",")

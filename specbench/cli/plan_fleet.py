@@ -105,12 +105,13 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             drafters, ask.alpha, ask.acceptance, target_name, family)
     planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
+    server = ask.server()
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
             "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
-            "server_flags": ask.server().described(), "host_step": described(planner.host),
+            "server_flags": server.described(), "host_step": described(planner.host),
             "launch_without_graph": described(planner.launch),
-            "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": ask.server().cudagraph_mode,
+            "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
                              "measured": PIECEWISE_SOURCE}, "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}
     if ask.traffic is None:

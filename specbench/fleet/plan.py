@@ -135,7 +135,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
                                                  size, kv_cache_dtype), drafter.kind == "ngram") \
             if drafter.config else server.applied(spec, drafter.kind == "ngram")
         cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling,
-                         draft_kind="eagle" if drafter.kind == "eagle" else "model", **priced)
+                         draft_kind=drafter.kind, **priced)
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
                                 Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
         if schedules:

@@ -85,8 +85,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
     less its one-token decode); the draft's first forward runs over `first_draft_positions` a row
-    (`draft_kind` "model" or "eagle": the tokens the target verified, and a draft model's extra
-    slot), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`;
+    (`draft_kind`, a `Drafter.kind`: the tokens the target verified, and a draft model's extra
+    slot; an "eagle" head has none), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`;
     None: none) is added to the kernels' when the replica schedules synchronously, and overlaps
     them with `async_scheduling` (the step takes the longer of the two). A step's prompt tokens
     count as ceil(tokens / isl) requests, each new and running; speculation's own host work (the

@@ -568,6 +568,42 @@ def test_the_host_step_cost_is_the_one_its_benchmark_measured():
         assert getattr(VLLM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
 
 
+def test_the_ngram_host_cost_is_the_one_its_benchmark_measured():
+    """`NGRAM_HOST_STEP` is not typed in: it is host_step.py --speculative ngram's fit, committed as
+    host_step-ngram.json, from at least two sittings whose differences agree."""
+    from specbench.fit.host_cost import NGRAM_HOST_STEP
+
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27"
+                           / "host_step-ngram.json").read_text())
+    for field in ("intercept_ms", "per_row_ms", "per_context_token_ms"):
+        assert getattr(NGRAM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
+    assert measured["sittings"] >= 2 and measured["rms_residual_ms"] < 0.3
+
+
+def test_an_ngram_step_adds_its_measured_host_time_after_the_kernels():
+    """n-gram drafting schedules synchronously: a speculative step of R decoding rows takes the
+    baseline's host time and speculation's own (NGRAM_HOST_STEP at the rows' mean context) after
+    its kernels; a draft model's step (async) and the baseline's do not take speculation's."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import NGRAM_HOST_STEP, VLLM_HOST_STEP
+    from specbench.fleet.tables import step_cost
+
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-70B")
+    forward = kernel_tables.Forward(config, "h100_sxm", "vllm", 4)
+    isl, osl, rows, k = 1024, 256, 32, 2
+    with_host = step_cost(forward, isl, osl, async_scheduling=False, draft_kind="ngram", launch=None)
+    without = step_cost(forward, isl, osl, async_scheduling=False, draft_kind="ngram", launch=None,
+                        speculation_host=None)
+    kernels_only = step_cost(forward, isl, osl, async_scheduling=False, draft_kind="ngram", launch=None, host=None)
+    context = isl + osl // 2
+    assert (with_host(0, rows, k) - without(0, rows, k)) * 1e3 == pytest.approx(NGRAM_HOST_STEP.ms(rows, context))
+    assert (without(0, rows, k) - kernels_only(0, rows, k)) * 1e3 == pytest.approx(VLLM_HOST_STEP.ms(rows))
+    assert with_host(0, rows, 0) == without(0, rows, 0)  # no drafts, no speculation's host work
+    model = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None)
+    model_without = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None, speculation_host=None)
+    assert model(0, rows, k) == model_without(0, rows, k)
+
+
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_is_priced_as_the_tables_read_it():
     """vLLM's --kv-cache-dtype fp8 halves every token's K and V: the same memory holds twice the
     tokens, and the tables' decode attention reads half the bytes (cheaper at long contexts)."""

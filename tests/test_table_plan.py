@@ -487,10 +487,11 @@ def test_the_tensor_peaks_are_the_system_files_and_a_measured_row_can_exceed_the
 
 
 def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_beside_async_steps():
-    """vLLM schedules n-gram drafting synchronously: its host's time per step (fit/host_cost.py)
-    follows the verify's kernels; the baseline's and a draft model's run beside them (async). A
-    run's corrections already hold their host's time: a corrected planner adds none."""
-    from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost
+    """vLLM schedules n-gram drafting synchronously: its host's time per step (fit/host_cost.py),
+    and speculation's own (the lookup over each row's context, the handling of drafts), follow the
+    verify's kernels; the baseline's and a draft model's run beside them (async). A run's
+    corrections already hold their host's time: a corrected planner adds none."""
+    from specbench.fit.host_cost import NGRAM_HOST_STEP, VLLM_HOST_STEP, HostCost
     from specbench.fit.table_plan import Drafter, TablePlanner, model_config
 
     name, config = model_config("llama3-70b")
@@ -499,8 +500,8 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     served, kernels = (TablePlanner(config, name, "h100_sxm", "vllm", host=host) for host in (VLLM_HOST_STEP, None))
     for b in (1, 64, 256):
         host_ms = VLLM_HOST_STEP.ms(b)
-        assert served.step_ms(ngram, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, b, 1536, 4, 4)
-                                                                         + host_ms, rel=1e-9)
+        assert served.step_ms(ngram, 2, b, 1536, 4, 4) == pytest.approx(
+            kernels.step_ms(ngram, 2, b, 1536, 4, 4) + host_ms + NGRAM_HOST_STEP.ms(b, 1536), rel=1e-9)
         assert served.step_ms(draft, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(draft, 2, b, 1536, 4, 4))
         assert served.decode_ms(b, 1536, 4) == pytest.approx(max(kernels.decode_ms(b, 1536, 4), host_ms))
     slow = TablePlanner(config, name, "h100_sxm", "vllm", host=HostCost(500.0, 0, 0, 0))
@@ -510,6 +511,7 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
     assert plan["host_step"]["intercept_ms"] == VLLM_HOST_STEP.intercept_ms
     assert "host_step.md" in plan["host_step"]["measured"]
+    assert "host_step-ngram.md" in plan["ngram_host_step"]["measured"]
 
 
 def test_a_static_step_outside_cuda_graphs_lasts_at_least_its_kernel_launches():

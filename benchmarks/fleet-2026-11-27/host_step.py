@@ -16,11 +16,27 @@ The fit, least squares over every timed step: host ms = a + b · running rows + 
 the simulator adds it to a synchronously scheduled step's kernel time and overlaps it with an
 async-scheduled one's.
 
-    python benchmarks/fleet-2026-11-27/host_step.py [--speculative ngram]   # ~1 minute on this 2-core VM
+    python benchmarks/fleet-2026-11-27/host_step.py                          # ~1 minute on this 2-core VM
+    python benchmarks/fleet-2026-11-27/host_step.py --speculative ngram      # ~4 minutes
 
-Writes host_step.csv (every timed step), host_step.json (the fit) and host_step.md next to this file;
-with --speculative ngram, vLLM's ngram K=2 (prompt lookup 1-3) measured the same way, into
-host_step-ngram.* (each batch's host time beyond the baseline's fit: speculation's own, not priced).
+Writes host_step.csv (every timed step), host_step.json (the fit) and host_step.md next to this file.
+
+With --speculative ngram: speculation's own host work (the n-gram proposer, the scheduler's and the
+runner's handling of draft tokens). vLLM's ngram K=2 (prompt lookup 1-3) and the baseline are
+measured in the same sitting, each engine in a fresh process, alternately (--sittings, the order
+flipped each time). In both, the host's own phases of each step are timed: the scheduler's
+schedule and update_from_output, the runner's _prepare_inputs, _bookkeeping_sync and
+propose_draft_token_ids. Speculation's host time is the difference of the two engines' medians of
+their sum over the decode steps at the same prompt and rows, sitting by sitting (a fit from another
+day or machine would carry that machine's speed into it). The rest of a CPU step is not compared:
+it holds tensor work (the verified positions' logits gathered and copied, the rejection sampler)
+that a GPU does on the device, and that thrashes this VM's memory at 64-128 rows. The proposer's
+lookup, which scans each row's whole context on one thread (vLLM 0.32 caps its numba threads at
+one), is timed apart, directly on vLLM's `batch_propose_numba` at 8-128 rows and 1k-9k tokens of
+context. The fit: speculation's host ms = a + b · rows + c · rows · context tokens, c the lookup's
+and a, b least squares over every sitting's differences less the lookup.
+`specbench.fit.host_cost.NGRAM_HOST_STEP` holds it (tests hold the two equal). Writes
+host_step-ngram.csv (every timed step of both engines), host_step-ngram.json and host_step-ngram.md.
 """
 
 from __future__ import annotations
@@ -35,6 +51,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process, to time it
+# a KV cache of a fixed size: vLLM for CPU otherwise reserves a share of the first NUMA node's memory and
+# refuses to start where that node holds less than the share (seen on a 24 GiB VM whose node 0 had 9.5)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -79,10 +98,20 @@ class StepClock:
         self._wrap(runner.sampler, "forward", "sampler")
         if getattr(runner, "rejection_sampler", None) is not None:  # speculating: on a GPU, device work
             self._wrap(runner.rejection_sampler, "forward", "sampler")
+        # the host's own phases, timed apart: speculation's host work is their difference from the
+        # baseline's (the rest of a CPU step also holds tensor work a GPU does on the device)
+        self.phases: dict[str, float] = {}
+        self._phase(core.scheduler, "update_from_output", "update")
+        self._phase(runner, "_prepare_inputs", "prepare")
+        self._phase(runner, "_bookkeeping_sync", "bookkeeping")
+        if hasattr(runner, "propose_draft_token_ids"):
+            self._phase(runner, "propose_draft_token_ids", "propose")
         schedule = core.scheduler.schedule
 
         def scheduled(*args, **kwargs):
+            started = time.perf_counter()
             out = schedule(*args, **kwargs)
+            self.phases["schedule"] = self.phases.get("schedule", 0.0) + time.perf_counter() - started
             drafts = sum(len(ids) for ids in (out.scheduled_spec_decode_tokens or {}).values())
             self.shape = (out.total_num_scheduled_tokens, len(out.num_scheduled_tokens), len(out.scheduled_new_reqs),
                           drafts)
@@ -92,7 +121,7 @@ class StepClock:
         step = core.step
 
         def timed_step(*args, **kwargs):
-            self.parts, self.shape = {}, None
+            self.parts, self.phases, self.shape = {}, {}, None
             started = time.perf_counter()
             result = step(*args, **kwargs)
             total = time.perf_counter() - started
@@ -101,10 +130,25 @@ class StepClock:
                 device = sum(self.parts.values())
                 self.steps.append({"tokens": tokens, "rows": rows, "new": new, "drafts": drafts, "step_ms": total * 1e3,
                                    **{f"{k}_ms": v * 1e3 for k, v in self.parts.items()},
-                                   "host_ms": (total - device) * 1e3})
+                                   "host_ms": (total - device) * 1e3,
+                                   **{f"{k}_phase_ms": v * 1e3 for k, v in self.phases.items()},
+                                   "phases_ms": sum(self.phases.values()) * 1e3})
             return result
 
         core.step = core.step_fn = timed_step
+
+    def _phase(self, owner, name: str, key: str) -> None:
+        """Time `owner.name` into the step's host phase `key`."""
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.phases[key] = self.phases.get(key, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, timed)
 
     def _wrap(self, owner, name: str, key: str) -> None:
         """Time `owner.name` into `key`, unless it runs inside another timed call (the rejection
@@ -147,11 +191,6 @@ def fit(steps: pd.DataFrame) -> dict[str, float]:
             "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "steps": int(len(steps))}
 
 
-def excess_over(steps: pd.DataFrame, baseline: dict) -> pd.Series:
-    """Each step's host time beyond what the baseline's fit (host_step.json) gives its rows."""
-    return steps["host_ms"] - _design(steps) @ np.array([baseline[f"{term}_ms"] for term in TERMS])
-
-
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
@@ -179,58 +218,170 @@ def measure(speculative: dict | None) -> pd.DataFrame:
     return pd.DataFrame(timed)
 
 
+def measured_apart(speculative: dict | None) -> pd.DataFrame:
+    """`measure` in a fresh process: each engine starts as the first in its process would."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, speculative).result()
+
+
+def decode_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps in which every row of the batch decodes (no prompt, no finished row)."""
+    return steps[(steps["new"] == 0) & (steps["tokens"] == steps["rows"] + steps["drafts"])
+                 & (steps["rows"] == steps["batch"])]
+
+
+LOOKUP_ROWS = (8, 32, 64, 128)
+LOOKUP_CONTEXTS = (1000, 4000, 9000)
+
+
+def lookup_timings(repeats: int = 7) -> pd.DataFrame:
+    """vLLM's n-gram lookup (`batch_propose_numba`, one thread as vLLM 0.32 runs it) over random
+    ids of a 128k vocabulary (few matches: the scan runs to the start of each row), the median of
+    `repeats` calls after one that compiles, per rows × context."""
+    from numba import set_num_threads
+    from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+
+    set_num_threads(1)
+    k, timed = NGRAM["num_speculative_tokens"], []
+    rng = np.random.default_rng(0)
+    for rows in LOOKUP_ROWS:
+        for context in LOOKUP_CONTEXTS:
+            tokens = rng.integers(0, 128_000, (rows, context + k), dtype=np.int32)
+            lengths = np.full(rows, context, dtype=np.int32)
+            drafts, counts = np.zeros((rows, k), np.int32), np.zeros(rows, np.int32)
+            args = (list(range(rows)), lengths, tokens, NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"],
+                    context + k, k, drafts, counts)
+            batch_propose_numba(*args)
+            seconds = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                batch_propose_numba(*args)
+                seconds.append(time.perf_counter() - started)
+            timed.append({"rows": rows, "context": context, "lookup_ms": float(np.median(seconds)) * 1e3})
+    return pd.DataFrame(timed)
+
+
+def speculation_differences(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per sitting, prompt and rows: the speculative engine's median decode-step host time less the
+    baseline's, and the context its rows held (mean over its decode steps)."""
+    medians = decode_steps(steps).groupby(["sitting", "prompt", "rows", "speculative"])["phases_ms"].median().unstack()
+    medians = medians.rename(columns={False: "baseline_ms", True: "ngram_ms"}).reset_index()
+    return medians.assign(difference_ms=medians["ngram_ms"] - medians["baseline_ms"],
+                          context=medians["prompt"] + MAX_TOKENS / 2)
+
+
+def fit_speculation(differences: pd.DataFrame, lookup: pd.DataFrame) -> dict[str, float]:
+    """a + b · rows + c · rows · context: c the lookup's own (least squares over `lookup`, with a
+    per-row term), a and b over the differences less c's share."""
+    design = np.c_[lookup["rows"], lookup["rows"] * lookup["context"]]
+    (lookup_row_ms, per_token_ms), *_ = np.linalg.lstsq(design, lookup["lookup_ms"].to_numpy(), rcond=None)
+    kept = differences
+    rest = kept["difference_ms"] - per_token_ms * kept["rows"] * kept["context"]
+    (intercept_ms, per_row_ms), *_ = np.linalg.lstsq(np.c_[np.ones(len(kept)), kept["rows"]], rest.to_numpy(),
+                                                     rcond=None)
+    residual = rest.to_numpy() - (intercept_ms + per_row_ms * kept["rows"].to_numpy())
+    return {"intercept_ms": float(intercept_ms), "per_row_ms": float(per_row_ms),
+            "per_context_token_ms": float(per_token_ms), "lookup_per_row_ms": float(lookup_row_ms),
+            "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "differences": int(len(kept))}
+
+
+def speculation_sittings(sittings: int) -> pd.DataFrame:
+    """Both engines `sittings` times, alternately, the order flipped each sitting."""
+    timed = []
+    for sitting in range(sittings):
+        order = (None, NGRAM) if sitting % 2 == 0 else (NGRAM, None)
+        for speculative in order:
+            steps = measured_apart(speculative)
+            timed.append(steps.assign(sitting=sitting, speculative=speculative is not None))
+    return pd.concat(timed, ignore_index=True)
+
+
+def write_speculation(sittings: int) -> None:
+    import vllm
+
+    steps = speculation_sittings(sittings)
+    steps.round(4).to_csv(HERE / "host_step-ngram.csv", index=False)
+    lookup = lookup_timings()
+    differences = speculation_differences(steps)
+    fitted = fit_speculation(differences, lookup)
+    machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
+    record = {**fitted, "sittings": sittings, "vllm": vllm.__version__, "machine": machine,
+              "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary", "speculative": NGRAM,
+              "lookup": lookup.round(5).to_dict("records")}
+    (HERE / "host_step-ngram.json").write_text(json.dumps(record, indent=1) + "\n")
+    by_batch = differences.groupby(["prompt", "rows"]).agg(
+        baseline=("baseline_ms", "median"), ngram=("ngram_ms", "median"), difference=("difference_ms", "median"),
+        low=("difference_ms", "min"), high=("difference_ms", "max"), context=("context", "first"))
+    lines = [f"# Speculation's own host time in a vLLM engine step (vLLM {vllm.__version__}, this VM's CPU, ngram K=2)",
+             "", f"`python benchmarks/fleet-2026-11-27/host_step.py --speculative ngram` (host_step.py says how): the "
+             f"baseline and ngram K=2 in {sittings} sittings, each engine in a fresh process. The host's own phases "
+             "of a decode step (every row decoding: schedule, update_from_output, _prepare_inputs, _bookkeeping_sync, "
+             "propose_draft_token_ids), summed, ms: each engine's median over the sittings' medians, and the "
+             "difference (median, and its range over the sittings):", "",
+             "| prompt | rows | baseline | ngram K=2 | difference | range over sittings | fit |",
+             "|---|---|---|---|---|---|---|"]
+    for (prompt, rows), g in by_batch.iterrows():
+        fit_ms = fitted["intercept_ms"] + fitted["per_row_ms"] * rows + fitted["per_context_token_ms"] * rows * g.context
+        fitted_here = f"{fit_ms:+.2f}"
+        lines.append(f"| {prompt} | {rows} | {g.baseline:.2f} | {g.ngram:.2f} | {g.difference:+.2f} | "
+                     f"{g.low:+.2f} to {g.high:+.2f} | {fitted_here} |")
+    lookup_table = lookup.pivot(index="rows", columns="context", values="lookup_ms")
+    lines += ["", "The proposer's lookup alone (`batch_propose_numba`, one thread, random ids), ms:", "",
+              "| rows | " + " | ".join(f"{c:,} tokens" for c in lookup_table.columns) + " |",
+              "|---|" + "---|" * len(lookup_table.columns)]
+    lines += [f"| {rows} | " + " | ".join(f"{v:.3f}" for v in values) + " |"
+              for rows, values in lookup_table.iterrows()]
+    lines += ["", f"Fit: speculation's host ms = {fitted['intercept_ms']:.3f} + {fitted['per_row_ms']:.4f} · rows + "
+              f"{fitted['per_context_token_ms'] * 1e6:.2f} ns · rows · context tokens (the lookup's; a and b over "
+              f"{fitted['differences']} differences, rms residual {fitted['rms_residual_ms']:.2f} ms). "
+              "`specbench.fit.host_cost.NGRAM_HOST_STEP` holds it; the simulator and `plan --target` add it to an "
+              "n-gram step, which vLLM schedules synchronously (after the kernels). The rest of a CPU step is not "
+              "compared: it holds tensor work a GPU does on the device (the verified positions' logits, the "
+              f"rejection sampler), which at 64-128 rows thrashes this VM's memory. Machine: {machine}.", ""]
+    (HERE / "host_step-ngram.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     import argparse
 
     import vllm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--speculative", choices=["ngram"], help="vLLM's ngram K=2 (host_step-ngram.*): its host "
-                        "time beside the baseline's (not what the simulator prices)")
+    parser.add_argument("--speculative", choices=["ngram"], help="speculation's own host time: vLLM's ngram K=2 and "
+                        "the baseline in the same sitting (host_step-ngram.*)")
+    parser.add_argument("--sittings", type=int, default=3, help="--speculative: alternations of the two engines")
     args = parser.parse_args()
-    speculative = NGRAM if args.speculative == "ngram" else None
-    name = "host_step" + (f"-{args.speculative}" if speculative else "")
-    steps = measure(speculative)
-    steps.round(4).to_csv(HERE / f"{name}.csv", index=False)
-    decodes = steps[(steps["new"] == 0) & (steps["tokens"] == steps["rows"] + steps["drafts"])
-                    & (steps["rows"] == steps["batch"])]
-    if speculative is None:
-        fitted = fit(steps)
-    else:  # speculation's own host work: beyond the baseline's fit, per batch (not priced: see the md)
-        decodes = decodes.assign(excess=excess_over(decodes, json.loads((HERE / "host_step.json").read_text())))
-        fitted = {"excess_ms_by_prompt_and_rows": {f"{p}/{r}": round(float(v), 3) for (p, r), v in
-                                                   decodes.groupby(["prompt", "rows"])["excess"].median().items()}}
-    fitted |= {"vllm": vllm.__version__, "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
-               "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary", "speculative": speculative}
-    (HERE / f"{name}.json").write_text(json.dumps(fitted, indent=1) + "\n")
-    columns = ["excess"] if speculative else []
+    if args.speculative:
+        if args.sittings < 1:
+            parser.error("--sittings must be >= 1")
+        write_speculation(args.sittings)
+        return
+    steps = measure(None)
+    steps.round(4).to_csv(HERE / "host_step.csv", index=False)
+    decodes = decode_steps(steps)
+    fitted = fit(steps) | {"vllm": vllm.__version__, "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+                           "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary"}
+    (HERE / "host_step.json").write_text(json.dumps(fitted, indent=1) + "\n")
     table = decodes.groupby(["prompt", "rows"]).agg(steps=("step_ms", "size"), drafts=("drafts", "mean"),
                                                     step=("step_ms", "median"), model=("forward_ms", "median"),
                                                     logits=("logits_ms", "median"), sampler=("sampler_ms", "median"),
-                                                    host=("host_ms", "median"),
-                                                    **{c: (c, "median") for c in columns})
-    what = f"vLLM {vllm.__version__}, this VM's CPU" + (", ngram K=2" if speculative else "")
-    lines = [f"# A vLLM engine step's host time outside the model's kernels ({what})", "",
-             f"`python benchmarks/fleet-2026-11-27/host_step.py{' --speculative ' + args.speculative if speculative else ''}`"
-             " (host_step.py says how). Medians of the decode steps (every row decoding), ms:", "",
+                                                    host=("host_ms", "median"))
+    lines = [f"# A vLLM engine step's host time outside the model's kernels (vLLM {vllm.__version__}, this VM's CPU)",
+             "", "`python benchmarks/fleet-2026-11-27/host_step.py` (host_step.py says how). Medians of the decode "
+             "steps (every row decoding), ms:", "",
              "| prompt | running rows | steps | draft tokens a step (mean) | step | model forward | logits "
-             "| sampler | host (the rest) |" + (" beyond the baseline's fit |" if speculative else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if speculative else "")]
+             "| sampler | host (the rest) |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {p} | {r} | {int(g.steps)} | {g.drafts:.1f} | {g.step:.2f} | {g.model:.2f} | {g.logits:.2f} "
-              f"| {g.sampler:.2f} | {g.host:.2f} |" + (f" {g.excess:+.2f} |" if speculative else "")
-              for (p, r), g in table.iterrows()]
-    if speculative is None:
-        lines += ["", f"Fit over all {fitted['steps']} timed steps (prefills included): host ms = "
-                  f"{fitted['intercept_ms']:.3f} + {fitted['per_running_row_ms']:.4f} · running rows + "
-                  f"{fitted['per_new_request_ms']:.4f} · new requests + {fitted['per_prompt_token_ms']:.6f} · prompt "
-                  f"tokens (rms residual {fitted['rms_residual_ms']:.2f} ms). Machine: {fitted['machine']}.", ""]
-    else:
-        lines += ["", "The last column is the host time beyond what host_step.json's fit gives the same rows: "
-                  "speculation's own (the n-gram proposer, the rejection sampler's bookkeeping). Not priced by "
-                  "the simulator: it moved by a factor of two between runs of this script (at 128 rows the CPU's "
-                  f"logits and sampler over every verified position also thrash its memory). Machine: "
-                  f"{fitted['machine']}.", ""]
-    (HERE / f"{name}.md").write_text("\n".join(lines))
+              f"| {g.sampler:.2f} | {g.host:.2f} |" for (p, r), g in table.iterrows()]
+    lines += ["", f"Fit over all {fitted['steps']} timed steps (prefills included): host ms = "
+              f"{fitted['intercept_ms']:.3f} + {fitted['per_running_row_ms']:.4f} · running rows + "
+              f"{fitted['per_new_request_ms']:.4f} · new requests + {fitted['per_prompt_token_ms']:.6f} · prompt "
+              f"tokens (rms residual {fitted['rms_residual_ms']:.2f} ms). Machine: {fitted['machine']}.", ""]
+    (HERE / "host_step.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -33,11 +33,36 @@ VLLM_HOST_STEP_SOURCE = ("vLLM 0.32's engine core on a 2-core AMD EPYC VM "
                          "(specbench's benchmarks/fleet-2026-11-27/host_step.md)")
 
 
-def described(host: HostCost | LaunchCost | None) -> dict | None:
+@dataclass(frozen=True)
+class SpeculationHostCost:
+    """Speculation's own host time in a step (ms), beyond the baseline's: its proposer and the
+    scheduler's and runner's handling of draft tokens, linear in the rows that speculate and, for a
+    proposer that scans each row's context on the host (n-gram lookup), in their context tokens."""
+
+    intercept_ms: float
+    per_row_ms: float
+    per_context_token_ms: float  # a row's context scanned once by the proposer
+
+    def ms(self, rows: int, context: float) -> float:
+        return self.intercept_ms + self.per_row_ms * rows + self.per_context_token_ms * rows * context
+
+
+# vLLM 0.32's ngram drafting (K=2, prompt lookup 1-3) against its baseline on a 2-core AMD EPYC VM, in
+# the same sittings, measured by benchmarks/fleet-2026-11-27/host_step.py --speculative ngram
+# (host_step-ngram.json; a test holds the two equal): the host's own phases of a decode step (schedule,
+# update_from_output, _prepare_inputs, _bookkeeping_sync, propose_draft_token_ids), and the lookup
+# (`batch_propose_numba`, one thread: 0.715 ns a context token) timed on its own.
+NGRAM_HOST_STEP = SpeculationHostCost(intercept_ms=0.276, per_row_ms=0.00976, per_context_token_ms=0.000000715)
+NGRAM_HOST_STEP_SOURCE = ("vLLM 0.32's ngram drafting against its baseline, the same sittings, on a 2-core AMD EPYC VM "
+                          "(specbench's benchmarks/fleet-2026-11-27/host_step-ngram.md)")
+
+
+def described(host: HostCost | LaunchCost | SpeculationHostCost | None) -> dict | None:
     """What --json says of the host time a plan priced: its terms and where they were measured."""
     if host is None:
         return None
-    source = {VLLM_HOST_STEP: VLLM_HOST_STEP_SOURCE, COMPILED_LAUNCH: COMPILED_LAUNCH_SOURCE}.get(host, "given")
+    source = {VLLM_HOST_STEP: VLLM_HOST_STEP_SOURCE, COMPILED_LAUNCH: COMPILED_LAUNCH_SOURCE,
+              NGRAM_HOST_STEP: NGRAM_HOST_STEP_SOURCE}.get(host, "given")
     return {**asdict(host), "measured": source}
 
 

@@ -36,9 +36,11 @@ from specbench.fit.acceptance import acceptance_by_position, alpha_table
 from specbench.fit.cells import base_draft, label_synthetic
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    NGRAM_HOST_STEP,
     VLLM_HOST_STEP,
     HostCost,
     LaunchCost,
+    SpeculationHostCost,
     runs_without_graph,
     served_step_ms,
 )
@@ -159,13 +161,17 @@ class TablePlanner:
     host: HostCost | None = VLLM_HOST_STEP
     # the host's time to launch a step that runs outside CUDA graphs (fleet.tables.step_cost's floor)
     launch: LaunchCost | None = COMPILED_LAUNCH
+    # n-gram drafting's own host time a step, beside the host's (fleet.tables.step_cost's too)
+    speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP
     _forwards: dict = field(default_factory=dict)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
-                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1) -> float:
+                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1,
+                context: float | None = None) -> float:
         """A step's kernels with the host's time, as the served engine schedules it: a step of
         `tokens` (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's
-        launch of the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`."""
+        launch of the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`.
+        An n-gram step's rows (speculating, at `context`) add speculation's own host time."""
         if self.corrections:
             return kernels_ms
         if self.launch is not None and runs_without_graph(tokens, prompt_tokens):
@@ -176,6 +182,8 @@ class TablePlanner:
         if self.host is None:
             return kernels_ms
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)
+        if self.speculation_host is not None and context is not None and drafter is not None and drafter.kind == "ngram":
+            host_ms += self.speculation_host.ms(rows, context)
         return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
@@ -235,7 +243,7 @@ class TablePlanner:
                 batch_size, context, positions)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
-                            batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp)
+                            batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp, context=context)
 
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         """The batch's prefill: the target's, then a draft model's."""

@@ -539,3 +539,23 @@ def test_a_static_step_outside_cuda_graphs_lasts_at_least_its_kernel_launches():
     plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
     assert plan["launch_without_graph"]["per_layer_tp_ms"] == COMPILED_LAUNCH.per_layer_tp_ms
     assert "h100-2026-11-27" in plan["launch_without_graph"]["measured"]
+
+
+def test_a_static_prefill_of_up_to_512_tokens_replays_graph_pieces_as_the_fleets_steps_do():
+    """Under vLLM's default FULL_AND_PIECEWISE a step that carries a prefill of up to 512 tokens
+    replays CUDA-graph pieces, each layer's attention between them (PIECEWISE_LAYER_MS a layer of
+    each forward, the target's and a draft model's); a longer one runs outside graphs (at least the
+    launches), and decode and verify steps replay full graphs. The static plan prices its steps
+    through the same rule as the fleet's (`graph_bound_ms`)."""
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS
+    from specbench.fit.table_plan import Drafter, TablePlanner, model_config
+
+    name, config = model_config("llama3-70b")
+    draft = Drafter("1b", "model", model_config("llama3.2-1b")[1], "llama3.2-1b")
+    bare = TablePlanner(config, name, "h100_sxm", "vllm", host=None, launch=None)
+    target, small = bare.forward(config, 4), bare.forward(draft.config, 4, name=draft.label)
+    assert bare.prefill_ms(None, 1, 256, 4, 4) == pytest.approx(target.prefill_ms(1, 256) + 80 * PIECEWISE_LAYER_MS)
+    assert bare.prefill_ms(draft, 2, 256, 4, 4) == pytest.approx(
+        target.prefill_ms(2, 256) + small.prefill_ms(2, 256) + (80 + 16) * PIECEWISE_LAYER_MS)
+    assert bare.prefill_ms(None, 1, 1024, 4, 4) == pytest.approx(target.prefill_ms(1, 1024))
+    assert bare.decode_ms(64, 1536, 4) == pytest.approx(target.decode_ms(64, 1536))

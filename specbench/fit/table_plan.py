@@ -41,7 +41,7 @@ from specbench.fit.host_cost import (
     HostCost,
     LaunchCost,
     SpeculationHostCost,
-    runs_without_graph,
+    graph_bound_ms,
     served_step_ms,
 )
 from specbench.fit.prices import cost_per_million
@@ -174,11 +174,14 @@ class TablePlanner:
         An n-gram step's rows (speculating, at `context`) add speculation's own host time."""
         if self.corrections:
             return kernels_ms
-        if self.launch is not None and runs_without_graph(tokens, prompt_tokens):
-            floor = self.launch.ms(int(self.target["num_hidden_layers"]), tp)
-            if drafter is not None and drafter.kind == "model" and drafter.config:
-                floor += self.launch.ms(int(drafter.config["num_hidden_layers"]), draft_tp)
-            kernels_ms = max(kernels_ms, floor)
+        target_layers = int(self.target["num_hidden_layers"])
+        draft_layers = int(drafter.config["num_hidden_layers"]) if drafter is not None and drafter.kind == "model" \
+            and drafter.config else 0
+        floor = 0.0 if self.launch is None else self.launch.ms(target_layers, tp) + (
+            self.launch.ms(draft_layers, draft_tp) if draft_layers else 0.0)
+        # a prefill replayed as graph pieces runs the target's layers and a draft model's (its
+        # decode and verify steps replay full graphs under vLLM's default FULL_AND_PIECEWISE)
+        kernels_ms = graph_bound_ms(kernels_ms, tokens, prompt_tokens, target_layers + draft_layers, floor)
         if self.host is None:
             return kernels_ms
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)

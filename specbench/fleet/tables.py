@@ -17,8 +17,7 @@ from specbench.fit.host_cost import (
     LaunchCost,
     SpeculationHostCost,
     check_cudagraph_mode,
-    runs_piecewise,
-    runs_without_graph,
+    graph_bound_ms,
     served_step_ms,
 )
 from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, first_draft_positions, kv_bytes_per_token, parameters
@@ -121,13 +120,10 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                 if draft is not None:
                     ms += k * draft.mixed_ms(0, decode_rows, isl, osl) + draft.extra_positions_ms(
                         decode_rows, context, first_draft_positions(draft_kind, k))
-            tokens = prefill_tokens + decode_rows * (k + 1)
-            if piecewise_layer_ms and runs_piecewise(tokens, prefill_tokens, cudagraph_mode):
-                draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
-                layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
-                ms += layers * piecewise_layer_ms
-            if launch_ms and runs_without_graph(tokens, prefill_tokens, cudagraph_mode):
-                ms = max(ms, launch_ms)
+            draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
+            layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
+            ms = graph_bound_ms(ms, prefill_tokens + decode_rows * (k + 1), prefill_tokens, layers, launch_ms,
+                                cudagraph_mode, piecewise_layer_ms)
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)

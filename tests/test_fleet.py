@@ -580,12 +580,36 @@ def test_the_ngram_host_cost_is_the_one_its_benchmark_measured():
     assert measured["sittings"] >= 2 and measured["rms_residual_ms"] < 0.3
 
 
+def test_the_executor_cost_is_the_one_its_benchmark_measured_and_comes_with_tp():
+    """`MULTIPROC_EXECUTOR_STEP` is host_step.py --executor mp's fit (host_step-executor.json). A
+    step at TP > 1 (vLLM's model runners in worker processes) takes it with the host's time; at TP1
+    (the runner in the engine core's process) it does not."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import MULTIPROC_EXECUTOR_STEP
+    from specbench.fleet.tables import step_cost
+
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27"
+                           / "host_step-executor.json").read_text())
+    for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):
+        assert getattr(MULTIPROC_EXECUTOR_STEP, field) == pytest.approx(measured[field], rel=0.005), field
+    assert measured["sittings"] >= 2
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-70B")
+    for tp, added in ((4, True), (1, False)):
+        forward = kernel_tables.Forward(config, "h200_sxm", "vllm", tp)
+        with_it = step_cost(forward, 1024, 256, async_scheduling=False, launch=None)
+        without = step_cost(forward, 1024, 256, async_scheduling=False, launch=None, executor=None)
+        for prefill, rows in ((0, 16), (1024, 8)):
+            prompts = 1 if prefill else 0
+            expected = MULTIPROC_EXECUTOR_STEP.ms(rows + prompts, prompts, prefill) if added else 0.0
+            assert (with_it(prefill, rows) - without(prefill, rows)) * 1e3 == pytest.approx(expected)
+
+
 def test_an_ngram_step_adds_its_measured_host_time_after_the_kernels():
     """n-gram drafting schedules synchronously: a speculative step of R decoding rows takes the
     baseline's host time and speculation's own (NGRAM_HOST_STEP at the rows' mean context) after
     its kernels; a draft model's step (async) and the baseline's do not take speculation's."""
     from specbench.fit import kernel_tables
-    from specbench.fit.host_cost import NGRAM_HOST_STEP, VLLM_HOST_STEP
+    from specbench.fit.host_cost import MULTIPROC_EXECUTOR_STEP, NGRAM_HOST_STEP, VLLM_HOST_STEP
     from specbench.fleet.tables import step_cost
 
     config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-70B")
@@ -597,7 +621,8 @@ def test_an_ngram_step_adds_its_measured_host_time_after_the_kernels():
     kernels_only = step_cost(forward, isl, osl, async_scheduling=False, draft_kind="ngram", launch=None, host=None)
     context = isl + osl // 2
     assert (with_host(0, rows, k) - without(0, rows, k)) * 1e3 == pytest.approx(NGRAM_HOST_STEP.ms(rows, context))
-    assert (without(0, rows, k) - kernels_only(0, rows, k)) * 1e3 == pytest.approx(VLLM_HOST_STEP.ms(rows))
+    assert (without(0, rows, k) - kernels_only(0, rows, k)) * 1e3 == pytest.approx(
+        VLLM_HOST_STEP.ms(rows) + MULTIPROC_EXECUTOR_STEP.ms(rows))  # TP4: worker processes
     assert with_host(0, rows, 0) == without(0, rows, 0)  # no drafts, no speculation's host work
     model = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None)
     model_without = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None, speculation_host=None)

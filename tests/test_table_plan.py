@@ -491,7 +491,7 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     and speculation's own (the lookup over each row's context, the handling of drafts), follow the
     verify's kernels; the baseline's and a draft model's run beside them (async). A run's
     corrections already hold their host's time: a corrected planner adds none."""
-    from specbench.fit.host_cost import NGRAM_HOST_STEP, VLLM_HOST_STEP, HostCost
+    from specbench.fit.host_cost import MULTIPROC_EXECUTOR_STEP, NGRAM_HOST_STEP, VLLM_HOST_STEP, HostCost
     from specbench.fit.table_plan import Drafter, TablePlanner, model_config
 
     name, config = model_config("llama3-70b")
@@ -499,12 +499,12 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     draft = Drafter("1b", "model", model_config("llama3.2-1b")[1], "llama3.2-1b")
     served, kernels = (TablePlanner(config, name, "h100_sxm", "vllm", host=host) for host in (VLLM_HOST_STEP, None))
     for b in (1, 64, 256):
-        host_ms = VLLM_HOST_STEP.ms(b)
+        host_ms = VLLM_HOST_STEP.ms(b) + MULTIPROC_EXECUTOR_STEP.ms(b)  # TP4: worker processes
         assert served.step_ms(ngram, 2, b, 1536, 4, 4) == pytest.approx(
             kernels.step_ms(ngram, 2, b, 1536, 4, 4) + host_ms + NGRAM_HOST_STEP.ms(b, 1536), rel=1e-9)
         assert served.step_ms(draft, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(draft, 2, b, 1536, 4, 4))
         assert served.decode_ms(b, 1536, 4) == pytest.approx(max(kernels.decode_ms(b, 1536, 4), host_ms))
-    slow = TablePlanner(config, name, "h100_sxm", "vllm", host=HostCost(500.0, 0, 0, 0))
+    slow = TablePlanner(config, name, "h100_sxm", "vllm", host=HostCost(500.0, 0, 0, 0), executor=None)
     assert slow.decode_ms(8, 1536, 4) == pytest.approx(500.0)
     corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
     assert corrected.step_ms(ngram, 2, 64, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, 64, 1536, 4, 4))
@@ -512,6 +512,7 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     assert plan["host_step"]["intercept_ms"] == VLLM_HOST_STEP.intercept_ms
     assert "host_step.md" in plan["host_step"]["measured"]
     assert "host_step-ngram.md" in plan["ngram_host_step"]["measured"]
+    assert "host_step-executor.md" in plan["executor_step"]["measured"]
 
 
 def test_a_static_step_outside_cuda_graphs_lasts_at_least_its_kernel_launches():

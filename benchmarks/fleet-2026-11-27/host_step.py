@@ -17,7 +17,8 @@ the simulator adds it to a synchronously scheduled step's kernel time and overla
 async-scheduled one's.
 
     python benchmarks/fleet-2026-11-27/host_step.py                          # ~1 minute on this 2-core VM
-    python benchmarks/fleet-2026-11-27/host_step.py --speculative ngram      # ~4 minutes
+    python benchmarks/fleet-2026-11-27/host_step.py --speculative ngram      # ~3 minutes
+    python benchmarks/fleet-2026-11-27/host_step.py --executor mp            # ~3 minutes
 
 Writes host_step.csv (every timed step), host_step.json (the fit) and host_step.md next to this file.
 
@@ -37,6 +38,17 @@ context. The fit: speculation's host ms = a + b · rows + c · rows · context t
 and a, b least squares over every sitting's differences less the lookup.
 `specbench.fit.host_cost.NGRAM_HOST_STEP` holds it (tests hold the two equal). Writes
 host_step-ngram.csv (every timed step of both engines), host_step-ngram.json and host_step-ngram.md.
+
+With --executor mp: what vLLM's multiprocess executor adds to a step, as every server at TP > 1
+runs its model runners in worker processes: the model runner in one worker process
+(--distributed-executor-backend mp), each step's span in the engine core from its call of the
+worker's execute_model to the return of its sample_tokens, less the worker's own time inside those
+calls (timed in the worker process): serialising the step's inputs and outputs, sending them
+through shared memory and receiving them. Fitted as the baseline's host time is (a + b · running
+rows + c · new requests + d · prompt tokens, least squares over each step shape's median weighted
+by its steps), over
+--sittings fresh processes. `specbench.fit.host_cost.MULTIPROC_EXECUTOR_STEP` holds it. Writes
+host_step-executor.csv, .json and .md.
 """
 
 from __future__ import annotations
@@ -90,9 +102,17 @@ class StepClock:
     """Times every engine-core step and, within it, the calls named in `parts`."""
 
     def __init__(self, core, runner) -> None:
+        """`runner` None (the model runner in another process: vLLM's multiprocess executor): each
+        step's time and shape alone."""
         self.parts: dict[str, float] = {}
+        self.phases: dict[str, float] = {}
         self.steps: list[dict] = []
         self._depth = 0
+        if runner is not None:
+            self._wrap_runner(core, runner)
+        self._wrap_step(core)
+
+    def _wrap_runner(self, core, runner) -> None:
         self._wrap(runner.model, "forward", "forward")
         self._wrap(runner.model, "compute_logits", "logits")
         self._wrap(runner.sampler, "forward", "sampler")
@@ -100,12 +120,13 @@ class StepClock:
             self._wrap(runner.rejection_sampler, "forward", "sampler")
         # the host's own phases, timed apart: speculation's host work is their difference from the
         # baseline's (the rest of a CPU step also holds tensor work a GPU does on the device)
-        self.phases: dict[str, float] = {}
         self._phase(core.scheduler, "update_from_output", "update")
         self._phase(runner, "_prepare_inputs", "prepare")
         self._phase(runner, "_bookkeeping_sync", "bookkeeping")
         if hasattr(runner, "propose_draft_token_ids"):
             self._phase(runner, "propose_draft_token_ids", "propose")
+
+    def _wrap_step(self, core) -> None:
         schedule = core.scheduler.schedule
 
         def scheduled(*args, **kwargs):
@@ -194,37 +215,50 @@ def fit(steps: pd.DataFrame) -> dict[str, float]:
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
+def tiny_engine(folder: str, **options):
+    """vLLM's offline engine on `tiny_model` (fp32, eager, no prefix caching), `options` its own."""
+    from vllm import LLM
+
+    return LLM(model=str(tiny_model(Path(folder))), enforce_eager=True, dtype="float32", max_num_seqs=256,
+               max_num_batched_tokens=8192, max_model_len=4096, seed=0, enable_prefix_caching=False, **options)
+
+
+def batches():
+    """(prompt tokens, batch, its requests) for each of PROMPTS × BATCHES, greedy, MAX_TOKENS each."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+    for prompt in PROMPTS:
+        for batch in BATCHES:
+            rng = np.random.default_rng(batch * 7 + prompt)
+            yield prompt, batch, [{"prompt_token_ids": rng.integers(100, 40000, prompt).tolist()}
+                                  for _ in range(batch)], params
+
+
 def measure(speculative: dict | None) -> pd.DataFrame:
     """Every timed step of BATCHES × PROMPTS, each batch's second run."""
-    from vllm import LLM, SamplingParams
-
     with tempfile.TemporaryDirectory() as folder:
-        model = tiny_model(Path(folder))
-        llm = LLM(model=str(model), enforce_eager=True, dtype="float32", max_num_seqs=256,
-                  max_num_batched_tokens=8192, max_model_len=4096, seed=0, enable_prefix_caching=False,
-                  speculative_config=speculative)
+        llm = tiny_engine(folder, speculative_config=speculative)
         core = llm.llm_engine.engine_core.engine_core
         clock = StepClock(core, core.model_executor.driver_worker.worker.model_runner)
-        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
         timed = []
-        for prompt in PROMPTS:
-            for batch in BATCHES:
-                rng = np.random.default_rng(batch * 7 + prompt)
-                prompts = [{"prompt_token_ids": rng.integers(100, 40000, prompt).tolist()} for _ in range(batch)]
-                for _ in range(2):  # the first run warms up
-                    clock.steps.clear()
-                    llm.generate(prompts, params, use_tqdm=False)
-                timed += [{"prompt": prompt, "batch": batch, **step} for step in clock.steps]
+        for prompt, batch, requests, params in batches():
+            for _ in range(2):  # the first run warms up
+                clock.steps.clear()
+                llm.generate(requests, params, use_tqdm=False)
+            timed += [{"prompt": prompt, "batch": batch, "index": index, **step}
+                      for index, step in enumerate(clock.steps)]
     return pd.DataFrame(timed)
 
 
-def measured_apart(speculative: dict | None) -> pd.DataFrame:
-    """`measure` in a fresh process: each engine starts as the first in its process would."""
+def measured_apart(function, *args) -> pd.DataFrame:
+    """`function(*args)` (a measurement) in a fresh process: each engine starts as the first in its
+    process would."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(measure, speculative).result()
+        return pool.submit(function, *args).result()
 
 
 def decode_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -294,7 +328,7 @@ def speculation_sittings(sittings: int) -> pd.DataFrame:
     for sitting in range(sittings):
         order = (None, NGRAM) if sitting % 2 == 0 else (NGRAM, None)
         for speculative in order:
-            steps = measured_apart(speculative)
+            steps = measured_apart(measure, speculative)
             timed.append(steps.assign(sitting=sitting, speculative=speculative is not None))
     return pd.concat(timed, ignore_index=True)
 
@@ -345,6 +379,119 @@ def write_speculation(sittings: int) -> None:
     print("\n".join(lines))
 
 
+def _install_worker_clock(wrapper) -> None:
+    """In the worker process: time each call of the worker's execute_model and sample_tokens."""
+    import time as clock
+
+    wrapper.rpc_seconds = []
+    for name in ("execute_model", "sample_tokens"):
+        def timed(*args, _inner=getattr(wrapper, name), **kwargs):
+            started = clock.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                wrapper.rpc_seconds.append(clock.perf_counter() - started)
+
+        setattr(wrapper, name, timed)
+
+
+def _collect_worker_clock(wrapper) -> list[float]:
+    seconds, wrapper.rpc_seconds = wrapper.rpc_seconds, []
+    return seconds
+
+
+def measure_executor() -> pd.DataFrame:
+    """Every step of BATCHES × PROMPTS (each batch's second run) served by vLLM's multiprocess
+    executor with one worker process: from the engine core's call of the worker's execute_model to
+    the return of its sample_tokens (the step's two calls), and the worker's own time inside them;
+    the rest is the executor's: serialising, sending through shared memory, receiving."""
+    with tempfile.TemporaryDirectory() as folder:
+        llm = tiny_engine(folder, distributed_executor_backend="mp")
+        llm.collective_rpc(_install_worker_clock)
+        core = llm.llm_engine.engine_core.engine_core
+        executor, spans = core.model_executor, []
+        execute, sample = executor.execute_model, executor.sample_tokens
+
+        def execute_model(*args, **kwargs):
+            spans.append([time.perf_counter(), None])
+            return execute(*args, **kwargs)
+
+        def sample_tokens(*args, **kwargs):
+            try:
+                return sample(*args, **kwargs)
+            finally:
+                spans[-1][1] = time.perf_counter()
+
+        executor.execute_model, executor.sample_tokens = execute_model, sample_tokens
+        clock = StepClock(core, None)
+        timed = []
+        for prompt, batch, requests, params in batches():
+            for _ in range(2):  # the first run warms up
+                clock.steps.clear()
+                spans.clear()
+                llm.collective_rpc(_collect_worker_clock)
+                llm.generate(requests, params, use_tqdm=False)
+            worker = llm.collective_rpc(_collect_worker_clock)[0]
+            if len(worker) != 2 * len(clock.steps) or len(spans) != len(clock.steps) or \
+                    any(end is None for _, end in spans):
+                raise RuntimeError(f"{prompt}-token prompts, batch {batch}: {len(clock.steps)} steps, "
+                                   f"{len(spans)} executor spans, {len(worker)} worker calls")
+            for index, (step, (started, ended)) in enumerate(zip(clock.steps, spans)):
+                worker_ms = (worker[2 * index] + worker[2 * index + 1]) * 1e3
+                timed.append({"prompt": prompt, "batch": batch, "index": index, **step,
+                              "executor_span_ms": (ended - started) * 1e3, "worker_ms": worker_ms,
+                              "ipc_ms": (ended - started) * 1e3 - worker_ms})
+    return pd.DataFrame(timed)
+
+
+def write_executor(sittings: int) -> None:
+    import vllm
+
+    steps = pd.concat([measured_apart(measure_executor).assign(sitting=s) for s in range(sittings)], ignore_index=True)
+    steps.round(4).to_csv(HERE / "host_step-executor.csv", index=False)
+    groups = steps.groupby(["sitting", "prompt", "batch", "tokens", "rows", "new", "drafts"], as_index=False).agg(
+        ipc_ms=("ipc_ms", "median"), span_ms=("executor_span_ms", "median"), worker_ms=("worker_ms", "median"),
+        steps=("ipc_ms", "size"))
+    design = _design(groups)
+    weights = np.sqrt(groups["steps"].to_numpy())  # each shape as many times as it ran: least squares over steps
+    coefficients, *_ = np.linalg.lstsq(design * weights[:, None], groups["ipc_ms"].to_numpy() * weights, rcond=None)
+    residual = groups["ipc_ms"].to_numpy() - design @ coefficients
+    machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
+    fitted = {**{f"{term}_ms": float(c) for term, c in zip(TERMS, coefficients)},
+              "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "groups": int(len(groups)),
+              "steps": int(groups["steps"].sum()), "sittings": sittings, "vllm": vllm.__version__,
+              "machine": machine, "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary"}
+    (HERE / "host_step-executor.json").write_text(json.dumps(fitted, indent=1) + "\n")
+    decodes = groups[(groups["new"] == 0) & (groups["rows"] == groups["batch"])]
+    by_batch = decodes.groupby(["prompt", "rows"]).agg(span=("span_ms", "median"), worker=("worker_ms", "median"),
+                                                       ipc=("ipc_ms", "median"), low=("ipc_ms", "min"),
+                                                       high=("ipc_ms", "max"))
+    prefills = groups[groups["new"] > 0]
+    lines = [f"# What vLLM's multiprocess executor adds to an engine step (vLLM {vllm.__version__}, this VM's CPU)", "",
+             "`python benchmarks/fleet-2026-11-27/host_step.py --executor mp` (host_step.py says how): the model runner "
+             f"in a worker process, as every TP > 1 server runs it, {sittings} sittings, each engine in a fresh "
+             "process. Decode steps (every row decoding), ms: the engine core's span from its call of the worker's "
+             "execute_model to the return of sample_tokens, the worker's own time in those two calls, and the rest "
+             "(the executor's: serialising, sending through shared memory, receiving; median over the sittings and "
+             "its range):", "",
+             "| prompt | rows | executor span | worker | executor's own | range over sittings |", "|---|---|---|---|---|---|"]
+    lines += [f"| {p} | {r} | {g.span:.2f} | {g.worker:.2f} | {g.ipc:.3f} | {g.low:.3f} to {g.high:.3f} |"
+              for (p, r), g in by_batch.iterrows()]
+    lines += ["", f"Steps that admit new requests (their prompts' token ids travel to the worker): {len(prefills)} "
+              f"shapes, the executor's own time {prefills['ipc_ms'].median():.3f} ms (median; "
+              f"{prefills['ipc_ms'].min():.3f}-{prefills['ipc_ms'].max():.3f}).", "",
+              f"Fit over {fitted['groups']} step shapes ({fitted['steps']} steps; each shape's median, weighted by its "
+              f"steps): executor ms = "
+              f"{fitted['intercept_ms']:.3f} + {fitted['per_running_row_ms']:.5f} · running rows + "
+              f"{fitted['per_new_request_ms']:.5f} · new requests + {fitted['per_prompt_token_ms']:.7f} · prompt tokens "
+              f"(rms residual {fitted['rms_residual_ms']:.3f} ms). `specbench.fit.host_cost.MULTIPROC_EXECUTOR_STEP` "
+              "holds it; the simulator and `plan --target` add it to the host's time of a step at TP > 1. It is what "
+              "one worker costs; with several, each also prepares its own inputs and the step waits for the slowest, "
+              f"which is not in it. Machine: {machine}.", ""]
+    (HERE / "host_step-executor.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     import argparse
 
@@ -353,12 +500,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speculative", choices=["ngram"], help="speculation's own host time: vLLM's ngram K=2 and "
                         "the baseline in the same sitting (host_step-ngram.*)")
-    parser.add_argument("--sittings", type=int, default=3, help="--speculative: alternations of the two engines")
+    parser.add_argument("--executor", choices=["mp"], help="what vLLM's multiprocess executor (every TP > 1 server's) "
+                        "adds to a step: the same requests with the model runner in the engine core's process and in "
+                        "a worker process, in the same sittings (host_step-executor.*)")
+    parser.add_argument("--sittings", type=int, default=3, help="--speculative, --executor: alternations of the "
+                        "two engines")
     args = parser.parse_args()
-    if args.speculative:
+    if args.speculative or args.executor:
         if args.sittings < 1:
             parser.error("--sittings must be >= 1")
-        write_speculation(args.sittings)
+        if args.speculative and args.executor:
+            parser.error("--speculative and --executor are two measurements: one at a time")
+        write_speculation(args.sittings) if args.speculative else write_executor(args.sittings)
         return
     steps = measure(None)
     steps.round(4).to_csv(HERE / "host_step.csv", index=False)

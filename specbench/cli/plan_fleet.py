@@ -112,6 +112,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             "server_flags": server.described(), "host_step": described(planner.host),
             "launch_without_graph": described(planner.launch),
             "ngram_host_step": described(planner.speculation_host),
+            "executor_step": described(planner.executor),
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
                              "measured": PIECEWISE_SOURCE}, "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}

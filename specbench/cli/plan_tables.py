@@ -77,6 +77,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "host_step": None if planner.corrections else described(planner.host),
                           "launch_without_graph": None if planner.corrections else described(planner.launch),
                           "ngram_host_step": None if planner.corrections else described(planner.speculation_host),
+                          "executor_step": None if planner.corrections else described(planner.executor),
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return

@@ -31,6 +31,15 @@ VLLM_HOST_STEP = HostCost(intercept_ms=0.742, per_running_row_ms=0.0240, per_new
                           per_prompt_token_ms=0.000149)
 VLLM_HOST_STEP_SOURCE = ("vLLM 0.32's engine core on a 2-core AMD EPYC VM "
                          "(specbench's benchmarks/fleet-2026-11-27/host_step.md)")
+# What vLLM 0.32's multiprocess executor adds to a step (every server at TP > 1 runs its model runners
+# in worker processes): the step's two calls to a worker (execute_model, sample_tokens) less the
+# worker's own time in them, on the same VM, measured by host_step.py --executor mp
+# (host_step-executor.json; a test holds the two equal). One worker's cost: the wait for the slowest
+# of several is not in it.
+MULTIPROC_EXECUTOR_STEP = HostCost(intercept_ms=0.207, per_running_row_ms=0.00236, per_new_request_ms=0.0151,
+                                   per_prompt_token_ms=0.0000787)
+MULTIPROC_EXECUTOR_STEP_SOURCE = ("vLLM 0.32's multiprocess executor, one worker process, on a 2-core AMD EPYC VM "
+                                  "(specbench's benchmarks/fleet-2026-11-27/host_step-executor.md)")
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,8 @@ def described(host: HostCost | LaunchCost | SpeculationHostCost | None) -> dict 
     if host is None:
         return None
     source = {VLLM_HOST_STEP: VLLM_HOST_STEP_SOURCE, COMPILED_LAUNCH: COMPILED_LAUNCH_SOURCE,
-              NGRAM_HOST_STEP: NGRAM_HOST_STEP_SOURCE}.get(host, "given")
+              NGRAM_HOST_STEP: NGRAM_HOST_STEP_SOURCE,
+              MULTIPROC_EXECUTOR_STEP: MULTIPROC_EXECUTOR_STEP_SOURCE}.get(host, "given")
     return {**asdict(host), "measured": source}
 
 

@@ -36,6 +36,7 @@ from specbench.fit.acceptance import acceptance_by_position, alpha_table
 from specbench.fit.cells import base_draft, label_synthetic
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    MULTIPROC_EXECUTOR_STEP,
     NGRAM_HOST_STEP,
     VLLM_HOST_STEP,
     HostCost,
@@ -163,6 +164,8 @@ class TablePlanner:
     launch: LaunchCost | None = COMPILED_LAUNCH
     # n-gram drafting's own host time a step, beside the host's (fleet.tables.step_cost's too)
     speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP
+    # what vLLM's multiprocess executor adds to the host's time of a step at TP > 1
+    executor: HostCost | None = MULTIPROC_EXECUTOR_STEP
     _forwards: dict = field(default_factory=dict)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
@@ -171,7 +174,8 @@ class TablePlanner:
         """A step's kernels with the host's time, as the served engine schedules it: a step of
         `tokens` (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's
         launch of the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`.
-        An n-gram step's rows (speculating, at `context`) add speculation's own host time."""
+        An n-gram step's rows (speculating, at `context`) add speculation's own host time, and a step
+        at `tp` > 1 what the multiprocess executor adds."""
         if self.corrections:
             return kernels_ms
         target_layers = int(self.target["num_hidden_layers"])
@@ -185,6 +189,8 @@ class TablePlanner:
         if self.host is None:
             return kernels_ms
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)
+        if self.executor is not None and tp > 1:
+            host_ms += self.executor.ms(rows, new_requests, prompt_tokens)
         if self.speculation_host is not None and context is not None and drafter is not None and drafter.kind == "ngram":
             host_ms += self.speculation_host.ms(rows, context)
         return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")

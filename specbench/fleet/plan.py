@@ -123,7 +123,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         kv_quant=kv_quant)
     spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype))
     priced = {"host": planner.host, "launch": planner.launch, "cudagraph_mode": server.cudagraph_mode,
-              "speculation_host": planner.speculation_host}
+              "speculation_host": planner.speculation_host, "executor": planner.executor}
     found = [Configuration(tp, AR, 0, "", step_cost(target, isl, osl, async_scheduling=spec.async_scheduling, **priced),
                            spec, None)]
     for acceptance in accepted:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from specbench.fit import kernel_tables
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    MULTIPROC_EXECUTOR_STEP,
     NGRAM_HOST_STEP,
     PIECEWISE_LAYER_MS,
     VLLM_HOST_STEP,
@@ -81,7 +82,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
               async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
               launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE",
               piecewise_layer_ms: float = PIECEWISE_LAYER_MS, draft_kind: str = "model",
-              speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP) -> StepCost:
+              speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP,
+              executor: HostCost | None = MULTIPROC_EXECUTOR_STEP) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
@@ -94,7 +96,9 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     count as ceil(tokens / isl) requests, each new and running. An n-gram step (`draft_kind` "ngram",
     k > 0) adds speculation's own host work (`speculation_host` at its decoding rows and their mean
     context: the proposer's lookup, the handling of draft tokens; None: none), with the host's; a
-    draft model's proposer works on the GPU, its host work beside the kernels is not priced.
+    draft model's proposer works on the GPU, its host work beside the kernels is not priced. At
+    TP > 1 the host's time also holds what vLLM's multiprocess executor adds (`executor`: the step's
+    calls to its worker processes; None: none).
     A draft model also runs over every prompt chunk a step carries (its KV cache needs the prompt,
     and it proposes from the prompt's last token). A step vLLM runs outside CUDA graphs (more tokens
     than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the
@@ -127,6 +131,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
+                if executor is not None and forward.tp > 1:
+                    host_ms += executor.ms(decode_rows + prompts, prompts, prefill_tokens)
                 if speculation_host is not None and draft_kind == "ngram" and k > 0 and decode_rows > 0:
                     host_ms += speculation_host.ms(decode_rows, context)
                 ms = served_step_ms(ms, host_ms, async_scheduling)

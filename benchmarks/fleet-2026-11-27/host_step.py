@@ -203,13 +203,15 @@ def _design(steps: pd.DataFrame) -> np.ndarray:
     return np.c_[np.ones(len(steps)), steps["rows"], steps["new"], prompt_tokens.clip(lower=0)]
 
 
-def fit(steps: pd.DataFrame) -> dict[str, float]:
-    """host ms = the TERMS, least squares over every step."""
-    design = _design(steps)
-    coefficients, *_ = np.linalg.lstsq(design, steps["host_ms"].to_numpy(), rcond=None)
-    residual = steps["host_ms"].to_numpy() - design @ coefficients
+def fit(steps: pd.DataFrame, column: str = "host_ms", weights: np.ndarray | None = None) -> dict[str, float]:
+    """`column` (ms) = the TERMS, least squares over every row of `steps` (each weighted by
+    `weights`: its rows' counts, where a row is a median of several steps)."""
+    design, measured = _design(steps), steps[column].to_numpy()
+    scale = np.ones(len(steps)) if weights is None else np.sqrt(weights)
+    coefficients, *_ = np.linalg.lstsq(design * scale[:, None], measured * scale, rcond=None)
+    residual = measured - design @ coefficients
     return {**{f"{term}_ms": float(c) for term, c in zip(TERMS, coefficients)},
-            "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "steps": int(len(steps))}
+            "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2)))}
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -312,14 +314,13 @@ def fit_speculation(differences: pd.DataFrame, lookup: pd.DataFrame) -> dict[str
     per-row term), a and b over the differences less c's share."""
     design = np.c_[lookup["rows"], lookup["rows"] * lookup["context"]]
     (lookup_row_ms, per_token_ms), *_ = np.linalg.lstsq(design, lookup["lookup_ms"].to_numpy(), rcond=None)
-    kept = differences
-    rest = kept["difference_ms"] - per_token_ms * kept["rows"] * kept["context"]
-    (intercept_ms, per_row_ms), *_ = np.linalg.lstsq(np.c_[np.ones(len(kept)), kept["rows"]], rest.to_numpy(),
-                                                     rcond=None)
-    residual = rest.to_numpy() - (intercept_ms + per_row_ms * kept["rows"].to_numpy())
+    rows = differences["rows"].to_numpy()
+    rest = differences["difference_ms"].to_numpy() - per_token_ms * rows * differences["context"].to_numpy()
+    (intercept_ms, per_row_ms), *_ = np.linalg.lstsq(np.c_[np.ones(len(rows)), rows], rest, rcond=None)
+    residual = rest - (intercept_ms + per_row_ms * rows)
     return {"intercept_ms": float(intercept_ms), "per_row_ms": float(per_row_ms),
             "per_context_token_ms": float(per_token_ms), "lookup_per_row_ms": float(lookup_row_ms),
-            "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "differences": int(len(kept))}
+            "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "differences": int(len(rows))}
 
 
 def speculation_sittings(sittings: int) -> pd.DataFrame:
@@ -359,9 +360,8 @@ def write_speculation(sittings: int) -> None:
              "|---|---|---|---|---|---|---|"]
     for (prompt, rows), g in by_batch.iterrows():
         fit_ms = fitted["intercept_ms"] + fitted["per_row_ms"] * rows + fitted["per_context_token_ms"] * rows * g.context
-        fitted_here = f"{fit_ms:+.2f}"
         lines.append(f"| {prompt} | {rows} | {g.baseline:.2f} | {g.ngram:.2f} | {g.difference:+.2f} | "
-                     f"{g.low:+.2f} to {g.high:+.2f} | {fitted_here} |")
+                     f"{g.low:+.2f} to {g.high:+.2f} | {fit_ms:+.2f} |")
     lookup_table = lookup.pivot(index="rows", columns="context", values="lookup_ms")
     lines += ["", "The proposer's lookup alone (`batch_propose_numba`, one thread, random ids), ms:", "",
               "| rows | " + " | ".join(f"{c:,} tokens" for c in lookup_table.columns) + " |",
@@ -452,13 +452,9 @@ def write_executor(sittings: int) -> None:
     groups = steps.groupby(["sitting", "prompt", "batch", "tokens", "rows", "new", "drafts"], as_index=False).agg(
         ipc_ms=("ipc_ms", "median"), span_ms=("executor_span_ms", "median"), worker_ms=("worker_ms", "median"),
         steps=("ipc_ms", "size"))
-    design = _design(groups)
-    weights = np.sqrt(groups["steps"].to_numpy())  # each shape as many times as it ran: least squares over steps
-    coefficients, *_ = np.linalg.lstsq(design * weights[:, None], groups["ipc_ms"].to_numpy() * weights, rcond=None)
-    residual = groups["ipc_ms"].to_numpy() - design @ coefficients
     machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
-    fitted = {**{f"{term}_ms": float(c) for term, c in zip(TERMS, coefficients)},
-              "rms_residual_ms": float(np.sqrt(np.mean(residual ** 2))), "groups": int(len(groups)),
+    # each shape's median weighted by its steps: least squares over the steps
+    fitted = {**fit(groups, "ipc_ms", weights=groups["steps"].to_numpy()), "groups": int(len(groups)),
               "steps": int(groups["steps"].sum()), "sittings": sittings, "vllm": vllm.__version__,
               "machine": machine, "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary"}
     (HERE / "host_step-executor.json").write_text(json.dumps(fitted, indent=1) + "\n")
@@ -516,7 +512,7 @@ def main() -> None:
     steps = measure(None)
     steps.round(4).to_csv(HERE / "host_step.csv", index=False)
     decodes = decode_steps(steps)
-    fitted = fit(steps) | {"vllm": vllm.__version__, "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+    fitted = fit(steps) | {"steps": int(len(steps)), "vllm": vllm.__version__, "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
                            "model": "1 layer, hidden 128, SmolLM2's 49,152-token vocabulary"}
     (HERE / "host_step.json").write_text(json.dumps(fitted, indent=1) + "\n")
     table = decodes.groupby(["prompt", "rows"]).agg(steps=("step_ms", "size"), drafts=("drafts", "mean"),

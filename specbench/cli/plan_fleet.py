@@ -89,7 +89,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, described
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE
 
     started = time.perf_counter()
     _check(ask)
@@ -109,10 +109,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
             "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
-            "server_flags": server.described(), "host_step": described(planner.host),
-            "launch_without_graph": described(planner.launch),
-            "ngram_host_step": described(planner.speculation_host),
-            "executor_step": described(planner.executor),
+            "server_flags": server.described(), **planner.described_host(),
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
                              "measured": PIECEWISE_SOURCE}, "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}

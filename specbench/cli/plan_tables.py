@@ -29,7 +29,6 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                      json_output: bool, calibrate: Path | None = None, notes: list[str] = ()) -> None:
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.fit.host_cost import described
     from specbench.fit.prices import tables_gpu_price
 
     started = time.perf_counter()
@@ -74,10 +73,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
                           "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
                           "corrected_by": corrected or None, "notes": list(notes) or None,
-                          "host_step": None if planner.corrections else described(planner.host),
-                          "launch_without_graph": None if planner.corrections else described(planner.launch),
-                          "ngram_host_step": None if planner.corrections else described(planner.speculation_host),
-                          "executor_step": None if planner.corrections else described(planner.executor),
+                          **planner.described_host(),
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return

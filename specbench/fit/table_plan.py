@@ -42,6 +42,7 @@ from specbench.fit.host_cost import (
     HostCost,
     LaunchCost,
     SpeculationHostCost,
+    described,
     graph_bound_ms,
     served_step_ms,
 )
@@ -194,6 +195,13 @@ class TablePlanner:
         if self.speculation_host is not None and context is not None and drafter is not None and drafter.kind == "ngram":
             host_ms += self.speculation_host.ms(rows, context)
         return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")
+
+    def described_host(self) -> dict:
+        """What --json says the steps were priced with beside the kernels (each cost's terms and
+        where it was measured); each None where a run's corrections hold the host's own time."""
+        costs = {"host_step": self.host, "launch_without_graph": self.launch,
+                 "ngram_host_step": self.speculation_host, "executor_step": self.executor}
+        return {key: None if self.corrections else described(cost) for key, cost in costs.items()}
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
                 kv_quant: str | None = None) -> kernel_tables.Forward:

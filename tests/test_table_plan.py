@@ -560,3 +560,44 @@ def test_a_static_prefill_of_up_to_512_tokens_replays_graph_pieces_as_the_fleets
         target.prefill_ms(2, 256) + small.prefill_ms(2, 256) + (80 + 16) * PIECEWISE_LAYER_MS)
     assert bare.prefill_ms(None, 1, 1024, 4, 4) == pytest.approx(target.prefill_ms(1, 1024))
     assert bare.decode_ms(64, 1536, 4) == pytest.approx(target.decode_ms(64, 1536))
+
+
+def test_an_isolated_spike_in_a_gemm_table_takes_its_dearer_neighbours_time():
+    """One timing per shape: a time over 1.5x both neighbours' along m is a slow-mode timing and takes
+    the dearer neighbour's time. A step that stays up (a kernel changing), a table's first m and an m
+    where over a tenth of the shapes rise (a dispatch choice at that m) stay as measured."""
+    shapes = [(n, 1024) for n in range(64, 64 * 21, 64)]  # 20 shapes: one spiking at an m is 5 %
+    times = {1: 30.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 10.0, 6: 20.0, 7: 20.0, 8: 20.0}
+
+    def table(special):  # special[(m, n)] overrides the time of one shape
+        return pd.DataFrame([{"gemm_dtype": "fp8", "m": m, "n": n, "k": k, "latency": special.get((m, n), t)}
+                             for m, t in times.items() for n, k in shapes])
+
+    def at(frame, m, n):
+        return float(frame[(frame.m == m) & (frame.n == n)].latency.iloc[0])
+
+    cleaned = kernel_tables.despiked_gemm(table({(4, 64): 25.0, (3, 128): 14.0}))
+    assert at(cleaned, 4, 64) == 10.0  # 2.5x both neighbours: a spike, the dearer neighbour's 10
+    assert at(cleaned, 3, 128) == 14.0  # 1.4x: within the timing's noise
+    assert at(cleaned, 1, 64) == 30.0 and at(cleaned, 6, 64) == 20.0  # the first m, a step up that stays
+    assert len(cleaned) == len(shapes) * len(times) and list(cleaned.columns) == list(table({}).columns)
+    systematic = {(4, n): 25.0 for n, _ in shapes[:3]}  # 3 of 20 shapes at m = 4: 15 %
+    assert all(at(kernel_tables.despiked_gemm(table(systematic)), 4, n) == 25.0 for n, _ in shapes[:3])
+
+
+def test_the_b200_fp8_tables_spikes_no_longer_price_4_rows_above_8():
+    """vLLM's fp8 GEMMs on B200 as the tables time them: Llama-3.1-70B's TP4 decode step of 4 rows was
+    11.7 ms against 8.5 ms for 8 rows (its qkv GEMM timed at 32 us at 4 rows, 13 us at 3 and 5).
+    Forward prices on the despiked tables; the package's own files are untouched."""
+    import glob
+
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-70B")
+    forward = kernel_tables.Forward(config, "b200_sxm", "vllm", 4, gemm_quant="fp8", kv_quant="fp8")
+    assert forward.decode_ms(4, 1536) < forward.decode_ms(8, 1536)
+    package = glob.glob(str(kernel_tables._systems_dir() / "data/b200_sxm/gemm/vllm/*/gemm_perf.parquet"))[0]
+    raw = pd.read_parquet(package)
+    qkv = raw[(raw.gemm_dtype == "fp8") & (raw.n == 2560) & (raw.k == 8192) & raw.m.between(3, 5)].sort_values("m")
+    assert qkv.latency.iloc[1] > 2 * max(qkv.latency.iloc[0], qkv.latency.iloc[2])  # as shipped
+    despiked = pd.read_parquet(Path(kernel_tables.despiked_systems("b200_sxm", "vllm")) / Path(package).relative_to(
+        kernel_tables._systems_dir()))
+    assert (despiked.latency <= raw.latency).all() and 0 < (despiked.latency < raw.latency).mean() < 0.02

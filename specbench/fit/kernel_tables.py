@@ -159,6 +159,80 @@ def silicon_rows_path() -> Path:
     return _systems_dir() / "silicon_sample.csv"
 
 
+# A GEMM's time in the tables is one timing per shape. Where one shape's time is over 1.5x both its
+# neighbours' along m (one row fewer and one row more of the same weights), the timing caught the GPU
+# in a slow mode: vLLM's fp8 table on B200 has such spikes scattered over its m up to 256, at 2-8 % of
+# its shapes at each (Llama-3.1-70B's TP4 qkv GEMM: 13 us at 3 and 5 rows, 32 us at 4), which priced
+# a decode step of 4 rows above one of 8; H100's and H200's bf16 and fp8 tables have them at 0.0-0.1 %
+# of their shapes. A spike
+# takes the dearer of its two neighbours' times. What a kernel does at an m is left as measured:
+# - an m where over a tenth of a table's shapes spike (vLLM's block-scaled fp8 on GB200/GB300 at m =
+#   16j + 1, 12-28 % of shapes; H200's fp8 at m = 257): a dispatch choice at that m, not chance;
+# - a time that rises and stays up (a kernel changing with m), and a table's first and last m
+#   (B200's fp8 at m = 1 is about twice m = 2 over its shapes: a kernel of its own).
+SPIKE_RATIO = 1.5
+SYSTEMATIC_SHARE = 0.10
+
+
+def despiked_gemm(table):
+    """`table` (a gemm_perf table: gemm_dtype, m, n, k, latency) with every isolated spike along m
+    replaced by the dearer of its two neighbours' times (SPIKE_RATIO and SYSTEMATIC_SHARE say which
+    are spikes)."""
+    import numpy as np
+    import pandas as pd
+
+    fixed = []
+    for dtype, rows in table.groupby("gemm_dtype", sort=False):
+        grid = rows.pivot(index="m", columns=["n", "k"], values="latency").sort_index()
+        times = grid.to_numpy()
+        edge = np.full((1, times.shape[1]), np.nan)
+        fewer, more = np.vstack([edge, times[:-1]]), np.vstack([times[1:], edge])
+        spike = (times > SPIKE_RATIO * fewer) & (times > SPIKE_RATIO * more)  # NaN (an edge, a gap): never
+        spike[spike.mean(axis=1) > SYSTEMATIC_SHARE] = False
+        cleaned = pd.DataFrame(np.where(spike, np.fmax(fewer, more), times), index=grid.index, columns=grid.columns)
+        fixed.append(cleaned.stack(["n", "k"], future_stack=True).rename("despiked").reset_index()
+                     .assign(gemm_dtype=dtype))
+    merged = table.merge(pd.concat(fixed), on=["gemm_dtype", "m", "n", "k"], how="left")
+    return merged.assign(latency=merged["despiked"].fillna(merged["latency"])).drop(columns="despiked")
+
+
+def _mirror(source: Path, root: Path) -> None:
+    """`root`: `source`'s tree of directories with a symlink for each file, built aside and renamed
+    into place (another process building the same mirror at once is harmless)."""
+    if root.is_dir():
+        return
+    building = Path(tempfile.mkdtemp(prefix=root.name + "-", dir=root.parent))
+    for folder, _, files in os.walk(source):
+        mirrored = building / Path(folder).relative_to(source)
+        mirrored.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (mirrored / name).symlink_to(Path(folder) / name)
+    try:
+        building.rename(root)
+    except OSError:  # built by another process meanwhile
+        import shutil
+
+        shutil.rmtree(building, ignore_errors=True)
+
+
+@functools.cache
+def despiked_systems(system: str, backend: str) -> str:
+    """A systems directory for aiconfigurator's engine: the package's own, but `system`'s GEMM table
+    for `backend` despiked (`despiked_gemm`); kept beside the model configs, one per package version."""
+    import pandas as pd
+
+    home = Path(tempfile.gettempdir()) / f"specbench-tables-{os.getuid()}"
+    home.mkdir(parents=True, exist_ok=True)
+    root = home / f"systems-{version()}-spikes-{SPIKE_RATIO}-{SYSTEMATIC_SHARE}"
+    _mirror(_systems_dir(), root)
+    table = root / "data" / system / "gemm" / backend / str(backend_version(system, backend)) / "gemm_perf.parquet"
+    if table.is_symlink():
+        aside = table.with_name(f".{table.name}.{os.getpid()}")
+        despiked_gemm(pd.read_parquet(table)).to_parquet(aside, index=False)
+        os.replace(aside, table)
+    return str(root)
+
+
 def _config_dir(config: dict) -> str:
     """A directory holding `config` as config.json (aiconfigurator reads a model path), one per
     distinct config, kept for the process."""
@@ -184,9 +258,10 @@ class Forward:
         quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
         if kv_quant:  # the KV cache's precision (vLLM's --kv-cache-dtype fp8): what decode attention reads
             quant["kvcache_quant_mode"] = kv_quant
+        tables = despiked_systems(system, backend)
         try:
             self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn,
-                                                **quant)
+                                                systems_path=tables, **quant)
         except Exception as error:  # noqa: BLE001 - its errors name the config field it could not use
             raise self._unavailable(error) from None
         self._logits_cache: dict[int, float] = {}

@@ -253,7 +253,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--concurrency", "4"], "--concurrency and --dtype simulate served replicas on the kernel tables"),
+    (["--concurrency", "4"], "--concurrency simulates served replicas on the kernel tables: give --target MODEL"),
     (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
@@ -279,7 +279,8 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--trace-speedup", "2"], "need --trace"),
     (["--target", "llama3-8b", "--concurrency", "4", "--clients", "all"], "--clients must be one of"),
     (["--clients", "inferencemax"], "give --target MODEL --concurrency C"),
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype sizes the KV cache of replicas simulated"),
+    (["--kv-cache-dtype", "fp8"], "--dtype and --kv-cache-dtype price a target on the kernel tables"),
+    (["--dtype", "fp8"], "--dtype and --kv-cache-dtype price a target on the kernel tables"),
     (["--target", "llama3-8b", "--concurrency", "4", "--kv-cache-dtype", "int4"], "--kv-cache-dtype must be auto or fp8"),
     (["--max-num-seqs", "8", "--no-async-scheduling"],
      "--max-num-seqs, --async-scheduling: the vLLM flags of replicas"),
@@ -807,7 +808,10 @@ def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
     from specbench.cli.plan_tables import target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit.table_plan import Acceptance, TablePlanner
-    from specbench.fleet.plan import configurations
+    from specbench.fit.decisions import format_schedule, schedule_ranges
+    from specbench.fit.table_plan import best_k, plan_on_tables
+    from specbench.fleet.plan import SCHEDULE_BATCHES, configurations
+    from specbench.fleet.tables import ServerFlags
 
     family, name, config, drafters = target_and_drafters("llama3-70b", "1b")
     planner = TablePlanner(config, name, kernel_tables.check_device("h100", "vllm"), "vllm")
@@ -821,6 +825,17 @@ def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
     single = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7)], 4, None, [3], 1024, 256,
                             schedules=True)
     assert all(not c.schedule or len({c.speculation.k_at(r) for r in (1, 512)}) > 1 for c in single)
+
+    # an fp8 target with an fp8 KV cache: its steps, and the K schedule picked on the same fp8 tables
+    fp8 = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7)], 4, None, [1, 2, 3, 4], 1024, 256,
+                         gemm_quant="fp8", schedules=True, server=ServerFlags(kv_cache_dtype="fp8"))
+    static = TablePlanner(config, name, "h100_sxm", "vllm", gemm_quant="fp8", kv_cache_dtype="fp8")
+    table, _ = plan_on_tables(static, drafters, [Acceptance("1b", "α 0.7", 0.7)], [1, 2, 3, 4], SCHEDULE_BATCHES,
+                              [1024], [4], 256, None, None)
+    assert fp8[-1].schedule == format_schedule(schedule_ranges(
+        *zip(*[(b, int(k) if s >= 1 else None) for b, k, s in best_k(table[table["fits"]])[
+            ["batch_size", "k", "highest_speedup"]].itertuples(index=False)])))
+    assert fp8[0].cost(0, 8) < found[0].cost(0, 8)  # the baseline's decode step of 8 rows
 
 
 # --- a served engine's step price fitted on what a run measured -----------------------------------

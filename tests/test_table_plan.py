@@ -601,3 +601,40 @@ def test_the_b200_fp8_tables_spikes_no_longer_price_4_rows_above_8():
     despiked = pd.read_parquet(Path(kernel_tables.despiked_systems("b200_sxm", "vllm")) / Path(package).relative_to(
         kernel_tables._systems_dir()))
     assert (despiked.latency <= raw.latency).all() and 0 < (despiked.latency < raw.latency).mean() < 0.02
+
+
+def test_an_fp8_target_is_planned_on_the_fp8_tables_with_its_weights_and_cache_in_fp8(tmp_path):
+    """--dtype fp8 --kv-cache-dtype fp8: the target's forwards on the tables' fp8 GEMMs and fp8 KV
+    attention, its weights at a byte a parameter and every KV cache at a byte a value; a draft model's
+    weights stay 16-bit. A 16-bit draft costs relatively more beside an fp8 target, so B* falls."""
+    from specbench.fit.table_plan import config_parameters, kv_bytes_per_token
+
+    args = ("--drafts", "8b", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "1,32",
+            "--context-lengths", "1024", "--max-new-tokens", "128")
+    bf16, fp8 = plan_json(*args), plan_json(*args, "--dtype", "fp8", "--kv-cache-dtype", "fp8")
+    assert (fp8["dtype"], fp8["kv_cache_dtype"], bf16["dtype"], bf16["kv_cache_dtype"]) == ("fp8", "fp8", "bf16", "auto")
+    target = kernel_tables.Forward(shipped_config("llama3-70b")[1], "h100_sxm", "vllm", 4, gemm_quant="fp8",
+                                   kv_quant="fp8")
+    ar = row(fp8, draft="autoregressive", batch_size=32)
+    assert ar["step_ms"] == pytest.approx(target.decode_ms(32, 1024 + 64), rel=1e-9)
+    assert ar["step_ms"] < row(bf16, draft="autoregressive", batch_size=32)["step_ms"]
+    config = shipped_config("llama3-70b")[1]
+    weights_saved = config_parameters(config) / 4  # a byte a parameter less, over 4 GPUs
+    cache_saved = kv_bytes_per_token(config, 4) * (1024 + 128) / 2  # one row's cache at half the bytes
+    saved = row(bf16, draft="autoregressive", batch_size=1)["memory_gib"] - \
+        row(fp8, draft="autoregressive", batch_size=1)["memory_gib"]
+    assert saved * 2 ** 30 == pytest.approx(weights_saved + cache_saved, rel=1e-9)
+    assert row(fp8, draft="8b", batch_size=32)["speedup"] < row(bf16, draft="8b", batch_size=32)["speedup"]
+    text = runner.invoke(app, ["plan", "--target", "llama3-70b", *args, "--dtype", "fp8"]).output
+    assert "llama3-70b (fp8) with 8b" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "int3"], "--dtype on the tables must be one of bf16, fp16, fp8, fp4"),
+    (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype must be auto or fp8"),
+    (["--dtype", "fp8", "--calibrate", CPU_RUN], "--calibrate corrects the tables' 16-bit forwards"),
+])
+def test_bad_precision_on_the_tables_is_one_line(args, message):
+    result = runner.invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--alpha", "0.7", *args])
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output

@@ -1,5 +1,6 @@
 """The headline on the kernel tables: llama3-70b with the 1b and 8b drafts, H100 at TP4 and TP8 and
-H200 at TP4 and TP8, B = 1..256, α 0.6 / 0.7 / 0.8, 1k and 4k-token prompts, 128 output tokens.
+H200 at TP4 and TP8, B = 1..256, α 0.6 / 0.7 / 0.8, 1k and 4k-token prompts, 128 output tokens; on
+H100 also with fp8 weights and KV cache (--dtype fp8 --kv-cache-dtype fp8).
 Writes headline.md (B*, the K schedule, the speed-up at B = 1, 32 and 256, and $ per 1M tokens
 at the cheapest batch with and without speculation) and headline_decisions.json beside this file.
 
@@ -23,12 +24,15 @@ SIZES = "1,2,4,8,16,32,64,128,256"
 COMMITTED = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs", "benchmarks/cpu-2026-11-25/default/default1"]
 
 
-def plan(device: str, acceptance: list[str] | None = None) -> dict:
+FP8 = ["--dtype", "fp8", "--kv-cache-dtype", "fp8"]
+
+
+def plan(device: str, acceptance: list[str] | None = None, precision: list[str] = ()) -> dict:
     given = ["--alpha", "0.6,0.7,0.8"] if acceptance is None else []
     drafts = "1b,8b" if acceptance is None else "1b,8b,ngram"
     command = ["specbench", "plan", "--target", "llama3-70b", "--drafts", drafts, "--device", device, "--tp", "4,8",
                *given, *(acceptance or []), "--k", "1,2,3,4,6,8", "--batch-sizes", SIZES,
-               "--context-lengths", "1k,4k", "--max-new-tokens", "128", "--json"]
+               "--context-lengths", "1k,4k", "--max-new-tokens", "128", *precision, "--json"]
     print("+ " + " ".join(command), file=sys.stderr)
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
@@ -46,10 +50,12 @@ def speedup_at(plan: dict, tp: int, context: int, acceptance: str, draft: str, b
 def main() -> None:
     lines = []
     decisions = {}
-    runs = [("h100", None), ("h200", None)] + [("h100", ["--acceptance", run]) for run in COMMITTED]
-    for device, acceptance in runs:
-        result = plan(device, acceptance)
-        title = result["tables"] + (f", acceptance of {acceptance[1]}" if acceptance else "")
+    runs = [("h100", None, []), ("h100", None, FP8), ("h200", None, [])] + \
+        [("h100", ["--acceptance", run], []) for run in COMMITTED]
+    for device, acceptance, precision in runs:
+        result = plan(device, acceptance, precision)
+        title = result["tables"] + (f", acceptance of {acceptance[1]}" if acceptance else "") + \
+            (", fp8 weights and KV cache" if precision else "")
         decisions[title] = {"tables": result["tables"], "decisions": result["decisions"],
                             "acceptance_transferred": result["acceptance_transferred"],
                             "drafts_left_out": result["drafts_left_out"]}

@@ -69,13 +69,13 @@ def plan(
                                      "state measured; inferencemax: as InferenceMAX's benchmark_serving run (all "
                                      "at once, 10 requests each, lengths 0.8-1× the given, every request "
                                      "measured), to compare with such a benchmark."),
-    dtype: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
-                                        help="--concurrency, --trace: the target's GEMMs: bf16 (default), fp8 or "
-                                             "fp4."),
-    kv_cache_dtype: str = typer.Option("auto", rich_help_panel="Served, simulated on kernel tables",
-                                       help="--concurrency, --trace: the KV cache as vLLM's --kv-cache-dtype: auto "
-                                            "(16-bit) or fp8 (twice the tokens in the same memory, decode attention "
-                                            "reading half the bytes)."),
+    dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
+                                        help="With --target: the target's GEMMs (its weights): bf16 (default), fp8 "
+                                             "or fp4; a draft model stays 16-bit."),
+    kv_cache_dtype: str = typer.Option("auto", rich_help_panel="On kernel tables, no run",
+                                       help="With --target: the KV cache as vLLM's --kv-cache-dtype: auto (16-bit) "
+                                            "or fp8 (twice the tokens in the same memory, decode attention reading "
+                                            "half the bytes)."),
     max_num_seqs: Optional[int] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                                help="--concurrency, --trace: vLLM's --max-num-seqs for each replica "
                                                     "(default: vLLM's on that GPU)."),
@@ -119,9 +119,8 @@ def plan(
 
     if clients != "steady" and concurrency is None:
         fail("--clients says how --concurrency's clients send: give --target MODEL --concurrency C")
-    if kv_cache_dtype != "auto" and (target is None or (concurrency is None and trace is None)):
-        fail("--kv-cache-dtype sizes the KV cache of replicas simulated on the kernel tables: give --target MODEL "
-             "with --concurrency or --trace")
+    if (kv_cache_dtype != "auto" or dtype is not None) and target is None:
+        fail("--dtype and --kv-cache-dtype price a target on the kernel tables: give --target MODEL")
     server_flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
                     "--async-scheduling": async_scheduling}
     named = [name for name, value in server_flags.items() if value is not None]
@@ -138,14 +137,14 @@ def plan(
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
                            json_output)
         return
-    if concurrency is not None or dtype is not None:
-        fail("--concurrency and --dtype simulate served replicas on the kernel tables: give --target MODEL")
+    if concurrency is not None:
+        fail("--concurrency simulates served replicas on the kernel tables: give --target MODEL")
     if trace_window or trace_speedup != "1" or chart is not None:
         fail("--trace-window and --trace-speedup need --trace, --chart --trace or --concurrency (and --target)")
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
-                        calibrate)
+                        calibrate, dtype, kv_cache_dtype)
         return
     try:
         if slo is not None or tp != "1" or draft_tp is not None or calibrate is not None:
@@ -348,8 +347,9 @@ def _one_alpha(text: str | None) -> float | None:
 
 
 def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
-                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate) -> None:
-    from specbench.cli.plan_tables import plan_from_tables
+                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate, dtype=None,
+                    kv_cache_dtype="auto") -> None:
+    from specbench.cli.plan_tables import check_precision, plan_from_tables
 
     try:
         if run_dir is not None or timings is not None:
@@ -357,10 +357,15 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
                              "--timings (a run's acceptance: --acceptance RUN)")
         if gpus != 1:
             raise UsageError("--gpus: with --target, a replica's GPUs are its --tp")
+        gemm_quant = check_precision(dtype, kv_cache_dtype)
+        if calibrate is not None and (gemm_quant is not None or kv_cache_dtype != "auto"):
+            raise UsageError("--calibrate corrects the tables' 16-bit forwards by what a run measured: leave --dtype "
+                             "and --kv-cache-dtype out with it")
         ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
         check_price(gpu_price, 1)
         plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts or [1024],
-                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate)
+                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate,
+                         gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
     except known_errors() as error:  # TablesUnavailable is a ValueError
         fail(str(error))
 

@@ -16,9 +16,8 @@ from pathlib import Path
 from rich.table import Table
 
 from specbench.cli.common import UsageError, console
+from specbench.fit.table_plan import GEMM_QUANTS
 from specbench.fleet.sizing import HOURS_PER_MONTH, MOST_REPLICAS
-
-QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
 
 @dataclass(frozen=True)
@@ -122,15 +121,12 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
 
 
 def _check(ask: FleetAsk) -> None:
+    from specbench.cli.plan_tables import check_precision
     from specbench.fleet.plan import CLIENTS
-    from specbench.fleet.tables import KV_CACHE_DTYPES
 
     if ask.clients not in CLIENTS:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {ask.clients!r}")
-    if (ask.dtype or "bf16") not in QUANTS:
-        raise UsageError(f"--dtype on the tables must be one of {', '.join(QUANTS)}, got {ask.dtype!r}")
-    if ask.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise UsageError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {ask.kv_cache_dtype!r}")
+    check_precision(ask.dtype, ask.kv_cache_dtype)
     ask.server()  # its flags checked (one line each)
     if ask.traffic is not None:
         ask.traffic.check()
@@ -168,7 +164,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     slo = parse_slo(ask.slo) if ask.slo is not None else None
     price, price_note = tables_gpu_price(planner.system, ask.gpu_price)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
-                                        ask.concurrencies, ask.input_len, ask.output_len, QUANTS[ask.dtype or "bf16"],
+                                        ask.concurrencies, ask.input_len, ask.output_len, GEMM_QUANTS[ask.dtype or "bf16"],
                                         clients, ask.server(), price,
                                         Objective(slo.bounds, slo.percentile) if slo else None)
     left_out += unpriced
@@ -254,7 +250,7 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
                                     list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
                                     wanted.router,
-                                    QUANTS[ask.dtype or "bf16"], price, ask.server())
+                                    GEMM_QUANTS[ask.dtype or "bf16"], price, ask.server())
     where = f"{planner.system.split('_')[0].upper()}"
     _show_traffic(table, traffic, replay, slo, wanted, head, where, "", left_out + unpriced, transferred, price,
                   price_note, json_output, started)

@@ -26,7 +26,8 @@ def parse_alphas(text: str) -> list[tuple[float, ...]]:
 def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: str, draft_tp: str | None,
                      ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
                      alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
-                     json_output: bool, calibrate: Path | None = None, notes: list[str] = ()) -> None:
+                     json_output: bool, calibrate: Path | None = None, notes: list[str] = (),
+                     gemm_quant: str | None = None, kv_cache_dtype: str = "auto") -> None:
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.prices import tables_gpu_price
@@ -51,7 +52,9 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
         if calibrate is not None else ({}, [], [])
     price, price_note = tables_gpu_price(system, gpu_price)
-    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models,
+                                   gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
+    precision = precision_label(gemm_quant, kv_cache_dtype)
     for drafter in drafters:
         source = planner.draft_source(drafter)
         if source is not None:
@@ -68,6 +71,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     if json_output:
         records = lambda frame: json.loads(frame.to_json(orient="records"))  # noqa: E731
         print(json.dumps({"estimate": f"ESTIMATE from {label}", "tables": label, "target": target_name,
+                          "dtype": DTYPE_OF[gemm_quant], "kv_cache_dtype": kv_cache_dtype,
                           "device": system, "backend": backend, "tp": tp_sizes, "output_tokens": output_tokens,
                           "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
@@ -77,7 +81,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return
-    console.print(f"[bold red]ESTIMATE[/] from {label}: {target_name} with "
+    console.print(f"[bold red]ESTIMATE[/] from {label}: {target_name}{precision} with "
                   f"{', '.join(f'{d.name} ({d.label})' for d in drafters)}; α from {alpha_from}; "
                   f"{output_tokens} output tokens per request; prices {price_note}; not measurements",
                   highlight=False, soft_wrap=True)
@@ -89,6 +93,29 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     if slo_table is not None:
         print_slo(slo_table, unit)
     console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
+
+
+def check_precision(dtype: str | None, kv_cache_dtype: str) -> str | None:
+    """--dtype and --kv-cache-dtype on the tables: the target's GEMM quantisation as the tables name it
+    (None: 16-bit), or one line naming what they take."""
+    from specbench.fit.table_plan import GEMM_QUANTS
+    from specbench.fleet.tables import KV_CACHE_DTYPES
+
+    if (dtype or "bf16") not in GEMM_QUANTS:
+        raise UsageError(f"--dtype on the tables must be one of {', '.join(GEMM_QUANTS)}, got {dtype!r}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    return GEMM_QUANTS[dtype or "bf16"]
+
+
+DTYPE_OF = {None: "bf16", "fp8": "fp8", "nvfp4": "fp4"}  # the tables' names back to --dtype's
+
+
+def precision_label(gemm_quant: str | None, kv_cache_dtype: str) -> str:
+    """' (fp8, fp8 KV cache)' after the target's name where either is not 16-bit, else ''."""
+    parts = ([DTYPE_OF[gemm_quant]] if gemm_quant else []) + ([f"{kv_cache_dtype} KV cache"]
+                                                               if kv_cache_dtype != "auto" else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def parse_tp(tps: str, draft_tp: str | None) -> tuple[list[int], int | None]:

@@ -53,6 +53,13 @@ from specbench.synthetic import config_parameters, shipped_config
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache, as the tables price them
+# Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
+# vLLM keeps it unless --kv-cache-dtype says otherwise (KV_BYTES).
+WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
+                "int4_wo": 0.5, "int8_wo": 1}
+KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
+# what `plan --dtype` offers for the target's GEMMs, by the tables' names (None: the model's 16 bits)
+GEMM_QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
 
 
 @dataclass(frozen=True)
@@ -127,16 +134,20 @@ def kv_bytes_per_token(config: dict, tp: int, layers: int | None = None) -> floa
 
 
 def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int,
-           device: kernel_tables.Device) -> Memory:
-    weights = parameters(target) * BYTES_PER_VALUE / tp
+           device: kernel_tables.Device, gemm_quant: str | None = None, kv_cache_dtype: str = "auto") -> Memory:
+    """The target's weights at `gemm_quant`'s bytes (a draft model's at 16 bits, an MTP head's as the
+    target's), every KV cache at `kv_cache_dtype`'s (vLLM's one cache config serves the draft too)."""
+    weight_bytes = WEIGHT_BYTES.get(gemm_quant, BYTES_PER_VALUE)
+    weights = parameters(target) * weight_bytes / tp
     kv = kv_bytes_per_token(target, tp) * tokens_per_row
     if drafter is not None and drafter.kind in ("model", "eagle") and drafter.config:
         weights += parameters(drafter.config) * BYTES_PER_VALUE / draft_tp
         kv += kv_bytes_per_token(drafter.config, draft_tp) * tokens_per_row
     elif drafter is not None and drafter.kind == "mtp":
         per_layer = (parameters(target) - parameters(target, 0)) / target["num_hidden_layers"]
-        weights += per_layer * drafter.layers * BYTES_PER_VALUE / tp
+        weights += per_layer * drafter.layers * weight_bytes / tp
         kv += kv_bytes_per_token(target, tp, drafter.layers) * tokens_per_row
+    kv *= KV_BYTES[kv_cache_dtype] / BYTES_PER_VALUE
     return Memory(weights, kv, float(device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))),
                   GPU_MEMORY_UTILIZATION * device.memory_bytes)
 
@@ -167,7 +178,20 @@ class TablePlanner:
     speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP
     # what vLLM's multiprocess executor adds to the host's time of a step at TP > 1
     executor: HostCost | None = MULTIPROC_EXECUTOR_STEP
+    # the target's GEMMs as the tables name their quantisation (GEMM_QUANTS: fp8, nvfp4; None: 16-bit)
+    # and every model's KV cache as vLLM's --kv-cache-dtype (KV_BYTES: auto, fp8)
+    gemm_quant: str | None = None
+    kv_cache_dtype: str = "auto"
     _forwards: dict = field(default_factory=dict)
+
+    @property
+    def kv_quant(self) -> str | None:
+        """The tables' kvcache_quant_mode for `kv_cache_dtype` (None: the model's 16 bits)."""
+        return None if KV_BYTES[self.kv_cache_dtype] == BYTES_PER_VALUE else self.kv_cache_dtype
+
+    def memory(self, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int) -> Memory:
+        return memory(self.target, drafter, tp, draft_tp, tokens_per_row, kernel_tables.device(self.system),
+                      self.gemm_quant, self.kv_cache_dtype)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
                 prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1,
@@ -205,10 +229,15 @@ class TablePlanner:
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
                 kv_quant: str | None = None) -> kernel_tables.Forward:
-        key = (id(config), tp, nextn, kv_quant)
+        """`config`'s forward at `tp`: the target's GEMMs at `gemm_quant`, a draft's at 16 bits, the
+        KV cache at `kv_quant` (None: the planner's `kv_cache_dtype`)."""
+        gemm_quant = self.gemm_quant if config is self.target else None
+        kv_quant = kv_quant if kv_quant is not None else self.kv_quant
+        key = (id(config), tp, nextn, kv_quant, gemm_quant)
         if key not in self._forwards:
             self._forwards[key] = kernel_tables.Forward(config, self.system, self.backend, tp, nextn,
-                                                        name or self.target_name, kv_quant=kv_quant)
+                                                        name or self.target_name, gemm_quant=gemm_quant,
+                                                        kv_quant=kv_quant)
         return self._forwards[key]
 
     def _scale(self, kind: str, batch_size: int) -> float:
@@ -322,8 +351,7 @@ def plan_on_tables(planner: TablePlanner, drafters: list[Drafter], acceptances: 
 def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int, tp: int,
                     output_tokens: int) -> tuple[list[dict], dict[int, tuple[float, float]]]:
     """The baseline's rows, and B -> (tokens/s per GPU, step ms) for the batches that fit."""
-    device = kernel_tables.device(planner.system)
-    need = memory(planner.target, None, tp, tp, context + output_tokens, device)
+    need = planner.memory(None, tp, tp, context + output_tokens)
     rows, ar = [], {}
     for b in batch_sizes:
         fits = need.need(b) <= need.usable
@@ -344,11 +372,10 @@ def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int,
 def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acceptance], ks: list[int],
                  batch_sizes: list[int], context: int, tp: int, draft_tp: int, output_tokens: int,
                  ar: dict[int, tuple[float, float]]) -> list[dict]:
-    device = kernel_tables.device(planner.system)
     rows = []
     prefills: dict[int, float] = {}  # B -> the batch's prefill, the same at every K
     for k in ([drafter.layers] if drafter.kind == "mtp" else ks):
-        need = memory(planner.target, drafter, tp, draft_tp, context + output_tokens + k, device)
+        need = planner.memory(drafter, tp, draft_tp, context + output_tokens + k)
         for b in batch_sizes:
             fits = need.need(b) <= need.usable and b in ar
             step = planner.step_ms(drafter, k, b, context + output_tokens // 2, tp, draft_tp) if fits else float("nan")

@@ -13,6 +13,7 @@ DataFrames a notebook can use."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
 from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets, slo_verdict
-from specbench.fleet.tables import KV_BYTES, ServerFlags, replica_spec, step_cost
+from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
 REQUESTS_PER_CLIENT = 12  # each client's first and last request are left out (warm-up, drain)
@@ -117,10 +118,10 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
     flags (its KV cache at `--kv-cache-dtype`, a draft model's too, as vLLM's). `schedules`: each
     drafter × acceptance's K schedule too (`_scheduled`)."""
     kv_cache_dtype = server.kv_cache_dtype
-    kv_quant = None if KV_BYTES[kv_cache_dtype] == 2 else kv_cache_dtype  # a draft model's cache too, as vLLM's
-    target = planner.forward(planner.target, tp, kv_quant=kv_quant) if gemm_quant is None else kernel_tables.Forward(
-        planner.target, planner.system, planner.backend, tp, name=planner.target_name, gemm_quant=gemm_quant,
-        kv_quant=kv_quant)
+    if (planner.gemm_quant, planner.kv_cache_dtype) != (gemm_quant, kv_cache_dtype):  # the K schedules' too
+        planner = dataclasses.replace(planner, gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
+    kv_quant = planner.kv_quant  # a draft model's cache too, as vLLM's
+    target = planner.forward(planner.target, tp)
     spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype))
     priced = {"host": planner.host, "launch": planner.launch, "cudagraph_mode": server.cudagraph_mode,
               "speculation_host": planner.speculation_host, "executor": planner.executor}
@@ -151,7 +152,8 @@ def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, 
                ks: list[int], isl: int, osl: int, cost: StepCost, spec: ReplicaSpec) -> list[Configuration]:
     """The K schedule `plan --target` picks for this drafter and acceptance (the best of `ks` by
     running batch on the tables' static batches at the traffic's mean lengths, off where no K
-    speeds up; bf16 GEMMs), as one more configuration, where it is not one K everywhere."""
+    speeds up; the target's GEMMs and the KV cache as `planner`'s), as one more configuration, where
+    it is not one K everywhere."""
     from specbench.fit.decisions import format_schedule, schedule_ranges
     from specbench.fit.table_plan import best_k, plan_on_tables
 

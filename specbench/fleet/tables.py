@@ -21,15 +21,17 @@ from specbench.fit.host_cost import (
     graph_bound_ms,
     served_step_ms,
 )
-from specbench.fit.table_plan import GPU_MEMORY_UTILIZATION, first_draft_positions, kv_bytes_per_token, parameters
+from specbench.fit.table_plan import (
+    GPU_MEMORY_UTILIZATION,
+    KV_BYTES,
+    WEIGHT_BYTES,
+    first_draft_positions,
+    kv_bytes_per_token,
+    parameters,
+)
 from specbench.fleet.replica import ReplicaSpec, StepCost
 
 GIB = 1024 ** 3
-# Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
-# vLLM keeps it unless --kv-cache-dtype says otherwise (KV_BYTES).
-WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
-                "int4_wo": 0.5, "int8_wo": 1}
-KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
 # what `plan --kv-cache-dtype` offers: the model's own 16 bits, or fp8 (the tables' kvcache_quant_mode)
 KV_CACHE_DTYPES = ("auto", "fp8")
 

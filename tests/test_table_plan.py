@@ -638,3 +638,27 @@ def test_bad_precision_on_the_tables_is_one_line(args, message):
     result = runner.invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--alpha", "0.7", *args])
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1, \
         result.output
+
+
+def test_a_draft_models_checkpoint_can_be_fp8_as_its_target():
+    """--draft-dtype fp8: a draft model's forwards on the fp8 GEMMs, its weights at a byte a parameter;
+    an EAGLE head stays 16-bit. The fleet's replica holds the KV cache the lighter draft leaves."""
+    from specbench.fit.table_plan import config_parameters
+    from specbench.fleet.tables import replica_spec
+
+    args = ("--drafts", "8b,eagle", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "1,32",
+            "--context-lengths", "1024", "--max-new-tokens", "128", "--dtype", "fp8")
+    bf16, fp8 = plan_json(*args), plan_json(*args, "--draft-dtype", "fp8")
+    assert (bf16["draft_dtype"], fp8["draft_dtype"]) == ("bf16", "fp8")
+    assert fp8["drafters"]["8b"] == "llama3-8b, fp8" and "fp8" not in fp8["drafters"]["eagle"]
+    eight = shipped_config("llama3-8b")[1]
+    saved = row(bf16, draft="8b", batch_size=1)["memory_gib"] - row(fp8, draft="8b", batch_size=1)["memory_gib"]
+    assert saved * 2 ** 30 == pytest.approx(config_parameters(eight) / 4, rel=1e-9)  # a byte a parameter, TP4
+    assert row(fp8, draft="8b", batch_size=32)["step_ms"] < row(bf16, draft="8b", batch_size=32)["step_ms"]
+    assert row(fp8, draft="eagle", batch_size=32)["step_ms"] == row(bf16, draft="eagle", batch_size=32)["step_ms"]
+    target = shipped_config("llama3-70b")[1]
+    lighter, heavier = (replica_spec(target, "h100_sxm", 4, "fp8", eight, 4, draft_gemm_quant=q).kv_capacity_tokens
+                        for q in ("fp8", None))
+    assert lighter > heavier
+    result = runner.invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--alpha", "0.7", "--draft-dtype", "int3"])
+    assert result.exit_code == 2 and "--draft-dtype on the tables must be one of" in result.output

@@ -72,6 +72,10 @@ def plan(
     dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                         help="With --target: the target's GEMMs (its weights): bf16 (default), fp8 "
                                              "or fp4; a draft model stays 16-bit."),
+    draft_dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
+                                              help="With --target: a draft model's GEMMs as its checkpoint holds "
+                                                   "them: bf16 (default), fp8 or fp4; an EAGLE head stays "
+                                                   "16-bit."),
     kv_cache_dtype: str = typer.Option("auto", rich_help_panel="On kernel tables, no run",
                                        help="With --target: the KV cache as vLLM's --kv-cache-dtype: auto (16-bit) "
                                             "or fp8 (twice the tokens in the same memory, decode attention reading "
@@ -119,8 +123,8 @@ def plan(
 
     if clients != "steady" and concurrency is None:
         fail("--clients says how --concurrency's clients send: give --target MODEL --concurrency C")
-    if (kv_cache_dtype != "auto" or dtype is not None) and target is None:
-        fail("--dtype and --kv-cache-dtype price a target on the kernel tables: give --target MODEL")
+    if (kv_cache_dtype != "auto" or dtype is not None or draft_dtype is not None) and target is None:
+        fail("--dtype, --draft-dtype and --kv-cache-dtype price a target on the kernel tables: give --target MODEL")
     server_flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
                     "--async-scheduling": async_scheduling}
     named = [name for name, value in server_flags.items() if value is not None]
@@ -131,7 +135,7 @@ def plan(
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
                     headroom, router, chart, gpu_price, clients, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-                    async_scheduling)
+                    async_scheduling, draft_dtype)
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
@@ -144,7 +148,7 @@ def plan(
     if target is not None:
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
-                        calibrate, dtype, kv_cache_dtype)
+                        calibrate, dtype, kv_cache_dtype, draft_dtype)
         return
     try:
         if slo is not None or tp != "1" or draft_tp is not None or calibrate is not None:
@@ -348,7 +352,7 @@ def _one_alpha(text: str | None) -> float | None:
 
 def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
                     max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate, dtype=None,
-                    kv_cache_dtype="auto") -> None:
+                    kv_cache_dtype="auto", draft_dtype=None) -> None:
     from specbench.cli.plan_tables import check_precision, plan_from_tables
 
     try:
@@ -357,15 +361,15 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
                              "--timings (a run's acceptance: --acceptance RUN)")
         if gpus != 1:
             raise UsageError("--gpus: with --target, a replica's GPUs are its --tp")
-        gemm_quant = check_precision(dtype, kv_cache_dtype)
-        if calibrate is not None and (gemm_quant is not None or kv_cache_dtype != "auto"):
-            raise UsageError("--calibrate corrects the tables' 16-bit forwards by what a run measured: leave --dtype "
-                             "and --kv-cache-dtype out with it")
+        gemm_quant, draft_gemm_quant = check_precision(dtype, kv_cache_dtype, draft_dtype)
+        if calibrate is not None and (gemm_quant or draft_gemm_quant or kv_cache_dtype != "auto"):
+            raise UsageError("--calibrate corrects the tables' 16-bit forwards by what a run measured: leave --dtype, "
+                             "--draft-dtype and --kv-cache-dtype out with it")
         ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
         check_price(gpu_price, 1)
         plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts or [1024],
                          max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate,
-                         gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
+                         gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype, draft_gemm_quant=draft_gemm_quant)
     except known_errors() as error:  # TablesUnavailable is a ValueError
         fail(str(error))
 
@@ -373,7 +377,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
                 chart, gpu_price, clients, kv_cache_dtype="auto", max_num_seqs=None, max_num_batched_tokens=None,
-                async_scheduling=None) -> None:
+                async_scheduling=None, draft_dtype=None) -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -402,7 +406,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
                        concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
-                       kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                       kv_cache_dtype=kv_cache_dtype, draft_dtype=draft_dtype, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
                        gpu_price=gpu_price, slo=slo if trace is None else None,
                        chart=chart if trace is None else None)

@@ -69,6 +69,7 @@ class FleetAsk:
     traffic: TrafficAsk | None = None
     clients: str = "steady"  # fleet.plan.CLIENTS
     kv_cache_dtype: str = "auto"  # fleet.tables.KV_BYTES
+    draft_dtype: str | None = None  # a draft model's GEMMs (GEMM_QUANTS); None: 16-bit
     # vLLM's server flags; None: its default on that GPU (fleet.tables.ServerFlags)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -102,11 +103,12 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     else:
         drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
             drafters, ask.alpha, ask.acceptance, target_name, family)
-    planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, ask.backend,
+                                   draft_gemm_quant=GEMM_QUANTS[ask.draft_dtype or "bf16"])
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     server = ask.server()
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
-            "dtype": ask.dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
+            "dtype": ask.dtype or "bf16", "draft_dtype": ask.draft_dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
             "server_flags": server.described(), **planner.described_host(),
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
@@ -126,7 +128,7 @@ def _check(ask: FleetAsk) -> None:
 
     if ask.clients not in CLIENTS:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {ask.clients!r}")
-    check_precision(ask.dtype, ask.kv_cache_dtype)
+    check_precision(ask.dtype, ask.kv_cache_dtype, ask.draft_dtype)
     ask.server()  # its flags checked (one line each)
     if ask.traffic is not None:
         ask.traffic.check()
@@ -142,7 +144,8 @@ def _server_note(head: dict) -> str:
 
 
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
-    kv = _server_note(head)
+    kv = _server_note(head) + (f", draft models {head['draft_dtype']}" if head.get("draft_dtype", "bf16") != "bf16"
+                               else "")
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
                   f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)

@@ -27,7 +27,8 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                      ks: list[int], sizes: list[int], contexts: list[int], output_tokens: int,
                      alpha: str | None, acceptance: Path | None, gpu_price: float | None, slo: str | None,
                      json_output: bool, calibrate: Path | None = None, notes: list[str] = (),
-                     gemm_quant: str | None = None, kv_cache_dtype: str = "auto") -> None:
+                     gemm_quant: str | None = None, kv_cache_dtype: str = "auto",
+                     draft_gemm_quant: str | None = None) -> None:
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.prices import tables_gpu_price
@@ -53,7 +54,8 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
         if calibrate is not None else ({}, [], [])
     price, price_note = tables_gpu_price(system, gpu_price)
     planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models,
-                                   gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
+                                   gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype,
+                                   draft_gemm_quant=draft_gemm_quant)
     precision = precision_label(gemm_quant, kv_cache_dtype)
     for drafter in drafters:
         source = planner.draft_source(drafter)
@@ -71,18 +73,21 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     if json_output:
         records = lambda frame: json.loads(frame.to_json(orient="records"))  # noqa: E731
         print(json.dumps({"estimate": f"ESTIMATE from {label}", "tables": label, "target": target_name,
-                          "dtype": DTYPE_OF[gemm_quant], "kv_cache_dtype": kv_cache_dtype,
+                          "dtype": DTYPE_OF[gemm_quant], "draft_dtype": DTYPE_OF[draft_gemm_quant],
+                          "kv_cache_dtype": kv_cache_dtype,
                           "device": system, "backend": backend, "tp": tp_sizes, "output_tokens": output_tokens,
                           "alpha_from": alpha_from, "acceptance_transferred": transferred or None,
                           "drafts_left_out": left_out, "price": price_note, "price_per_gpu_hour": price,
-                          "drafters": {d.name: d.label for d in drafters}, "seconds": round(seconds, 3),
+                          "drafters": {d.name: drafter_label(d, draft_gemm_quant) for d in drafters},
+                          "seconds": round(seconds, 3),
                           "corrected_by": corrected or None, "notes": list(notes) or None,
                           **planner.described_host(),
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
         return
     console.print(f"[bold red]ESTIMATE[/] from {label}: {target_name}{precision} with "
-                  f"{', '.join(f'{d.name} ({d.label})' for d in drafters)}; α from {alpha_from}; "
+                  f"{', '.join(f'{d.name} ({drafter_label(d, draft_gemm_quant)})' for d in drafters)}; "
+                  f"α from {alpha_from}; "
                   f"{output_tokens} output tokens per request; prices {price_note}; not measurements",
                   highlight=False, soft_wrap=True)
     for line in [*notes] + ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
@@ -95,17 +100,25 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
 
 
-def check_precision(dtype: str | None, kv_cache_dtype: str) -> str | None:
-    """--dtype and --kv-cache-dtype on the tables: the target's GEMM quantisation as the tables name it
-    (None: 16-bit), or one line naming what they take."""
+def check_precision(dtype: str | None, kv_cache_dtype: str,
+                    draft_dtype: str | None = None) -> tuple[str | None, str | None]:
+    """--dtype, --draft-dtype and --kv-cache-dtype on the tables: the target's and a draft model's
+    GEMM quantisation as the tables name it (None: 16-bit), or one line naming what they take."""
     from specbench.fit.table_plan import GEMM_QUANTS
     from specbench.fleet.tables import KV_CACHE_DTYPES
 
-    if (dtype or "bf16") not in GEMM_QUANTS:
-        raise UsageError(f"--dtype on the tables must be one of {', '.join(GEMM_QUANTS)}, got {dtype!r}")
+    for flag, value in (("--dtype", dtype), ("--draft-dtype", draft_dtype)):
+        if (value or "bf16") not in GEMM_QUANTS:
+            raise UsageError(f"{flag} on the tables must be one of {', '.join(GEMM_QUANTS)}, got {value!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise UsageError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
-    return GEMM_QUANTS[dtype or "bf16"]
+    return GEMM_QUANTS[dtype or "bf16"], GEMM_QUANTS[draft_dtype or "bf16"]
+
+
+def drafter_label(drafter, draft_gemm_quant: str | None) -> str:
+    """'llama3-8b', or 'llama3-8b, fp8' for a draft model whose GEMMs are not 16-bit."""
+    quantised = drafter.kind == "model" and draft_gemm_quant is not None
+    return f"{drafter.label}, {DTYPE_OF[draft_gemm_quant]}" if quantised else drafter.label
 
 
 DTYPE_OF = {None: "bf16", "fp8": "fp8", "nvfp4": "fp4"}  # the tables' names back to --dtype's

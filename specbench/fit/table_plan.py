@@ -134,14 +134,17 @@ def kv_bytes_per_token(config: dict, tp: int, layers: int | None = None) -> floa
 
 
 def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int,
-           device: kernel_tables.Device, gemm_quant: str | None = None, kv_cache_dtype: str = "auto") -> Memory:
-    """The target's weights at `gemm_quant`'s bytes (a draft model's at 16 bits, an MTP head's as the
-    target's), every KV cache at `kv_cache_dtype`'s (vLLM's one cache config serves the draft too)."""
+           device: kernel_tables.Device, gemm_quant: str | None = None, kv_cache_dtype: str = "auto",
+           draft_gemm_quant: str | None = None) -> Memory:
+    """The target's weights at `gemm_quant`'s bytes (an MTP head's as the target's, a draft model's at
+    `draft_gemm_quant`'s, an EAGLE head's at 16 bits), every KV cache at `kv_cache_dtype`'s (vLLM's one
+    cache config serves the draft too)."""
     weight_bytes = WEIGHT_BYTES.get(gemm_quant, BYTES_PER_VALUE)
     weights = parameters(target) * weight_bytes / tp
     kv = kv_bytes_per_token(target, tp) * tokens_per_row
     if drafter is not None and drafter.kind in ("model", "eagle") and drafter.config:
-        weights += parameters(drafter.config) * BYTES_PER_VALUE / draft_tp
+        draft_bytes = WEIGHT_BYTES.get(draft_gemm_quant, BYTES_PER_VALUE) if drafter.kind == "model" else BYTES_PER_VALUE
+        weights += parameters(drafter.config) * draft_bytes / draft_tp
         kv += kv_bytes_per_token(drafter.config, draft_tp) * tokens_per_row
     elif drafter is not None and drafter.kind == "mtp":
         per_layer = (parameters(target) - parameters(target, 0)) / target["num_hidden_layers"]
@@ -182,6 +185,8 @@ class TablePlanner:
     # and every model's KV cache as vLLM's --kv-cache-dtype (KV_BYTES: auto, fp8)
     gemm_quant: str | None = None
     kv_cache_dtype: str = "auto"
+    # a draft model's GEMMs (its checkpoint's quantisation; None: 16-bit); an EAGLE head stays 16-bit
+    draft_gemm_quant: str | None = None
     _forwards: dict = field(default_factory=dict)
 
     @property
@@ -191,7 +196,7 @@ class TablePlanner:
 
     def memory(self, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int) -> Memory:
         return memory(self.target, drafter, tp, draft_tp, tokens_per_row, kernel_tables.device(self.system),
-                      self.gemm_quant, self.kv_cache_dtype)
+                      self.gemm_quant, self.kv_cache_dtype, self.draft_gemm_quant)
 
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
                 prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1,
@@ -228,10 +233,11 @@ class TablePlanner:
         return {key: None if self.corrections else described(cost) for key, cost in costs.items()}
 
     def forward(self, config: dict, tp: int, nextn: int = 0, name: str = "",
-                kv_quant: str | None = None) -> kernel_tables.Forward:
-        """`config`'s forward at `tp`: the target's GEMMs at `gemm_quant`, a draft's at 16 bits, the
-        KV cache at `kv_quant` (None: the planner's `kv_cache_dtype`)."""
-        gemm_quant = self.gemm_quant if config is self.target else None
+                kv_quant: str | None = None, gemm_quant: str | None = None) -> kernel_tables.Forward:
+        """`config`'s forward at `tp`: its GEMMs at `gemm_quant` (None: the target's at the planner's
+        `gemm_quant`, any other model's at 16 bits), the KV cache at `kv_quant` (None: the planner's
+        `kv_cache_dtype`)."""
+        gemm_quant = gemm_quant if gemm_quant is not None else (self.gemm_quant if config is self.target else None)
         kv_quant = kv_quant if kv_quant is not None else self.kv_quant
         key = (id(config), tp, nextn, kv_quant, gemm_quant)
         if key not in self._forwards:
@@ -239,6 +245,11 @@ class TablePlanner:
                                                         name or self.target_name, gemm_quant=gemm_quant,
                                                         kv_quant=kv_quant)
         return self._forwards[key]
+
+    def draft_forward(self, drafter: Drafter, tp: int, kv_quant: str | None = None) -> kernel_tables.Forward:
+        """A drafter's own forward: a draft model's GEMMs at `draft_gemm_quant`, an EAGLE head's at 16 bits."""
+        return self.forward(drafter.config, tp, name=drafter.label, kv_quant=kv_quant,
+                            gemm_quant=self.draft_gemm_quant if drafter.kind == "model" else None)
 
     def _scale(self, kind: str, batch_size: int) -> float:
         correction = self.corrections.get(kind)
@@ -280,7 +291,7 @@ class TablePlanner:
         draft = 0.0
         if drafter.kind != "ngram":
             draft_tp = tp if drafter.kind == "eagle" else draft_tp
-            drafter_forward = self.forward(drafter.config, draft_tp, name=drafter.label)
+            drafter_forward = self.draft_forward(drafter, draft_tp)
             # vLLM's first draft forward runs over every verified token; the engine a native run's
             # corrections describe (not a whole served step) feeds its draft only what it has not cached
             native = bool(self.corrections) and not whole
@@ -295,7 +306,7 @@ class TablePlanner:
         """The batch's prefill: the target's, then a draft model's."""
         total = self.forward(self.target, tp).prefill_ms(batch_size, prompt) * self._scale("prefill", batch_size)
         if drafter is not None and drafter.kind == "model":
-            draft = self.forward(drafter.config, draft_tp, name=drafter.label).prefill_ms(batch_size, prompt)
+            draft = self.draft_forward(drafter, draft_tp).prefill_ms(batch_size, prompt)
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
         return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
                             tp=tp, draft_tp=draft_tp)

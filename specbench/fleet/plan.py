@@ -132,9 +132,10 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         if drafter is None or drafter.kind == "mtp":
             continue
         size = tp if draft_tp is None else draft_tp
-        draft = planner.forward(drafter.config, size, name=drafter.label, kv_quant=kv_quant) if drafter.config else None
+        draft = planner.draft_forward(drafter, size, kv_quant) if drafter.config else None
         with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
-                                                 size, kv_cache_dtype), drafter.kind == "ngram") \
+                                                 size, kv_cache_dtype, draft_gemm_quant=planner.draft_gemm_quant
+                                                 if drafter.kind == "model" else None), drafter.kind == "ngram") \
             if drafter.config else server.applied(spec, drafter.kind == "ngram")
         cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling,
                          draft_kind=drafter.kind, **priced)

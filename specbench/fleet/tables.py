@@ -158,11 +158,11 @@ def vllm_defaults(system: str) -> tuple[int, int]:
 
 def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
                  draft_tp: int | None = None, kv_cache_dtype: str = "auto",
-                 async_scheduling: bool = True) -> ReplicaSpec:
+                 async_scheduling: bool = True, draft_gemm_quant: str | None = None) -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
     default on a GPU since v0.14; vLLM turns it off for n-gram drafting), and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
-    too, at `draft_tp`) and the tables' runtime reserve (a draft's KV shares every token's slot),
+    too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV shares every token's slot),
     at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype: "auto" keeps 16 bits)."""
     if kv_cache_dtype not in KV_BYTES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
@@ -170,7 +170,7 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     weights = parameters(config) * WEIGHT_BYTES.get(gemm_quant, 2) / tp
     per_token = kv_bytes_per_token(config, tp)
     if draft is not None:
-        weights += parameters(draft) * 2 / (draft_tp or tp)
+        weights += parameters(draft) * WEIGHT_BYTES.get(draft_gemm_quant, 2) / (draft_tp or tp)
         per_token += kv_bytes_per_token(draft, draft_tp or tp)
     per_token *= KV_BYTES[kv_cache_dtype] / 2  # kv_bytes_per_token counts 16-bit values
     reserve = device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))

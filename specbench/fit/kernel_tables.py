@@ -218,12 +218,13 @@ def _mirror(source: Path, root: Path) -> None:
 @functools.cache
 def despiked_systems(system: str, backend: str) -> str:
     """A systems directory for aiconfigurator's engine: the package's own, but `system`'s GEMM table
-    for `backend` despiked (`despiked_gemm`); kept beside the model configs, one per package version."""
+    for `backend` despiked (`despiked_gemm`); kept beside the model configs, one per installed package."""
     import pandas as pd
 
     home = Path(tempfile.gettempdir()) / f"specbench-tables-{os.getuid()}"
     home.mkdir(parents=True, exist_ok=True)
-    root = home / f"systems-{version()}-spikes-{SPIKE_RATIO}-{SYSTEMATIC_SHARE}"
+    source = hashlib.sha1(str(_systems_dir().resolve()).encode()).hexdigest()[:8]  # its links point there
+    root = home / f"systems-{version()}-{source}-spikes-{SPIKE_RATIO}-{SYSTEMATIC_SHARE}"
     _mirror(_systems_dir(), root)
     table = root / "data" / system / "gemm" / backend / str(backend_version(system, backend)) / "gemm_perf.parquet"
     if table.is_symlink():

@@ -108,7 +108,8 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     label = f"SIMULATED on {kernel_tables.label(system, ask.backend)}"
     server = ask.server()
     head = {"estimate": label, "target": target_name, "device": system, "backend": ask.backend,
-            "dtype": ask.dtype or "bf16", "draft_dtype": ask.draft_dtype or "bf16", "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
+            "dtype": ask.dtype or "bf16", "draft_dtype": ask.draft_dtype or "bf16",
+            "kv_cache_dtype": ask.kv_cache_dtype, "max_num_seqs": ask.max_num_seqs,
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
             "server_flags": server.described(), **planner.described_host(),
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
@@ -167,8 +168,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     slo = parse_slo(ask.slo) if ask.slo is not None else None
     price, price_note = tables_gpu_price(planner.system, ask.gpu_price)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
-                                        ask.concurrencies, ask.input_len, ask.output_len, GEMM_QUANTS[ask.dtype or "bf16"],
-                                        clients, ask.server(), price,
+                                        ask.concurrencies, ask.input_len, ask.output_len,
+                                        GEMM_QUANTS[ask.dtype or "bf16"], clients, ask.server(), price,
                                         Objective(slo.bounds, slo.percentile) if slo else None)
     left_out += unpriced
     if ask.chart is not None:

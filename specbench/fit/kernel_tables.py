@@ -164,8 +164,8 @@ def silicon_rows_path() -> Path:
 # in a slow mode: vLLM's fp8 table on B200 has such spikes scattered over its m up to 256, at 2-8 % of
 # its shapes at each (Llama-3.1-70B's TP4 qkv GEMM: 13 us at 3 and 5 rows, 32 us at 4), which priced
 # a decode step of 4 rows above one of 8; H100's and H200's bf16 and fp8 tables have them at 0.0-0.1 %
-# of their shapes. A spike
-# takes the dearer of its two neighbours' times. What a kernel does at an m is left as measured:
+# of their shapes. A spike takes the dearer of its two neighbours' times. What a kernel does at an m
+# is left as measured:
 # - an m where over a tenth of a table's shapes spike (vLLM's block-scaled fp8 on GB200/GB300 at m =
 #   16j + 1, 12-28 % of shapes; H200's fp8 at m = 257): a dispatch choice at that m, not chance;
 # - a time that rises and stays up (a kernel changing with m), and a table's first and last m
@@ -218,7 +218,8 @@ def _mirror(source: Path, root: Path) -> None:
 @functools.cache
 def despiked_systems(system: str, backend: str) -> str:
     """A systems directory for aiconfigurator's engine: the package's own, but `system`'s GEMM table
-    for `backend` despiked (`despiked_gemm`); kept beside the model configs, one per installed package."""
+    for `backend` despiked (`despiked_gemm`); kept beside the model configs, one per installed
+    package."""
     import pandas as pd
 
     home = Path(tempfile.gettempdir()) / f"specbench-tables-{os.getuid()}"

@@ -71,7 +71,7 @@ def plan(
                                      "measured), to compare with such a benchmark."),
     dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                         help="With --target: the target's GEMMs (its weights): bf16 (default), fp8 "
-                                             "or fp4; a draft model stays 16-bit."),
+                                             "or fp4; a draft model's: --draft-dtype."),
     draft_dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                               help="With --target: a draft model's GEMMs as its checkpoint holds "
                                                    "them: bf16 (default), fp8 or fp4; an EAGLE head stays "

@@ -246,9 +246,9 @@ class TablePlanner:
                                                         kv_quant=kv_quant)
         return self._forwards[key]
 
-    def draft_forward(self, drafter: Drafter, tp: int, kv_quant: str | None = None) -> kernel_tables.Forward:
+    def draft_forward(self, drafter: Drafter, tp: int) -> kernel_tables.Forward:
         """A drafter's own forward: a draft model's GEMMs at `draft_gemm_quant`, an EAGLE head's at 16 bits."""
-        return self.forward(drafter.config, tp, name=drafter.label, kv_quant=kv_quant,
+        return self.forward(drafter.config, tp, name=drafter.label,
                             gemm_quant=self.draft_gemm_quant if drafter.kind == "model" else None)
 
     def _scale(self, kind: str, batch_size: int) -> float:

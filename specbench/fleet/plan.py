@@ -120,8 +120,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
     kv_cache_dtype = server.kv_cache_dtype
     if (planner.gemm_quant, planner.kv_cache_dtype) != (gemm_quant, kv_cache_dtype):  # the K schedules' too
         planner = dataclasses.replace(planner, gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype)
-    kv_quant = planner.kv_quant  # a draft model's cache too, as vLLM's
-    target = planner.forward(planner.target, tp)
+    target = planner.forward(planner.target, tp)  # its KV cache, and a draft model's, at the planner's
     spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, kv_cache_dtype=kv_cache_dtype))
     priced = {"host": planner.host, "launch": planner.launch, "cudagraph_mode": server.cudagraph_mode,
               "speculation_host": planner.speculation_host, "executor": planner.executor}
@@ -132,7 +131,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         if drafter is None or drafter.kind == "mtp":
             continue
         size = tp if draft_tp is None else draft_tp
-        draft = planner.draft_forward(drafter, size, kv_quant) if drafter.config else None
+        draft = planner.draft_forward(drafter, size) if drafter.config else None
         with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
                                                  size, kv_cache_dtype, draft_gemm_quant=planner.draft_gemm_quant
                                                  if drafter.kind == "model" else None), drafter.kind == "ngram") \

@@ -21,14 +21,7 @@ from specbench.fit.host_cost import (
     graph_bound_ms,
     served_step_ms,
 )
-from specbench.fit.table_plan import (
-    GPU_MEMORY_UTILIZATION,
-    KV_BYTES,
-    WEIGHT_BYTES,
-    first_draft_positions,
-    kv_bytes_per_token,
-    parameters,
-)
+from specbench.fit.table_plan import KV_BYTES, Drafter, first_draft_positions, memory
 from specbench.fleet.replica import ReplicaSpec, StepCost
 
 GIB = 1024 ** 3
@@ -162,21 +155,16 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
     default on a GPU since v0.14; vLLM turns it off for n-gram drafting), and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
-    too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV shares every token's slot),
-    at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype: "auto" keeps 16 bits)."""
+    too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV
+    shares every token's slot), at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype:
+    "auto" keeps 16 bits): the static plan's `table_plan.memory` at one token a row."""
     if kv_cache_dtype not in KV_BYTES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
-    device = kernel_tables.device(system)
-    weights = parameters(config) * WEIGHT_BYTES.get(gemm_quant, 2) / tp
-    per_token = kv_bytes_per_token(config, tp)
-    if draft is not None:
-        weights += parameters(draft) * WEIGHT_BYTES.get(draft_gemm_quant, 2) / (draft_tp or tp)
-        per_token += kv_bytes_per_token(draft, draft_tp or tp)
-    per_token *= KV_BYTES[kv_cache_dtype] / 2  # kv_bytes_per_token counts 16-bit values
-    reserve = device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))
-    free = GPU_MEMORY_UTILIZATION * device.memory_bytes - weights - reserve
-    if free <= 0:
+    drafter = Drafter("draft", "model", draft) if draft is not None else None
+    need = memory(config, drafter, tp, draft_tp or tp, 1, kernel_tables.device(system), gemm_quant, kv_cache_dtype,
+                  draft_gemm_quant)
+    if need.usable - need.weights - need.reserved <= 0:
         raise ValueError(f"the weights do not fit {system} at TP{tp}")
     budget, seqs = vllm_defaults(system)
-    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=int(free // per_token),
+    return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=need.largest_batch(),
                        async_scheduling=async_scheduling)

@@ -535,15 +535,16 @@ def test_a_step_replayed_as_graph_pieces_costs_a_little_more_a_layer():
 
 def test_the_piecewise_cost_is_the_one_its_benchmark_measured():
     """`PIECEWISE_LAYER_MS` is not typed in: the median, per decoder layer, of piecewise_decode.py's
-    piecewise step less its one-graph step on an H100, over every real-width cell of its runs."""
+    piecewise step less its one-graph step on two H100s and an H200, over every real-width cell."""
     from specbench.fit.host_cost import PIECEWISE_LAYER_MS
 
-    folder = Path(__file__).parents[1] / "benchmarks" / "gpu" / "h100-2026-11-27" / "piecewise"
-    cells = [json.loads(line) for path in sorted(folder.glob("piecewise_decode*.jsonl"))
+    gpu = Path(__file__).parents[1] / "benchmarks" / "gpu"
+    cells = [json.loads(line) for day in ("h100-2026-11-27", "h200-2026-11-28")
+             for path in sorted((gpu / day / "piecewise").glob("piecewise_decode*.jsonl"))
              for line in path.read_text().splitlines()]
     extra = [(c["piecewise_ms"] - c["full_ms"]) / c["layers"] for c in cells
              if c.get("width") == "real" and "error" not in c]
-    assert len(extra) == 33
+    assert len(extra) == 67
     assert PIECEWISE_LAYER_MS == pytest.approx(np.median(extra), rel=0.005)
 
 

@@ -1,5 +1,5 @@
 """The kernel tables corrected by a measured run, checked the way the roofline is: hide the largest
-batch size of each committed H100 run, correct the tables on the smaller sizes, predict every
+batch size of each committed H100 and H200 run, correct the tables on the smaller sizes, predict every
 speculative cell at the hidden size, and compare with what was measured. Beside it: the run's own
 roofline (`fit.held_out`) and the bare tables. Writes held_out_corrected.md beside this file.
 
@@ -8,6 +8,7 @@ roofline (`fit.held_out`) and the bare tables. Writes held_out_corrected.md besi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,9 @@ from specbench.fit import held_out
 from specbench.fit.calibration import held_out_on_tables
 from specbench.fit.kernel_tables import TablesUnavailable
 from specbench.results import load_run
+
+sys.path.insert(0, str(Path(__file__).parent))
+from native_vs_tables import H200_RUNS, system_of  # noqa: E402
 
 HERE = Path(__file__).parent
 RUNS = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs",
@@ -26,7 +30,7 @@ RUNS = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs",
         "benchmarks/gpu/h100-2026-11-22-session2/smollm2-default-graphs-sampled",
         "benchmarks/gpu/h100-2026-11-25/synthetic-llama3-8b",
         "benchmarks/gpu/h100-2026-11-25/synthetic-llama3.2-3b",
-        "benchmarks/gpu/h100-2026-11-25/synthetic-qwen2.5-7b"]
+        "benchmarks/gpu/h100-2026-11-25/synthetic-qwen2.5-7b", *H200_RUNS]
 VARIANTS = {"corrected (through each size, flat beyond: the default)": dict(shape="interp"),
             "corrected, log-linear (the default before 2026-11-26)": dict(shape="loglinear"),
             "corrected, constant": dict(shape="constant"),
@@ -55,7 +59,7 @@ def main() -> None:
         row = {"roofline (the run's own)": roofline}
         try:
             for name, options in VARIANTS.items():
-                row[name] = held_out_on_tables(run.cells, run.steps, run.requests, run.meta, "h100_sxm", **options)
+                row[name] = held_out_on_tables(run.cells, run.steps, run.requests, run.meta, system_of(path), **options)
         except TablesUnavailable as error:
             lines.append(f"| {path.removeprefix('benchmarks/gpu/')} | – | the tables cannot price it: {error} |")
             continue

@@ -1,4 +1,4 @@
-"""The committed H100 runs' measured forwards against the uncorrected kernel tables (aiconfigurator-core,
+"""The committed H100 and H200 runs' measured forwards against the uncorrected kernel tables (aiconfigurator-core,
 h100_sxm, vLLM): the ratio measured / tables per batch size, for the target's decode step, its
 K + 1-position verify and the draft's decode. The native engine's steps are specbench's own
 PyTorch loop (CUDA graphs), the tables vLLM's kernels.
@@ -23,6 +23,15 @@ RUNS = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs",
         "benchmarks/gpu/h100-2026-11-25/synthetic-llama3-8b",
         "benchmarks/gpu/h100-2026-11-25/synthetic-llama3.2-3b",
         "benchmarks/gpu/h100-2026-11-25/synthetic-qwen2.5-7b"]
+# the same three pairs on an H200 (the twenty-third session); held_out_corrected.py takes them too
+H200_RUNS = ["benchmarks/gpu/h200-2026-11-28/synthetic-llama3-8b",
+             "benchmarks/gpu/h200-2026-11-28/synthetic-llama3.2-3b",
+             "benchmarks/gpu/h200-2026-11-28/synthetic-qwen2.5-7b"]
+
+
+def system_of(path: str) -> str:
+    """The tables' GPU for a committed run: the one its folder under benchmarks/gpu/ is named by."""
+    return "h200_sxm" if "/h200-" in path else "h100_sxm"
 
 
 def median_ms(values) -> float:
@@ -30,18 +39,18 @@ def median_ms(values) -> float:
 
 
 def main() -> None:
-    print(f"tables: {kernel_tables.label('h100_sxm', 'vllm')}\n")
+    print(f"tables: {kernel_tables.label('h100_sxm', 'vllm')} and {kernel_tables.label('h200_sxm', 'vllm')}\n")
     print("| run | draft | B | context | AR step measured / tables (ms) | ratio | verify K=2 measured / tables "
           "| ratio | draft forward measured / tables | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for path in RUNS:
+    for path in RUNS + H200_RUNS:
         run = load_run(path)
         target_alias, target_config = shipped_config(run.meta["config"]["target"])
         family = lookup_alias(target_alias).family
-        target = kernel_tables.Forward(target_config, "h100_sxm", "vllm", 1)
+        target = kernel_tables.Forward(target_config, system_of(path), "vllm", 1)
         cells, steps = run.cells[run.cells["status"] == "ok"], run.steps
         for draft_label in run.meta["config"]["drafts"]:
-            draft = kernel_tables.Forward(shipped_config(draft_label, family)[1], "h100_sxm", "vllm", 1)
+            draft = kernel_tables.Forward(shipped_config(draft_label, family)[1], system_of(path), "vllm", 1)
             for b in sorted(set(cells["batch_size"])):
                 here = cells[cells["batch_size"] == b]
                 ar = here[here["mode"] == "autoregressive"]

@@ -112,9 +112,10 @@ def plan(
                                          help="--trace: draw replicas needed against traffic scale to this PNG; "
                                               "--concurrency: tokens/s per GPU and TPOT against the clients."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
-                                             help="A native or vLLM run measured on the same GPU kind: what "
-                                                  "it measured corrects the tables (decode, verify, draft, "
-                                                  "prefill; vLLM: per step), any model size."),
+                                             help="A native or vLLM run measured on a GPU the tables hold, "
+                                                  "the plan's or another: what it measured corrects the tables "
+                                                  "(decode, verify, draft, prefill; vLLM: per step), any model "
+                                                  "size."),
 ) -> None:
     """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
     not measured, from the roofline performance model fitted on the run (docs/performance-model.md);

@@ -256,34 +256,41 @@ def print_slo(slo_table, unit: str) -> None:
 
 
 def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, list[str]]:
-    """The tables' corrections by a native or vLLM run measured on `system`'s GPU, and the lines that
-    say so."""
+    """The tables' corrections by a native or vLLM run measured on a GPU the tables hold, and the
+    lines that say so. Each correction is measured / tables on the run's own GPU's tables; a run
+    from another GPU than the plan's carries them over (the engine's overhead over vLLM's kernels,
+    not the GPU's: benchmarks/tables-2026-11-28/cross_gpu.md)."""
     from specbench.fit import device_key
     from specbench.fit.calibration import calibrate, calibrate_served
-    from specbench.fit.kernel_tables import system_name
+    from specbench.fit.kernel_tables import backend_version, system_name
     from specbench.results import load_run
 
     run = load_run(path)
     gpus = (run.meta.get("hardware") or {}).get("gpus") or []
     measured = device_key(gpus[0]["name"]) if gpus else None
-    if measured is None or system_name(measured) != system:
-        raise UsageError(f"--calibrate needs a run measured on the plan's GPU ({system}); {run.path} ran on "
-                         f"{gpus[0]['name'] if gpus else 'a CPU'}")
+    if measured is None:
+        raise UsageError(f"--calibrate needs a run measured on a GPU; {run.path} ran on a CPU, whose forwards say "
+                         f"nothing of a GPU's")
+    measured_system = system_name(measured)
+    if backend_version(measured_system, backend) is None:
+        raise UsageError(f"--calibrate: {run.path} ran on {gpus[0]['name']}, which the tables do not hold, so its "
+                         f"forwards have nothing to be compared with; give a run from a GPU they hold")
     engine = (run.meta.get("engine") or {}).get("name", "native")
     if engine not in ("native", "vllm"):
         raise UsageError(f"--calibrate: {run.path} measured an endpoint, whose engine and TP specbench does not "
                          f"know; give a native or vLLM run")
     if engine == "vllm":
-        found = calibrate_served(run.cells, run.meta, system, backend)
+        found = calibrate_served(run.cells, run.meta, measured_system, backend)
         how = f"vLLM at TP{found.tp}, per step from TPOT × τ"
     else:
-        found = calibrate(run.cells, run.steps, run.requests, run.meta, system, backend)
+        found = calibrate(run.cells, run.steps, run.requests, run.meta, measured_system, backend)
         how = "the native engine at TP1"
     kinds = found.by_kind()
     if not kinds:
         raise UsageError(f"--calibrate: {run.path} has no finished cells to correct the tables by")
+    carried = "" if measured_system == system else f" on {measured_system}'s tables, carried to {system}'s"
     lines = [f"the tables scaled by what {run.path} measured ({found.target} on {gpus[0]['name']}, {how}; "
-             f"measured / tables per kind, through each measured B and held beyond, carried to the plan's models "
-             f"and TP):"]
+             f"measured / tables per kind{carried}, through each measured B and held beyond, carried to the plan's "
+             f"models and TP):"]
     lines += [f"  {kind}: {correction.describe()}" for kind, correction in kinds.items()]
     return kinds, found.measured_models(), lines

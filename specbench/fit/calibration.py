@@ -262,6 +262,36 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs), 1, sizes)
 
 
+def carried(source: Calibration, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
+            system: str, backend: str = "vllm") -> object:
+    """A run's step times (fit.cost.StepTimes) on `system`'s tables, corrected by `source`, a run
+    measured on another GPU's tables, as `plan --calibrate` corrects a plan: the target's forwards by
+    `source`'s target's, each model draft's by those of `source`'s measured model nearest its size.
+    Checked on the committed H100 and H200 runs (benchmarks/tables-2026-11-28/cross_gpu.md)."""
+    from specbench.fit.cost import StepTimes
+
+    bare = calibrate(cells, steps, requests, meta, system, backend, correct=False).times
+    found, name = source.corrections, source.target
+    models = source.measured_models()
+    _, _, draft_configs = run_configs(meta)
+
+    def draft_source(label: str) -> MeasuredModel | None:
+        config = draft_configs.get(label)
+        return nearest_measured(models, config_parameters(config[1])) if config and models else None
+
+    def fix(model, correction):
+        return model.corrected(correction) if correction is not None and model is not None else model
+
+    target = bare.target.corrected(found[f"{name} decode"], found[f"{name} verify"])
+    drafts, draft_prefill = dict(bare.drafts), dict(bare.draft_prefill)
+    for label in draft_configs:
+        nearest = draft_source(label)
+        if nearest is not None and isinstance(drafts.get(label), TableForward):
+            drafts[label] = fix(drafts[label], nearest.decode)
+            draft_prefill[label] = fix(draft_prefill.get(label), nearest.prefill)
+    return StepTimes(target, drafts, fix(bare.prefill, found.get(f"{name} prefill")), draft_prefill)
+
+
 def _prefill_correction(model: TableForward, batches: list[tuple[object, list[int], float]],
                         shape: str) -> Correction:
     """measured / tables for whole batches' prefills (chunked as the engine chunks them), by rows."""

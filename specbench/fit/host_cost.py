@@ -118,16 +118,19 @@ def check_cudagraph_mode(cudagraph_mode: str) -> str:
 
 
 # A decode step replayed as CUDA-graph pieces, each layer's attention (its KV-cache write and kernel)
-# called between two pieces as vLLM's PIECEWISE mode runs it, against the same step from one graph,
-# on an H100 (torch 2.11, no vLLM): benchmarks/fleet-2026-11-27/piecewise_decode.py
-# (benchmarks/gpu/h100-2026-11-27/piecewise): 8-16 µs more a decoder layer, median 11.2, over 33 cells
-# in two sittings on two machines, of Llama-3-70B at TP 2/4/8 (and at TP16 in bf16, an fp8 TP8
-# shard's weight bytes), Qwen3-32B at TP4 and Llama-3-8B at TP1, 1-128 rows, 2k and 8k of context
-# (a test holds this to the cells). The GPU's time between pieces, not the host's: the host's calls
-# ran ahead of the GPU in every cell.
-PIECEWISE_LAYER_MS = 0.0112
-PIECEWISE_SOURCE = ("a decode step's CUDA-graph pieces with attention called between them, against one graph, on an "
-                    "H100 (specbench's benchmarks/gpu/h100-2026-11-27/piecewise/README.md)")
+# called between two pieces as vLLM's PIECEWISE mode runs it, against the same step from one graph
+# (torch 2.11, no vLLM): benchmarks/fleet-2026-11-27/piecewise_decode.py, on two H100 machines
+# (benchmarks/gpu/h100-2026-11-27/piecewise: median 11.2 µs over 33 cells, 12.4 and 9.5 by machine)
+# and an H200 (benchmarks/gpu/h200-2026-11-28/piecewise: 9.7 µs over 34): 7-20 µs more a decoder
+# layer, median 10.0 over all 67 cells, of Llama-3-70B at TP 2/4/8 (and at TP16 in bf16, an fp8 TP8
+# shard's weight bytes), Qwen3-32B at TP4 and Llama-3-8B at TP1, 1-128 rows, 2k and 8k of context (a
+# test holds this to the cells). One constant for both GPUs: the H200's cells differ from the H100's
+# by less than the two H100 machines' did. The GPU's time between pieces, not the host's: the host's
+# calls ran ahead of the GPU in every cell.
+PIECEWISE_LAYER_MS = 0.0100
+PIECEWISE_SOURCE = ("a decode step's CUDA-graph pieces with attention called between them, against one graph, on "
+                    "two H100s and an H200 (specbench's benchmarks/gpu/h100-2026-11-27/piecewise/README.md and "
+                    "benchmarks/gpu/h200-2026-11-28/README.md)")
 
 
 def runs_without_graph(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",

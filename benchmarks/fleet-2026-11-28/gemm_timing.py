@@ -52,6 +52,8 @@ SHAPES = {
 }
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 32, 33, 48, 49, 64, 65, 96, 97, 128, 129,
         160, 161, 192, 193, 224, 225, 256, 257, 512, 513]
+PREFILL_ROWS = [1024, 1025, 2048, 4096, 8192]
+DETAIL_ROWS = (1, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 L2_BYTES = 60 * 2**20
 
 
@@ -97,8 +99,9 @@ def time_cell(gemm: Gemm, rows: int, calls: int, repeats: int) -> float:
     return gpu_ms(graph, repeats) / calls
 
 
-def measure(out: Path, budget_s: float, calls: int, repeats: int, dtypes: list[str], modes: list[str]) -> None:
-    path, write = begin(out, "gemm_timing.jsonl")
+def measure(out: Path, budget_s: float, calls: int, repeats: int, dtypes: list[str], modes: list[str],
+            rows_list: list[int] = ROWS, filename: str = "gemm_timing.jsonl") -> None:
+    path, write = begin(out, filename)
     deadline = time.monotonic() + budget_s
     for dtype in dtypes:
         for mode in modes:
@@ -112,7 +115,7 @@ def measure(out: Path, budget_s: float, calls: int, repeats: int, dtypes: list[s
                 times, errors = {}, {}
                 try:
                     gemm = Gemm(n, k, dtype, copies)
-                    for rows in ROWS:
+                    for rows in rows_list:
                         try:
                             times[rows] = time_cell(gemm, rows, calls, repeats)
                         except Exception as error:  # fp8 on a GPU without it, a shape cuBLASLt refuses
@@ -131,18 +134,19 @@ def measure(out: Path, budget_s: float, calls: int, repeats: int, dtypes: list[s
                 write({"dtype": dtype, "mode": mode, "shape": name, "n": n, "k": k, "copies": copies,
                        "ms": {str(m): t for m, t in times.items()}, "errors": errors})
                 print(f"{dtype:5s} {mode:4s} {name:34s} " + " ".join(
-                    f"{times[m] * 1e3:.1f}" if m in times else "-" for m in (1, 8, 64, 256, 512))
-                    + " µs at m 1/8/64/256/512", flush=True)
+                    f"m {m}: {t * 1e3:.1f}" for m, t in list(times.items())[::max(1, len(times) // 5)]) + " µs",
+                    flush=True)
     print(f"wrote {path}", flush=True)
 
 
-def compare(path: Path, device: str) -> str:
-    """Markdown: the measured times beside the tables' (as shipped and despiked) for the same shapes and m."""
+def compare(paths: list[Path], device: str) -> str:
+    """Markdown: the measured times of one or more measurement files beside the tables' (as shipped
+    and despiked) for the same shapes and m."""
     import pandas as pd
 
     from specbench.fit import kernel_tables
 
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines()]
     speed = next((r["host_speed"] for r in rows if "host_speed" in r), {})
     system = kernel_tables.system_name(device)
     table_path = (Path(kernel_tables.despiked_systems(system, "vllm")) / "data" / system / "gemm" / "vllm"
@@ -163,8 +167,9 @@ def compare(path: Path, device: str) -> str:
              "ratio: measured / table (as shipped), medians over the shapes (rows of the tables' grid that "
              "Llama-3.1-8B and -70B's linear layers fall on). hot: one weight; cold: weights cycled past the L2. "
              "fp8 here is cuBLASLt (torch._scaled_mm), the table's is vLLM's CUTLASS kernel.", "",
-             "| dtype | mode | m 1-8 | m 9-17 | m 32-129 | m 160-257 | m 512-513 | all |", "|---|---|---|---|---|---|---|---|"]
-    bands = [(1, 8), (9, 17), (32, 129), (160, 257), (512, 513)]
+             "| dtype | mode | m 1-8 | m 9-17 | m 32-129 | m 160-257 | m 512-513 | m 1024-8192 | all |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    bands = [(1, 8), (9, 17), (32, 129), (160, 257), (512, 513), (1024, 8192)]
     for (dtype, mode), group in both.groupby(["gemm_dtype", "mode"], sort=False):
         cells = [f"{group[group.m.between(a, b)].ratio.median():.2f}" for a, b in bands]
         lines.append(f"| {dtype} | {mode} | " + " | ".join(cells) + f" | {group.ratio.median():.2f} |")
@@ -182,12 +187,12 @@ def compare(path: Path, device: str) -> str:
         t = group.sort_values("m").measured.to_numpy()
         own += int(((t[1:-1] > 1.5 * t[:-2]) & (t[1:-1] > 1.5 * t[2:])).sum())
     lines += ["", f"Isolated spikes (over 1.5x both m-neighbours) in the timing here: {own}."]
-    lines += ["", "| dtype | mode | shape | " + " | ".join(f"m {m}" for m in (1, 4, 8, 16, 64, 128, 256, 512))
-              + " |", "|---|---|---|" + "---|" * 8]
+    lines += ["", "| dtype | mode | shape | " + " | ".join(f"m {m}" for m in DETAIL_ROWS)
+              + " |", "|---|---|---|" + "---|" * len(DETAIL_ROWS)]
     for (dtype, mode, shape), group in both.groupby(["gemm_dtype", "mode", "shape"], sort=False):
         by_m = group.set_index("m")
         cells = []
-        for m in (1, 4, 8, 16, 64, 128, 256, 512):
+        for m in DETAIL_ROWS:
             r = by_m.loc[m] if m in by_m.index else None
             cells.append("" if r is None else f"{r.measured * 1e3:.1f} / {r.latency * 1e3:.1f}")
         lines.append(f"| {dtype} | {mode} | {shape} | " + " | ".join(cells) + " |")
@@ -203,17 +208,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="graph replays timed")
     parser.add_argument("--dtypes", default="bf16,fp8")
     parser.add_argument("--modes", default="hot,cold")
-    parser.add_argument("--compare", type=Path, help="a gemm_timing.jsonl: write its comparison beside it")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="the m to time (a prefill's: 1024,...,8192)")
+    parser.add_argument("--name", default="gemm_timing.jsonl", help="the measurements' file under --out")
+    parser.add_argument("--compare", type=Path, nargs="+", help="gemm_timing*.jsonl: their comparison, written "
+                        "beside the first")
     parser.add_argument("--device", default="h200", help="the tables' GPU to compare with")
     args = parser.parse_args()
     if args.compare:
         text = compare(args.compare, args.device)
-        args.compare.with_suffix(".md").write_text(text)
+        args.compare[0].with_suffix(".md").write_text(text)
         print(text)
         return
     if not torch.cuda.is_available():
         sys.exit("gemm_timing.py: needs CUDA (it replays CUDA graphs)")
-    measure(args.out, args.budget_s, args.calls, args.repeats, args.dtypes.split(","), args.modes.split(","))
+    measure(args.out, args.budget_s, args.calls, args.repeats, args.dtypes.split(","), args.modes.split(","),
+            [int(m) for m in args.rows.split(",")], args.name)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@
 #         PIECEWISE mode) against the same step from one graph: benchmarks/fleet-2026-11-27/piecewise_decode.py,
 #         one TP shard of Llama-3-70B (TP 2/4/8), Qwen3-32B and Llama-3-8B at B 1-64. Needs nothing carried;
 #         PIECEWISE_S seconds of measurements (200). CUDA only.
+# gemms:  issue 40's kernel tables timed again: benchmarks/fleet-2026-11-28/gemm_timing.py at a decode's rows (m 1-513,
+#         hot and cold) and a prefill's (m 1,024-8,192, cold, 20 replays), with nvidia-smi's SM clock, power and
+#         temperature logged every 200 ms beside them (gemm_clocks.csv): whether a GPU under sustained work runs the
+#         tables' prefill GEMMs as fast as they say (an H200's first sitting, 2026-11-28: 1.18x the tables).
+#         Needs nothing carried; GEMM_S seconds for each half (90).
 # Each stage leaves a tarball of what it wrote under $OUT. DEVICE=cpu QUICK=1 rehearses a stage here
 # (2 min, 40 s and 12 s on the 2-core VM). Measured on an H100 (2026-11-22, benchmarks/gpu/): eager
 # runs do not fit (the 8B eager sweep reached B=8 in 170 s, the eager benchmark did not finish in
@@ -40,7 +45,7 @@
 # finished) and leaves its tarball or RESULTS.md under $OUT as soon as it ends, so a slow step
 # costs its own results, not the call's.
 set -euo pipefail
-stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context|launch|piecewise}
+stage=${1:?usage: gpu_session.sh prepare|check|tests|bench|sweeps|tables|context|launch|piecewise|gemms}
 GPU=.gpu
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/gpu_session_out}
@@ -172,8 +177,19 @@ piecewise)
   { limited python3 benchmarks/fleet-2026-11-27/piecewise_decode.py --out "$OUT" --budget-s "${PIECEWISE_S:-200}" \
     2>&1 | grep -v Warning; } | tee "$OUT/piecewise.log"
   ;;
+gemms)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
+    > "$OUT/gemm_clocks.csv" 2>/dev/null &
+  clocks=$!
+  { limited python3 benchmarks/fleet-2026-11-28/gemm_timing.py --out "$OUT" --budget-s "${GEMM_S:-90}" 2>&1 \
+    | grep -v Warning; } | tee "$OUT/gemms.log"
+  { limited python3 benchmarks/fleet-2026-11-28/gemm_timing.py --out "$OUT" --modes cold \
+    --rows 1024,1025,2048,4096,8192 --repeats 20 --name gemm_timing-prefill.jsonl --budget-s "${GEMM_S:-90}" 2>&1 \
+    | grep -v Warning; } | tee -a "$OUT/gemms.log"
+  kill "$clocks" 2>/dev/null || true
+  ;;
 *)
-  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context|launch|piecewise)" >&2
+  echo "unknown stage $stage (prepare|check|tests|bench|sweeps|tables|context|launch|piecewise|gemms)" >&2
   exit 2
   ;;
 esac

@@ -9,7 +9,9 @@ For each pair of committed runs of the same models (synthetic weights, α 0.8, C
 - bare: the H200 tables uncorrected;
 - carried: the H200 tables corrected by the H100 run (every batch size it measured);
 - own: the H200 tables corrected by the H200 run itself (in-sample: what carrying can at best reach);
-- own, largest B held out: corrected on the H200 run's smaller sizes, the largest predicted.
+- own, largest B held out: corrected on the H200 run's smaller sizes, the largest predicted;
+- the H100 run's own fitted step times (its roofline) carried to the H200 by datasheet bandwidth and
+  FLOP/s, what `plan H100_RUN --device h200` does, no tables.
 
 Each predicts every speculative cell's speed-up over the baseline with the run's own α. Writes
 cross_gpu.md beside this file.
@@ -24,7 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.fit.calibration import calibrate, carried, held_out_on_tables
-from specbench.fit.cost import StepTimes, _finished, _predict_held_out, _with_side
+from specbench import fit
+from specbench.fit.cost import StepTimes, _finished, _predict_held_out, _with_side, fit_step_times
 from specbench.results import load_run
 
 HERE = Path(__file__).parent
@@ -50,9 +53,19 @@ def system_of(path: str) -> str:
     return "h200_sxm" if path.startswith("h200-") else "h100_sxm"
 
 
+def roofline_carried(source, target) -> StepTimes:
+    """`source`'s own fitted step times (the roofline) carried to `target`'s GPU by datasheet bandwidth
+    and FLOP/s, the efficiencies kept: what `plan SOURCE_RUN --device GPU` does."""
+    fitted = fit_step_times(source.cells, source.steps, source.requests, source.meta)
+    dtype = "float32" if fitted.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
+    keys = [fit.device_key(run.meta["hardware"]["gpus"][0]["name"]) for run in (source, target)]
+    peaks = [(fit.DEVICES[key]["bandwidth"], fit.peak_flops(key, dtype)) for key in keys]
+    return fitted.on_device(*peaks)
+
+
 def main() -> None:
     columns = ["bare tables", "tables × the other GPU's run's corrections", "tables × the run's own",
-               "own, largest B held out"]
+               "own, largest B held out", "the other GPU's roofline carried by datasheet peaks"]
     lines = []
     details = []
     for direction in ("H100 → H200", "H200 → H100"):
@@ -67,7 +80,8 @@ def main() -> None:
             row = {columns[0]: predicted(target, calibrate(*frames, system, correct=False).times),
                    columns[1]: predicted(target, carried(other, *frames, system)),
                    columns[2]: predicted(target, calibrate(*frames, system).times),
-                   columns[3]: held_out_on_tables(*frames, system)}
+                   columns[3]: held_out_on_tables(*frames, system),
+                   columns[4]: predicted(target, roofline_carried(source, target))}
             for name, frame in row.items():
                 pooled[name].append(frame)
             lines.append(f"| {target_path} | {len(row[columns[1]])} | "

@@ -4,6 +4,7 @@ the refusals (one line, exit 2), memory, acceptance from --alpha and from a run,
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -250,7 +251,7 @@ def test_a_draft_of_the_targets_family_drafts_whatever_its_embedding_padding():
     assert result.exit_code == 2 and "give --draft-tp a TP that does" in result.output
 
 
-def test_a_run_on_the_same_gpu_corrects_the_tables_kind_by_kind():
+def test_a_run_on_the_same_gpu_corrects_the_tables_kind_by_kind(tmp_path):
     """--calibrate: each kind of forward scaled by measured / tables, fitted on the run's batch sizes."""
     from specbench.fit.calibration import calibrate
     from specbench.results import load_run
@@ -283,6 +284,14 @@ def test_a_run_on_the_same_gpu_corrects_the_tables_kind_by_kind():
         == pytest.approx(float(kinds["prefill"](32)))
     cpu = runner.invoke(app, ["plan", "--target", "llama3-70b", "--alpha", "0.7", "--tp", "4", "--calibrate", CPU_RUN])
     assert cpu.exit_code == 2 and "needs a run measured on a GPU" in cpu.output
+    unknown = tmp_path / "on-an-l4"
+    shutil.copytree(GPU_RUN, unknown)
+    meta = json.loads((unknown / "run.json").read_text())
+    meta["hardware"]["gpus"][0]["name"] = "NVIDIA L4"
+    (unknown / "run.json").write_text(json.dumps(meta))
+    refused = runner.invoke(app, ["plan", "--target", "llama3-70b", "--alpha", "0.7", "--calibrate", str(unknown)])
+    assert refused.exit_code == 2 and "ran on NVIDIA L4, which the vllm tables do not hold" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
     # an H100 run corrects an H200 plan: measured / tables on the H100's tables, carried to the H200's
     other = plan_json("--target", "llama3-70b", "--alpha", "0.7", "--tp", "4", "--device", "h200", "--calibrate",
                       GPU_RUN)
@@ -459,6 +468,12 @@ def test_a_vllm_run_corrects_the_tables_per_step(vllm_run_on_an_h100):
     sd_bare, sd = row(bare, draft="1b", batch_size=4), row(corrected, draft="1b", batch_size=4)
     assert sd["step_ms"] == pytest.approx(sd_bare["step_ms"] * float(kinds["step"](4)), rel=1e-9)
     assert "vLLM at TP1, per step from TPOT × τ" in corrected["corrected_by"][0]
+    # on another GPU's plan: the ratios measured against the H100's tables scale the H200's
+    elsewhere, elsewhere_bare = (plan_json(*args, "--device", "h200", *more)
+                                 for more in (["--calibrate", str(vllm_run_on_an_h100)], []))
+    sd_there, sd_there_bare = row(elsewhere, draft="1b", batch_size=4), row(elsewhere_bare, draft="1b", batch_size=4)
+    assert sd_there["step_ms"] == pytest.approx(sd_there_bare["step_ms"] * float(kinds["step"](4)), rel=1e-9)
+    assert "on h100_sxm's tables, carried to h200_sxm's" in elsewhere["corrected_by"][0]
 
 
 def test_k_within_one_percent_of_the_best_is_a_tie_the_smaller_k_wins():

@@ -267,14 +267,14 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, lis
 
     run = load_run(path)
     gpus = (run.meta.get("hardware") or {}).get("gpus") or []
-    measured = device_key(gpus[0]["name"]) if gpus else None
-    if measured is None:
+    if not gpus:
         raise UsageError(f"--calibrate needs a run measured on a GPU; {run.path} ran on a CPU, whose forwards say "
                          f"nothing of a GPU's")
-    measured_system = system_name(measured)
-    if backend_version(measured_system, backend) is None:
-        raise UsageError(f"--calibrate: {run.path} ran on {gpus[0]['name']}, which the tables do not hold, so its "
-                         f"forwards have nothing to be compared with; give a run from a GPU they hold")
+    measured = device_key(gpus[0]["name"])
+    measured_system = system_name(measured) if measured else None
+    if measured_system is None or backend_version(measured_system, backend) is None:
+        raise UsageError(f"--calibrate: {run.path} ran on {gpus[0]['name']}, which the {backend} tables do not hold, "
+                         f"so its forwards have nothing to be compared with; give a run from a GPU they hold")
     engine = (run.meta.get("engine") or {}).get("name", "native")
     if engine not in ("native", "vllm"):
         raise UsageError(f"--calibrate: {run.path} measured an endpoint, whose engine and TP specbench does not "

@@ -305,14 +305,8 @@ def test_corrections_measured_on_one_gpu_carry_to_another():
     the H200 runs' own: the corrections are the engine's overhead over vLLM's kernels, not the GPU's.
     Measured: 5.2 % median |speed-up error|, 38/40 on the measured side of 1x (own: 4.1 %; bare
     tables: 27.9 %, 23/40)."""
-    from specbench.fit.calibration import calibrate, carried
-    from specbench.fit.cost import _finished, _predict_held_out, _with_side
+    from specbench.fit.calibration import calibrate, carried, predicted_with
     from specbench.results import load_run
-
-    def predicted(run, times):
-        ok = _finished(run.cells)
-        return _with_side(_predict_held_out(run.cells, run.steps, run.requests, run.meta, set(ok["cell_id"]), ok,
-                                            step_times=lambda *_: times))
 
     frames = {"carried": [], "bare": []}
     for name in ("synthetic-llama3-8b", "synthetic-llama3.2-3b", "synthetic-qwen2.5-7b"):
@@ -320,8 +314,8 @@ def test_corrections_measured_on_one_gpu_carry_to_another():
         assert h200.meta["hardware"]["gpus"][0]["name"] == "NVIDIA H200"
         found = calibrate(h100.cells, h100.steps, h100.requests, h100.meta, "h100_sxm")
         own = (h200.cells, h200.steps, h200.requests, h200.meta)
-        frames["carried"].append(predicted(h200, carried(found, *own, "h200_sxm")))
-        frames["bare"].append(predicted(h200, calibrate(*own, "h200_sxm", correct=False).times))
+        frames["carried"].append(predicted_with(carried(found, *own, "h200_sxm"), *own))
+        frames["bare"].append(predicted_with(calibrate(*own, "h200_sxm", correct=False).times, *own))
     carried_frame, bare = pd.concat(frames["carried"]), pd.concat(frames["bare"])
     assert len(carried_frame) == 40
     assert carried_frame["speedup_error"].abs().median() < 0.07 and carried_frame["same_side"].mean() >= 0.9

@@ -52,7 +52,6 @@ SHAPES = {
 }
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 32, 33, 48, 49, 64, 65, 96, 97, 128, 129,
         160, 161, 192, 193, 224, 225, 256, 257, 512, 513]
-PREFILL_ROWS = [1024, 1025, 2048, 4096, 8192]
 DETAIL_ROWS = (1, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 L2_BYTES = 60 * 2**20
 
@@ -181,12 +180,10 @@ def compare(paths: list[Path], device: str) -> str:
         for _, r in spikes.iterrows():
             lines.append(f"| {r.gemm_dtype} | {r['shape']} | {r.m} | {r.latency * 1e3:.1f} µs | "
                          f"{r.despiked * 1e3:.1f} µs | {r.measured * 1e3:.1f} µs |")
-    # a second timing's own spikes along m, by the same rule (a point over 1.5x both neighbours)
-    own = 0
-    for (_, _, _), group in measured[measured["mode"] == "hot"].groupby(["gemm_dtype", "mode", "shape"]):
-        t = group.sort_values("m").measured.to_numpy()
-        own += int(((t[1:-1] > 1.5 * t[:-2]) & (t[1:-1] > 1.5 * t[2:])).sum())
-    lines += ["", f"Isolated spikes (over 1.5x both m-neighbours) in the timing here: {own}."]
+    # the second timing's own spikes along m, by the tables' rule (kernel_tables.despiked_gemm)
+    hot = measured[measured["mode"] == "hot"].rename(columns={"measured": "latency"})
+    own = int((kernel_tables.despiked_gemm(hot)["latency"].to_numpy() != hot["latency"].to_numpy()).sum())
+    lines += ["", f"Isolated spikes (over {kernel_tables.SPIKE_RATIO}x both m-neighbours) in the timing here: {own}."]
     lines += ["", "| dtype | mode | shape | " + " | ".join(f"m {m}" for m in DETAIL_ROWS)
               + " |", "|---|---|---|" + "---|" * len(DETAIL_ROWS)]
     for (dtype, mode, shape), group in both.groupby(["gemm_dtype", "mode", "shape"], sort=False):

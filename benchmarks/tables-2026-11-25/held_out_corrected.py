@@ -14,12 +14,12 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.fit import held_out
-from specbench.fit.calibration import held_out_on_tables
+from specbench.fit.calibration import held_out_on_tables, run_system
 from specbench.fit.kernel_tables import TablesUnavailable
 from specbench.results import load_run
 
 sys.path.insert(0, str(Path(__file__).parent))
-from native_vs_tables import H200_RUNS, system_of  # noqa: E402
+from native_vs_tables import H200_RUNS  # noqa: E402
 
 HERE = Path(__file__).parent
 RUNS = ["benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs",
@@ -59,7 +59,8 @@ def main() -> None:
         row = {"roofline (the run's own)": roofline}
         try:
             for name, options in VARIANTS.items():
-                row[name] = held_out_on_tables(run.cells, run.steps, run.requests, run.meta, system_of(path), **options)
+                row[name] = held_out_on_tables(run.cells, run.steps, run.requests, run.meta, run_system(run.meta),
+                                               **options)
         except TablesUnavailable as error:
             lines.append(f"| {path.removeprefix('benchmarks/gpu/')} | – | the tables cannot price it: {error} |")
             continue

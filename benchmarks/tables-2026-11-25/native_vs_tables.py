@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from specbench.fit import kernel_tables
+from specbench.fit.calibration import run_system
 from specbench.results import load_run
 from specbench.models import lookup_alias
 from specbench.synthetic import shipped_config
@@ -29,11 +30,6 @@ H200_RUNS = ["benchmarks/gpu/h200-2026-11-28/synthetic-llama3-8b",
              "benchmarks/gpu/h200-2026-11-28/synthetic-qwen2.5-7b"]
 
 
-def system_of(path: str) -> str:
-    """The tables' GPU for a committed run: the one its folder under benchmarks/gpu/ is named by."""
-    return "h200_sxm" if "/h200-" in path else "h100_sxm"
-
-
 def median_ms(values) -> float:
     return float(np.median(values)) * 1000 if len(values) else float("nan")
 
@@ -45,12 +41,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in RUNS + H200_RUNS:
         run = load_run(path)
+        system = run_system(run.meta)
         target_alias, target_config = shipped_config(run.meta["config"]["target"])
         family = lookup_alias(target_alias).family
-        target = kernel_tables.Forward(target_config, system_of(path), "vllm", 1)
+        target = kernel_tables.Forward(target_config, system, "vllm", 1)
         cells, steps = run.cells[run.cells["status"] == "ok"], run.steps
         for draft_label in run.meta["config"]["drafts"]:
-            draft = kernel_tables.Forward(shipped_config(draft_label, family)[1], system_of(path), "vllm", 1)
+            draft = kernel_tables.Forward(shipped_config(draft_label, family)[1], system, "vllm", 1)
             for b in sorted(set(cells["batch_size"])):
                 here = cells[cells["batch_size"] == b]
                 ar = here[here["mode"] == "autoregressive"]

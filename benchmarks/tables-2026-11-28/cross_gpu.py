@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.fit.calibration import calibrate, carried, held_out_on_tables
-from specbench import fit
-from specbench.fit.cost import StepTimes, _finished, _predict_held_out, _with_side, fit_step_times
+from specbench.fit import device_key
+from specbench.fit.calibration import calibrate, carried, held_out_on_tables, predicted_with, run_system
+from specbench.fit.cost import StepTimes, fit_step_times
 from specbench.results import load_run
 
 HERE = Path(__file__).parent
@@ -37,11 +37,8 @@ PAIRS = [("h100-2026-11-25/synthetic-llama3-8b", "h200-2026-11-28/synthetic-llam
          ("h100-2026-11-25/synthetic-qwen2.5-7b", "h200-2026-11-28/synthetic-qwen2.5-7b")]
 
 
-def predicted(run, times: StepTimes | None) -> pd.DataFrame:
-    """Every speculative cell of `run` predicted with `times` and the run's own α."""
-    ok = _finished(run.cells)
-    return _with_side(_predict_held_out(run.cells, run.steps, run.requests, run.meta, set(ok["cell_id"]),
-                                        ok, step_times=lambda *_: times))
+def predicted(run, times: StepTimes) -> pd.DataFrame:
+    return predicted_with(times, run.cells, run.steps, run.requests, run.meta)
 
 
 def summary(frame: pd.DataFrame) -> str:
@@ -49,18 +46,11 @@ def summary(frame: pd.DataFrame) -> str:
     return f"{errors.median() * 100:.1f} % (max {errors.max() * 100:.0f} %), {int(frame['same_side'].sum())}/{len(frame)}"
 
 
-def system_of(path: str) -> str:
-    return "h200_sxm" if path.startswith("h200-") else "h100_sxm"
-
-
 def roofline_carried(source, target) -> StepTimes:
     """`source`'s own fitted step times (the roofline) carried to `target`'s GPU by datasheet bandwidth
     and FLOP/s, the efficiencies kept: what `plan SOURCE_RUN --device GPU` does."""
-    fitted = fit_step_times(source.cells, source.steps, source.requests, source.meta)
-    dtype = "float32" if fitted.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
-    keys = [fit.device_key(run.meta["hardware"]["gpus"][0]["name"]) for run in (source, target)]
-    peaks = [(fit.DEVICES[key]["bandwidth"], fit.peak_flops(key, dtype)) for key in keys]
-    return fitted.on_device(*peaks)
+    gpus = [device_key(run.meta["hardware"]["gpus"][0]["name"]) for run in (source, target)]
+    return fit_step_times(source.cells, source.steps, source.requests, source.meta).on_datasheet(*gpus)
 
 
 def main() -> None:
@@ -75,8 +65,8 @@ def main() -> None:
             source_path, target_path = (h100_path, h200_path) if direction.startswith("H100") else (h200_path, h100_path)
             source, target = load_run(GPU / source_path), load_run(GPU / target_path)
             frames = (target.cells, target.steps, target.requests, target.meta)
-            system = system_of(target_path)
-            other = calibrate(source.cells, source.steps, source.requests, source.meta, system_of(source_path))
+            system = run_system(target.meta)
+            other = calibrate(source.cells, source.steps, source.requests, source.meta, run_system(source.meta))
             row = {columns[0]: predicted(target, calibrate(*frames, system, correct=False).times),
                    columns[1]: predicted(target, carried(other, *frames, system)),
                    columns[2]: predicted(target, calibrate(*frames, system).times),

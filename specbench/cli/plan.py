@@ -294,12 +294,10 @@ def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
     if measured is None:
         raise UsageError(f"--device needs a run on a known GPU ({', '.join(fit.DEVICES)}); this one ran on "
                          f"{gpus[0]['name'] if gpus else 'a CPU'}, whose efficiencies do not carry to a GPU")
-    dtype = "float32" if next(iter(models.values())).times.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
-    peaks = lambda key: (fit.DEVICES[key]["bandwidth"], fit.peak_flops(key, dtype))  # noqa: E731
     moved = {}
     for key, model in models.items():
         clone = copy.copy(model)
-        clone.times = model.times.on_device(peaks(measured), peaks(device))
+        clone.times = model.times.on_datasheet(measured, device)
         moved[key] = clone
     return moved, (f"{fit.DEVICES[device]['name']}: efficiencies fitted on {gpus[0]['name']} carried to its "
                    f"datasheet bandwidth and FLOP/s; overheads kept")

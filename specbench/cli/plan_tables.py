@@ -260,9 +260,8 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, lis
     lines that say so. Each correction is measured / tables on the run's own GPU's tables; a run
     from another GPU than the plan's carries them over (the engine's overhead over vLLM's kernels,
     not the GPU's: benchmarks/tables-2026-11-28/cross_gpu.md)."""
-    from specbench.fit import device_key
-    from specbench.fit.calibration import calibrate, calibrate_served
-    from specbench.fit.kernel_tables import backend_version, system_name
+    from specbench.fit.calibration import calibrate, calibrate_served, run_system
+    from specbench.fit.kernel_tables import backend_version
     from specbench.results import load_run
 
     run = load_run(path)
@@ -270,8 +269,7 @@ def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, lis
     if not gpus:
         raise UsageError(f"--calibrate needs a run measured on a GPU; {run.path} ran on a CPU, whose forwards say "
                          f"nothing of a GPU's")
-    measured = device_key(gpus[0]["name"])
-    measured_system = system_name(measured) if measured else None
+    measured_system = run_system(run.meta)
     if measured_system is None or backend_version(measured_system, backend) is None:
         raise UsageError(f"--calibrate: {run.path} ran on {gpus[0]['name']}, which the {backend} tables do not hold, "
                          f"so its forwards have nothing to be compared with; give a run from a GPU they hold")

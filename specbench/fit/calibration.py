@@ -262,6 +262,27 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     return Calibration(times, corrections, system, backend, target_name, tuple(draft_configs), 1, sizes)
 
 
+def run_system(meta: dict) -> str | None:
+    """The tables' system of the GPU a run measured on (`h100_sxm`); None for a CPU run or a GPU
+    specbench does not know."""
+    from specbench.fit.roofline import device_key
+
+    gpus = (meta.get("hardware") or {}).get("gpus") or []
+    key = device_key(gpus[0]["name"]) if gpus else None
+    return kernel_tables.system_name(key) if key else None
+
+
+def predicted_with(times, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
+                   meta: dict) -> pd.DataFrame:
+    """Every speculative cell of a run predicted with step times from elsewhere (`times`: another
+    GPU's corrections carried, the bare tables) and the run's own α: the columns of `fit.held_out`."""
+    from specbench.fit.cost import _finished, _predict_held_out, _with_side
+
+    ok = _finished(cells)
+    return _with_side(_predict_held_out(cells, steps, requests, meta, set(ok["cell_id"]), ok,
+                                        step_times=lambda *_: times))
+
+
 def carried(source: Calibration, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
             system: str, backend: str = "vllm") -> object:
     """A run's step times (fit.cost.StepTimes) on `system`'s tables, corrected by `source`, a run

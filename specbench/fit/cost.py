@@ -185,6 +185,13 @@ class StepTimes:
                          self.prefill.on_device(measured, target) if self.prefill else None,
                          {d: m.on_device(measured, target) for d, m in self.draft_prefill.items()})
 
+    def on_datasheet(self, measured: str, device: str) -> "StepTimes":
+        """Carried from the GPU `measured` (a `DEVICES` key) to `device` by their datasheet bandwidth and
+        FLOP/s at the run's dtype, the fitted efficiencies kept: what `plan RUN --device GPU` prices."""
+        dtype = "float32" if self.target.architecture.bytes_per_parameter >= 4 else "bfloat16"
+        peaks = lambda key: (DEVICES[key]["bandwidth"], peak_flops(key, dtype))  # noqa: E731
+        return self.on_device(peaks(measured), peaks(device))
+
 
 def _points(frame: pd.DataFrame, seconds: str, by: list[str]) -> pd.DataFrame:
     """Medians per group of forwards (with how many each stands for)."""

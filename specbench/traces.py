@@ -30,12 +30,18 @@ class TraceError(ValueError):
     """A trace that cannot be replayed: reported as one line, exit 2."""
 
 
+MOONCAKE_HASH_BLOCK = 512  # tokens each of a Mooncake trace's hash ids stands for (its README)
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     arrival_s: float  # seconds from the trace's first request (scaled, in a replay: from the window's start)
     input_tokens: int
     output_tokens: int
     text: str = ""  # the request's own text, where the trace has it
+    # what its prompt shares with others, where the trace says (Mooncake): a hash id per block of
+    # the trace's `hash_block_tokens`, equal ids for equal blocks after equal prefixes
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Trace:
     source: str = ""
     out_of_order: int = 0  # rows sorted into time order
     dropped: dict[str, int] = field(default_factory=dict)  # rows left out on reading, by reason
+    hash_block_tokens: int = 0  # tokens each of its requests' hash ids stands for (0: it has none)
 
     @property
     def duration_s(self) -> float:
@@ -78,6 +85,7 @@ class Replay:
     in_window: int = 0  # requests the window holds (more than replayed when --trace-max-requests cut it)
     span: tuple[float, float] | None = None  # trace seconds of the first and last request replayed
     cut: bool = False  # --trace-max-requests stopped the replay before the window's end
+    hash_block_tokens: int = 0  # tokens each of its requests' hash ids stands for (0: none)
 
     @property
     def duration_s(self) -> float:
@@ -177,9 +185,12 @@ def _read(path: Path, name: str) -> Trace:
     frame = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     start = float(frame["arrival_s"].iloc[0])
     texts = frame["text"] if "text" in frame else [""] * len(frame)
-    requests = [TraceRequest(float(t) - start, int(i), int(o), str(x) if isinstance(x, str) else "")
-                for t, i, o, x in zip(frame["arrival_s"], frame["input_tokens"], frame["output_tokens"], texts)]
-    return Trace(name, requests, source=str(path), out_of_order=out_of_order, dropped=dropped)
+    hashes = frame["hash_ids"] if "hash_ids" in frame else [()] * len(frame)
+    requests = [TraceRequest(float(t) - start, int(i), int(o), str(x) if isinstance(x, str) else "", h)
+                for t, i, o, x, h in zip(frame["arrival_s"], frame["input_tokens"], frame["output_tokens"], texts,
+                                         hashes)]
+    return Trace(name, requests, source=str(path), out_of_order=out_of_order, dropped=dropped,
+                 hash_block_tokens=MOONCAKE_HASH_BLOCK if "hash_ids" in frame else 0)
 
 
 def _require(frame: pd.DataFrame, columns: list[str], path: Path, what: str) -> None:
@@ -191,7 +202,9 @@ def _require(frame: pd.DataFrame, columns: list[str], path: Path, what: str) -> 
 
 def _mooncake(path: Path) -> tuple[pd.DataFrame, dict, dict]:
     """Mooncake JSONL: `timestamp` in milliseconds, `input_length`, `output_length`, optional
-    `hash_ids` (ignored: prefix caching is off) and text (`text` or `prompt`)."""
+    `hash_ids` (a list of ints, one per 512 tokens of the input: what a prompt shares with others,
+    for the fleet simulator's prefix cache; a served replay sends the text and runs its server without
+    prefix caching) and text (`text` or `prompt`)."""
     rows, lines = [], []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -214,6 +227,13 @@ def _mooncake(path: Path) -> tuple[pd.DataFrame, dict, dict]:
         if column in frame:
             out["text"] = frame[column]
             break
+    if "hash_ids" in frame:
+        for at, ids in enumerate(frame["hash_ids"]):
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                if ids is None or (isinstance(ids, float) and math.isnan(ids)):
+                    continue  # a row without them: shares nothing
+                raise TraceError(f"--trace {path}: {lines[at]}: hash_ids is not a list of integers ({ids!r:.40})")
+        out["hash_ids"] = [tuple(ids) if isinstance(ids, list) else () for ids in frame["hash_ids"]]
     return out, {}, {"arrival_s": "timestamp", "input_tokens": "input_length", "output_tokens": "output_length"}
 
 
@@ -297,10 +317,11 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
         raise TraceError(f"--trace {trace.name}: none of the {len(chosen)} request(s) in {start:g}–{end:g} s fits the "
                          f"target ({'; '.join(f'{n} {why}' for why, n in skipped.items())})")
     origin = kept[0].arrival_s
-    scaled = [TraceRequest((r.arrival_s - origin) / speedup, r.input_tokens, r.output_tokens, r.text) for r in kept]
+    scaled = [TraceRequest((r.arrival_s - origin) / speedup, r.input_tokens, r.output_tokens, r.text, r.hash_ids)
+              for r in kept]
     return Replay(trace.name, scaled, (start, end if duration is not None else trace.duration_s), speedup,
                   trace.workload, trace.out_of_order, skipped, len(chosen),
-                  (round(origin, 3), round(kept[-1].arrival_s, 3)), cut)
+                  (round(origin, 3), round(kept[-1].arrival_s, 3)), cut, trace.hash_block_tokens)
 
 
 # --- a sweep's trace -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ chunked prompt, a queue at a known rate (M/D/1), a KV cache that fills, closed-l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -1262,3 +1263,93 @@ def test_pooled_runs_keep_each_cells_requests_apart():
     assert requests.set_index("cell_id")["ttft_s"].to_dict() == {"0:chat|B1": 1.0, "only-first": 9.0,
                                                                  "1:chat|B1": 2.0, "only-second": 9.0}
     assert steps.empty
+
+
+def test_a_prompt_whose_prefix_is_cached_computes_only_the_rest():
+    """Prefix caching (vLLM's default): the second request sharing a 1,024-token system prompt
+    computes only its own 200 tokens; with the cache off it computes all 1,224."""
+    cost = linear_cost()
+    system = tuple(range(64))  # the keys of 64 blocks of 16 tokens
+    spec = ReplicaSpec(prefix_caching=True)
+    out = simulate([1224, 1224], [10, 10], cost, spec, arrivals_s=[0.0, 10.0], prefixes=[system, system])
+    assert out.ttft_s[0] == pytest.approx(cost(1224, 0))
+    assert out.ttft_s[1] == pytest.approx(cost(200, 0))
+    np.testing.assert_array_equal(out.cached_tokens, [0, 1024])
+    assert out.prefix_hit_share() == pytest.approx(1024 / 2448)
+    off = simulate([1224, 1224], [10, 10], cost, ReplicaSpec(), arrivals_s=[0.0, 10.0], prefixes=[system, system])
+    assert off.ttft_s[1] == pytest.approx(cost(1224, 0)) and off.prefix_hit_share() == 0
+
+
+def test_a_prefix_is_found_only_up_to_where_the_keys_part():
+    """Keys name a unit and everything before it: a prompt that agrees with a cached one on its
+    first 10 blocks and differs at the 11th finds 10 (later equal keys do not count)."""
+    cost = linear_cost()
+    first = tuple(range(40))
+    second = tuple(range(10)) + (999,) + tuple(range(11, 40))
+    out = simulate([640, 640], [5, 5], cost, ReplicaSpec(prefix_caching=True), arrivals_s=[0.0, 10.0],
+                   prefixes=[first, second])
+    assert out.cached_tokens[1] == 160 and out.ttft_s[1] == pytest.approx(cost(480, 0))
+
+
+def test_a_full_cache_evicts_the_least_recently_freed_prefix_first():
+    """100 blocks, prompts of 40 (+ a block for the output), one at a time: C takes A's last 21
+    blocks (A was freed first, its tail first); B again finds 39 blocks (all but its last token's),
+    its last block taking A's 19th; A again finds the 18 before it."""
+    cost = linear_cost()
+    spec = ReplicaSpec(prefix_caching=True, kv_capacity_tokens=16 * 100)
+    prompts = [640, 640, 640, 640, 640]
+    keys = {name: tuple((name, b) for b in range(40)) for name in "ABC"}
+    order = ["A", "B", "C", "B", "A"]
+    out = simulate(prompts, [8] * 5, cost, spec, arrivals_s=10.0 * np.arange(5), prefixes=[keys[n] for n in order])
+    np.testing.assert_array_equal(out.cached_tokens, [0, 0, 0, 39 * 16, 18 * 16])
+
+
+def test_a_preempted_request_takes_back_its_own_cached_blocks():
+    """A KV cache too small for two long requests: the one preempted finds its own prompt and output
+    still cached when it is admitted again, so its recompute costs fewer tokens than without the cache."""
+    cost = linear_cost()
+    spec = ReplicaSpec(kv_capacity_tokens=16 * 120, max_num_batched_tokens=4096, reserve_full_input=False)
+    prompts, outputs = [1000, 900], [600, 600]
+    cached = simulate(prompts, outputs, cost, dataclasses.replace(spec, prefix_caching=True), arrivals_s=[0, 0.001])
+    plain = simulate(prompts, outputs, cost, spec, arrivals_s=[0, 0.001])
+    assert cached.preemptions > 0 and plain.preemptions > 0
+    assert cached.finish_s.max() < plain.finish_s.max()
+
+
+def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
+    """`plan --trace` on a Mooncake trace: its hash ids (512 tokens each) say what the prompts share
+    (turns of conversations under one system prompt); with vLLM's prefix caching the prompts' share
+    found cached is shown and TTFT falls; --no-prefix-caching turns it off."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    rng = np.random.default_rng(0)
+    lines, next_id = [], 100
+    for conversation in range(40):
+        ids, length, start = [1, 2], 1024, rng.uniform(0, 300)
+        for turn in range(4):
+            length += int(rng.integers(100, 600))
+            while len(ids) < -(-length // 512):
+                ids.append(next_id)
+                next_id += 1
+            output = int(rng.integers(50, 300))
+            lines.append({"timestamp": int((start + 20 * turn) * 1000), "input_length": length,
+                          "output_length": output, "hash_ids": ids[:-(-length // 512)]})
+            length += output
+    trace = tmp_path / "conversations.jsonl"
+    trace.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    found = {}
+    for flag in ("--prefix-caching", "--no-prefix-caching"):
+        result = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1",
+                                          "--trace", str(trace), "--slo", "ttft=1,tpot=0.05,p90", flag, "--json"])
+        assert result.exit_code == 0, result.output
+        found[flag] = json.loads(result.output)["rows"][0]
+    assert found["--prefix-caching"]["prefix_hit_share"] > 0.5
+    assert found["--no-prefix-caching"]["prefix_hit_share"] == 0
+    assert found["--prefix-caching"]["ttft_p50_ms"] < found["--no-prefix-caching"]["ttft_p50_ms"]
+    text = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1", "--trace",
+                                    str(trace), "--slo", "ttft=1,tpot=0.05,p90"]).output
+    assert "prompt found cached" in text

@@ -83,3 +83,19 @@ def test_bad_rows_are_named_as_the_file_has_them(tmp_path, name, text, message):
         load_trace(str(path))
     assert str(error.value) == f"--trace {path}: {message}" + (
         "; a Mooncake trace has one request object per line" if "not an object" in message else "")
+
+
+def test_a_mooncake_traces_hash_ids_are_kept_with_their_requests(tmp_path):
+    path = tmp_path / "shared.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 10, "input_length": 300, "output_length": 5}\n'
+                    '{"timestamp": 20, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]}\n')
+    trace = load_trace(str(path))
+    assert trace.hash_block_tokens == 512
+    assert [r.hash_ids for r in trace.requests] == [(1, 2), (), (1, 2, 3)]
+    played = replay(trace, "", 2.0)
+    assert played.hash_block_tokens == 512 and played.requests[2].hash_ids == (1, 2, 3)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": "abc"}\n')
+    with pytest.raises(TraceError, match="line 1: hash_ids is not a list of integers"):
+        load_trace(str(bad))

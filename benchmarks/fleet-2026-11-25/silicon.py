@@ -62,19 +62,22 @@ def served_as(row: dict) -> ServerFlags:
     The Llama-3.1-70B rows are InferenceMAX's (measured 2025-10-29, vllm/vllm-openai:v0.10.2). Its
     launch scripts of that day (SemiAnalysisAI/InferenceX at 9596d23: benchmarks/70b_fp8_h100_slurm.sh,
     70b_fp8_h200_slurm.sh, 70b_fp8_b200_docker.sh, 70b_fp4_b200_docker.sh) served every GPU with
-    `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` and `async-scheduling: true`, and
+    `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192`, `async-scheduling: true` and
+    `no-enable-prefix-caching: true`, and
     `--max-num-seqs` the concurrency (H100, H200) or 512 (B200), and on B200 `cudagraph_mode:
     FULL_DECODE_ONLY` (every step that carries a prefill outside CUDA graphs). H100 and H200 kept
     0.10.2's default, PIECEWISE (each layer's attention between graph pieces, decodes too; vLLM made
     FULL_AND_PIECEWISE its default after 0.10.2, vllm-project/vllm#25444). The csv does not say how the
     Qwen3-32B and Llama-3.1-8B rows were served: vLLM's defaults for them, as of the vLLM the four
     Qwen3-32B rows that name their server ran (0.12, in Dynamo's vllm-runtime 0.8.0), which scheduled
-    synchronously (async scheduling became vLLM's default in 0.14)."""
+    synchronously (async scheduling became vLLM's default in 0.14) and cached prefixes (random prompts
+    share none: a preempted request finds its own)."""
     if row["model_path"] != "meta-llama/Llama-3.1-70B":
         return ServerFlags(async_scheduling=False)
     b200 = row["system"].startswith("b200")
     return ServerFlags(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=512 if b200 else int(row["batch_size"]),
-                       async_scheduling=True, cudagraph_mode="FULL_DECODE_ONLY" if b200 else "PIECEWISE")
+                       async_scheduling=True, prefix_caching=False,
+                       cudagraph_mode="FULL_DECODE_ONLY" if b200 else "PIECEWISE")
 
 
 def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP,

@@ -74,6 +74,7 @@ class FleetAsk:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     async_scheduling: bool | None = None
+    prefix_caching: bool | None = None
     gpu_price: float | None = None  # $ per GPU-hour for a closed loop (a trace's: traffic.gpu_price)
     slo: str | None = None  # a closed loop's objective (a trace's: traffic.slo)
     chart: Path | None = None  # a closed loop's chart (a trace's: traffic.chart)
@@ -82,7 +83,8 @@ class FleetAsk:
         from specbench.fleet.tables import ServerFlags
 
         return ServerFlags(kv_cache_dtype=self.kv_cache_dtype, max_num_seqs=self.max_num_seqs,
-                           max_num_batched_tokens=self.max_num_batched_tokens, async_scheduling=self.async_scheduling)
+                           max_num_batched_tokens=self.max_num_batched_tokens, async_scheduling=self.async_scheduling,
+                           prefix_caching=self.prefix_caching)
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
@@ -235,8 +237,10 @@ def load_traffic(trace: str, window: str, context_limit: int):
     requests = replay.requests
     start, end = replay.window
     name = f"{replay.trace} {start:g}–{end:.0f} s" if window else replay.trace
+    shared = replay.hash_block_tokens and any(r.hash_ids for r in requests)
     traffic = Traffic(name, np.array([r.arrival_s for r in requests]),
-                      np.array([r.input_tokens for r in requests]), np.array([r.output_tokens for r in requests]))
+                      np.array([r.input_tokens for r in requests]), np.array([r.output_tokens for r in requests]),
+                      [r.hash_ids for r in requests] if shared else None, replay.hash_block_tokens if shared else 0)
     return traffic, replay
 
 
@@ -316,25 +320,31 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
         print(json.dumps({**head, "trace": traffic.name, "requests": len(traffic.prompts),
                           "duration_s": traffic.duration_s, "skipped": replay.notes(), "slo": slo.text,
                           "headroom": ask.headroom, "router": ask.router, "price": price_note,
+                          "prefix_unit_tokens": traffic.prefix_unit_tokens if traffic.prefixes is not None else None,
                           "price_per_gpu_hour": price, "drafts_left_out": left_out, "answers": sentences,
                           "chart": str(ask.chart) if ask.chart else None, "seconds": round(seconds, 3),
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
+    cached = (table["prefix_hit_share"] > 0).any() if "prefix_hit_share" in table else False
+    shares = (f"; its prompts share prefixes as its hash ids say ({traffic.prefix_unit_tokens}-token blocks)"
+              + (", found in each replica's prefix cache" if cached else "") if traffic.prefixes is not None else "")
     _print_head(head, f"replicas behind a {ask.router} router serving {traffic.name} ({len(traffic.prompts)} "
-                      f"requests, {traffic.rate():.2f} req/s at 1×); sized to {slo.describe()} at {1 + ask.headroom:g}× "
-                      f"each traffic; prices {price_note}", left_out + replay.notes(), transferred)
+                      f"requests, {traffic.rate():.2f} req/s at 1×{shares}); sized to {slo.describe()} at "
+                      f"{1 + ask.headroom:g}× each traffic; prices {price_note}", left_out + replay.notes(), transferred)
     unit = "$" if price is not None else f"{device}-h"
+    shared = traffic.prefixes is not None  # the trace says what its prompts share: the prefix cache's hits shown
+    columns = ["configuration", "replicas", f"{device}s", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
+               "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "chunk ITL p99 ms", "E2E p50 s", "good", "time at B≥32"]
+    columns += ["prompt found cached"] if shared else []
     for (tp, scale), group in table.groupby(["tp", "scale"], sort=False):
         shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{traffic.name} at {scale:g}× "
                             f"({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
-        for column in ("configuration", "replicas", f"{device}s", f"{unit}/month", f"{unit}/1M tok", "TTFT p50 ms",
-                       "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "chunk ITL p99 ms", "E2E p50 s", "good",
-                       "time at B≥32"):
+        for column in columns:
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             if not row.replicas == row.replicas:
                 shown.add_row(row.configuration, f">{MOST_REPLICAS}" if row.reachable else "none (alone misses)",
-                              *[""] * 11)
+                              *[""] * (len(columns) - 2))
                 continue
             monthly = row.dollars_per_month if price is not None else row.gpus * HOURS_PER_MONTH
             per_million = row.dollars_per_million_tokens if price is not None else \
@@ -344,7 +354,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
                           f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p99_ms:.1f}", f"{row.itl_chunk_p99_ms:.0f}",
                           f"{row.e2e_p50_ms / 1e3:.1f}",
                           f"{row.good_share:.1%}", f"{row.share_at_large_batch_mean:.0%} (max "
-                                                   f"{row.share_at_large_batch_max:.0%})")
+                                                   f"{row.share_at_large_batch_max:.0%})",
+                          *([f"{row.prefix_hit_share:.0%}"] if shared else []))
         console.print(shown)
     for sentence in sentences:
         console.print(sentence, highlight=False, soft_wrap=True)

@@ -101,7 +101,7 @@ def _row(out: Outcome, keep: np.ndarray, gpus: int) -> dict:
             "ttft_mean_ms": float(np.mean(ttft)), "tpot_mean_ms": float(np.nanmean(tpot)),
             "tokens_per_s": tokens / span, "tokens_per_s_per_gpu": tokens / span / gpus,
             "share_at_large_batch": out.share_at_least(LARGE_BATCH), "mean_running_batch": out.mean_running(),
-            "preemptions": out.preemptions}
+            "preemptions": out.preemptions, "prefix_hit_share": out.prefix_hit_share()}
 
 
 def requests_cached(spec: ReplicaSpec, isl: int, osl: int) -> int:

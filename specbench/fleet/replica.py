@@ -24,10 +24,22 @@ The step is priced with its K (`cost(prefill, rows, k)`: the draft's K forwards 
 each decoding row takes K + 1 of the token budget and K + 1 KV slots, and K may follow the running
 batch (a K schedule: {rows: K}, 0 turning speculation off).
 
+Automatic prefix caching (`ReplicaSpec.prefix_caching`, vLLM's `--enable-prefix-caching`): every
+full unit of a request's tokens (`prefix_unit_blocks` KV blocks; one block, vLLM's own granularity,
+by default) is known by a key, the units of a prompt that requests share by the keys the request
+brings (`Replica.add(prefix=...)`: a shared system prompt, a trace's hash ids), every other unit by
+a key of its own. A request admitted from the queue starts from the longest run of its keys the
+cache holds (at most its tokens less one: the last is computed again for its logits), and the step
+computes only the rest; a unit is cached as soon as a step schedules its last token, and a freed
+unit stays cached until its blocks are taken again, the least recently freed first, after every
+free block that holds nothing cached (`PrefixCache`, vLLM's block pool). With units of more than one
+block the cache is coarser than vLLM's (a unit is found or evicted whole); a unit two requests both
+compute, each before the other cached it, is cached twice, as vLLM caches it.
+
 Modelled: the token budget, chunked prefill mixed into decode steps, the sequence limit, FCFS
-admission, KV capacity in blocks, recompute preemption, closed-loop clients or timed arrivals,
-speculation with measured acceptance, async scheduling's one step of lag. Not modelled: prefix
-caching, the long-prefill threshold, the detokenizer and API server's own time, and with async
+admission, KV capacity in blocks, recompute preemption, automatic prefix caching, closed-loop
+clients or timed arrivals, speculation with measured acceptance, async scheduling's one step of lag.
+Not modelled: the long-prefill threshold, the detokenizer and API server's own time, and with async
 scheduling and speculation the K + 1 slots a row that finished on accepted drafts still takes in the
 step scheduled before that was known.
 
@@ -41,7 +53,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -103,15 +115,24 @@ class ReplicaSpec:
     # vLLM's `--async-scheduling` (its default on a GPU since v0.14, never on its CPU backend nor with
     # n-gram drafting): step N + 1 is scheduled while step N runs, before N's tokens are known
     async_scheduling: bool = False
+    # vLLM's `--enable-prefix-caching` (its default on a GPU): a prompt's cached prefix is not computed
+    # again; the cache's unit in KV blocks (1: vLLM's own; a trace's hash ids may cover more)
+    prefix_caching: bool = False
+    prefix_unit_blocks: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size",
+                     "prefix_unit_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def kv_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
+
+    @property
+    def prefix_unit_tokens(self) -> int:
+        return self.prefix_unit_blocks * self.block_size
 
 
 @dataclass(eq=False)  # hashed by identity: a step's chunks are keyed by request
@@ -127,9 +148,21 @@ class _Request:
     first_token_s: float = math.nan
     finish_s: float = math.nan
     preemptions: int = 0
+    # prefix caching (`PrefixCache`): the keys of its prompt's leading units that others may share, the
+    # cached units of those it holds, and how many of its own units (those after them: no one else's) it holds
+    prefix: tuple = ()
+    units: list = field(default_factory=list)
+    own_units: int = 0
+    commit_at: int = 0  # tokens scheduled at which its next unit is full (0: not known)
+    free_run: "_OwnRun | None" = None  # its own units left cached by its latest preemption
+    cached_tokens: int = -1  # tokens its first admission found in the prefix cache (-1: not admitted yet)
 
     def __post_init__(self) -> None:
         self.to_prefill = self.prompt
+
+    def shared_units(self, unit_tokens: int) -> int:
+        """How many of its units others may share: those of its prefix that its prompt fills."""
+        return min(len(self.prefix), self.prompt // unit_tokens)
 
     @property
     def prefilling(self) -> bool:
@@ -152,6 +185,16 @@ class Outcome:
     # and how many tokens arrived after each (tokens a speculative step emits together: gaps of 0)
     itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    # prefix caching: each request's prompt tokens, and those its first admission found cached (0
+    # without prefix caching, -1 for a request never admitted)
+    prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+
+    def prefix_hit_share(self) -> float:
+        """The share of the prompts' tokens found in the prefix cache (0 without prefix caching)."""
+        served = self.cached_tokens >= 0
+        prompts = self.prompt_tokens[served].sum() if len(self.prompt_tokens) else 0
+        return float(self.cached_tokens[served].sum() / prompts) if prompts else 0.0
 
     def itl_percentile(self, p: float) -> float:
         """The pooled inter-token latency's `p`th percentile, per token (seconds; NaN without decode
@@ -251,6 +294,130 @@ def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
                          f"has ({spec.kv_capacity_tokens} tokens)")
 
 
+@dataclass(eq=False)
+class _OwnRun:
+    """Units `low` to `high` of one request's own (after its shared prefix), freed and still cached:
+    evicted from `high` down (a request's blocks are freed last first). `owner` None: no request will
+    look for them again."""
+
+    owner: _Request | None
+    low: int
+    high: int
+
+
+class PrefixCache:
+    """vLLM's block pool with automatic prefix caching, in units of `unit_blocks` KV blocks.
+
+    A unit is cached as soon as a step schedules its last token: a unit of a shared prefix under its
+    key (one computed twice, each time before the other was cached, is cached twice; a hit takes the
+    older copy), a unit of a request's own (no other request has its tokens) as that request's. A
+    cached unit no running request holds is free but keeps its contents: the replica's free blocks
+    count it, and a request that finds it takes it back instead of computing it (a preempted request
+    its own units). New blocks come first from the free blocks that hold nothing cached (vLLM
+    prepends those to its free queue) and then from the cached units in the order they were freed
+    (appended to its end: least recently used first), a unit forgotten when its blocks are taken. A
+    request's blocks are freed last block first, so its tail is evicted before its head. A request's
+    own units are kept as one run, so a trace without shared prefixes costs no bookkeeping per unit."""
+
+    def __init__(self, unit_blocks: int, unit_tokens: int) -> None:
+        self.unit_blocks, self.unit_tokens = unit_blocks, unit_tokens
+        self.copies: dict = {}  # key -> its cached shared units (ids), the oldest first
+        self.key_of: dict[int, object] = {}  # cached shared unit -> its key
+        self.users: dict[int, int] = {}  # cached shared unit -> the running requests holding it (0: free)
+        # the free cached units, least recently freed first: shared unit ids and requests' own runs
+        self.evictable: OrderedDict = OrderedDict()
+        self.free_units = 0  # units the evictable entries hold
+        self.next_unit = 0
+
+    def hits(self, request: _Request, unit_tokens: int) -> tuple[list[int], int]:
+        """The longest run of `request`'s units from its first that the cache holds, at most its tokens
+        less one (vLLM computes the last prompt token again for its logits): its shared units found,
+        and how many of its own units after them (left cached by a preemption)."""
+        found: list[int] = []
+        most = (request.to_prefill - 1) // unit_tokens
+        shared = request.shared_units(unit_tokens)
+        while len(found) < min(most, shared):
+            copies = self.copies.get(request.prefix[len(found)])
+            if not copies:
+                return found, 0
+            found.append(copies[0])
+        run = request.free_run
+        own = min(run.high - run.low, most - len(found)) if run is not None and len(found) == shared else 0
+        return found, max(own, 0)
+
+    def free_cached_blocks(self, units: list[int], own: int) -> int:
+        """Of these hits, the blocks that sit free in the cache (taking them back takes free blocks)."""
+        return self.unit_blocks * (own + sum(1 for unit in units if not self.users[unit]))
+
+    def take_back(self, request: _Request, units: list[int], own: int) -> None:
+        """`request` holds its hits from now on; what is left of its own cached run no one looks for."""
+        for unit in units:
+            if not self.users[unit]:
+                del self.evictable[unit]
+                self.free_units -= 1
+            self.users[unit] += 1
+        run, request.free_run = request.free_run, None
+        if run is not None:
+            run.low += own
+            self.free_units -= own
+            run.owner = None
+            if run.low >= run.high:  # (evicted whole already, or taken back whole)
+                self.evictable.pop(run, None)
+
+    def evict_for(self, blocks: int, plain_free: int) -> None:
+        """Forget the least recently freed units whose blocks `blocks` new blocks take beyond the
+        `plain_free` free blocks that hold nothing cached."""
+        while blocks > plain_free and self.evictable:
+            entry = next(iter(self.evictable))
+            if isinstance(entry, _OwnRun):
+                taken = min(entry.high - entry.low, -(-(blocks - plain_free) // self.unit_blocks))
+                entry.high -= taken
+                if entry.high <= entry.low:
+                    del self.evictable[entry]
+            else:
+                taken = 1
+                del self.evictable[entry]
+                del self.users[entry]
+                key = self.key_of.pop(entry)
+                self.copies[key].remove(entry)
+                if not self.copies[key]:
+                    del self.copies[key]
+            self.free_units -= taken
+            plain_free += taken * self.unit_blocks
+
+    def register(self, key) -> int:
+        """A shared unit a request has computed: cached under `key`, held by it; its id."""
+        unit = self.next_unit
+        self.next_unit += 1
+        self.copies.setdefault(key, []).append(unit)
+        self.key_of[unit] = key
+        self.users[unit] = 1
+        return unit
+
+    def release(self, request: _Request) -> tuple[int, int]:
+        """`request` lets go of its cached units, its own first then its shared ones from the last: how
+        many are free now (the rest other requests still hold), and how many it held. Its own units
+        are those its computed tokens fill after its shared ones (every step cached them as it
+        scheduled them: their count is known now)."""
+        low = request.shared_units(self.unit_tokens)
+        if len(request.units) == low:
+            filled = min(request.computed, request.prompt + request.generated) // self.unit_tokens
+            request.own_units = max(request.own_units, filled - low)
+        held = freed = request.own_units
+        if request.own_units:
+            request.free_run = _OwnRun(request, low, low + request.own_units)
+            self.evictable[request.free_run] = None
+        for unit in reversed(request.units):
+            self.users[unit] -= 1
+            if not self.users[unit]:
+                self.evictable[unit] = None
+                freed += 1
+        held += len(request.units)
+        self.free_units += freed
+        request.units, request.own_units = [], 0
+        return freed, held
+
+
 class Replica:
     """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
     reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
@@ -265,12 +432,13 @@ class Replica:
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
-        self.free_blocks = spec.kv_blocks
+        self.free_blocks = spec.kv_blocks  # with prefix caching: the free cached units' blocks too
+        self.cache = PrefixCache(spec.prefix_unit_blocks, spec.prefix_unit_tokens) if spec.prefix_caching else None
         self.now, self.steps, self.preemptions = 0.0, 0, 0
         self.step_started = 0.0  # when the latest step began (async scheduling schedules the next one then)
-        # async scheduling: the slots and KV blocks of the requests the latest step finished, still
+        # async scheduling: the requests the latest step finished, their slots and KV blocks still
         # held while the next step is scheduled (vLLM learns they finished only after that)
-        self.held_rows, self.held_blocks = 0, 0
+        self.held: list[_Request] = []
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.last_finished: list[_Request] = []  # the latest step's, finished at `now`
         # inter-token latency: each step's time and the decode tokens that arrived a step after the
@@ -280,10 +448,16 @@ class Replica:
         self.itl_count: list[int] = []
         self.itl_zeros = 0
 
-    def add(self, index: int, arrival_s: float, prompt: int, output: int) -> _Request:
-        """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`."""
+    def add(self, index: int, arrival_s: float, prompt: int, output: int, prefix: tuple = ()) -> _Request:
+        """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`; with prefix
+        caching, `prefix` keys its prompt's leading units (`spec.prefix_unit_tokens` each) that other
+        requests may share: two requests share a unit when their keys agree up to it."""
         check_fits(index, prompt, output, self.spec)
-        request = _Request(index, float(arrival_s), int(prompt), int(output))
+        chained, key = [], 0
+        for unit in prefix:  # a unit's key names everything before it too, as vLLM's chained block hashes
+            key = hash((key, unit))
+            chained.append(key)
+        request = _Request(index, float(arrival_s), int(prompt), int(output), prefix=tuple(chained))
         heapq.heappush(self.pending, (request.arrival_s, index, request))
         return request
 
@@ -318,8 +492,41 @@ class Replica:
             self._arrive(self.now)
 
     def _release_held(self) -> None:
-        self.free_blocks += self.held_blocks
-        self.held_rows, self.held_blocks = 0, 0
+        for request in self.held:
+            self._release(request)
+        self.held = []
+
+    def _take(self, request: _Request, blocks: int) -> None:
+        """`blocks` more KV blocks for `request` (the caller checked they are free); with prefix
+        caching, the cached units they come from are forgotten."""
+        cache = self.cache
+        if cache is not None and blocks > self.free_blocks - cache.free_units * cache.unit_blocks:
+            cache.evict_for(blocks, self.free_blocks - cache.free_units * cache.unit_blocks)
+        self.free_blocks -= blocks
+        request.blocks += blocks
+
+    def _release(self, request: _Request) -> None:
+        """Free `request`'s KV blocks; with prefix caching its cached units stay cached, free once no
+        other request holds them, its last unit the first to be evicted."""
+        freed = request.blocks
+        if self.cache is not None:  # its blocks in no cached unit, and the cached units no one else holds
+            units_freed, units_held = self.cache.release(request)
+            freed += (units_freed - units_held) * self.cache.unit_blocks
+            request.commit_at = 0
+        self.free_blocks += freed
+        request.blocks = 0
+
+    def _commit(self, request: _Request, tokens: int) -> None:
+        """Prefix caching: cache `request`'s shared units whose last token is among its first `tokens`
+        (a step scheduled them; no further than the tokens it has: drafts are not cached)."""
+        cache = self.cache
+        unit_tokens = cache.unit_tokens
+        full = min(tokens, request.prompt + request.generated) // unit_tokens
+        shared = request.shared_units(unit_tokens)
+        while len(request.units) < min(full, shared):
+            request.units.append(cache.register(request.prefix[len(request.units)]))
+        # its own units no other request looks for: counted when it lets them go (`PrefixCache.release`)
+        request.commit_at = (len(request.units) + 1) * unit_tokens if len(request.units) < shared else math.inf
 
     def _arrive(self, t: float) -> None:
         while self.pending and self.pending[0][0] <= t:
@@ -327,9 +534,10 @@ class Replica:
 
     def _preempt_last(self) -> None:
         victim = self.running.pop()
-        self.free_blocks += victim.blocks
-        # its output so far stays sent; the prompt and that output are computed again (vLLM's recompute)
-        victim.blocks, victim.computed, victim.to_prefill = 0, 0, victim.prompt + victim.generated
+        self._release(victim)
+        # its output so far stays sent; the prompt and that output are computed again (vLLM's recompute;
+        # with prefix caching, from where its own cached units, if not evicted yet, leave off)
+        victim.computed, victim.to_prefill = 0, victim.prompt + victim.generated
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
@@ -345,7 +553,7 @@ class Replica:
     def step(self, until_s: float = math.inf) -> list[_Request]:
         """One engine step (or a stretch of identical decode-only steps, up to the next known
         arrival or `until_s`, whichever is first); the requests it finished."""
-        spec, running, waiting = self.spec, self.running, self.waiting
+        spec, running, waiting, cache = self.spec, self.running, self.waiting, self.cache
         block_size = spec.block_size
         budget = spec.max_num_batched_tokens
         # this step's K, by the rows decoding now (a K schedule), 0 without speculation
@@ -371,8 +579,9 @@ class Replica:
                 if extra > self.free_blocks:  # it is the last one left: it preempts itself
                     self._preempt_last()
                     break
-                self.free_blocks -= extra
-                request.blocks += extra
+                self._take(request, extra)
+            if cache is not None and request.computed + need >= request.commit_at:
+                self._commit(request, request.computed + need)
             if prefilling:
                 prefills[request] = need
             else:
@@ -383,22 +592,36 @@ class Replica:
         # scheduler: the blocks a preemption freed go to the running requests, the queue waits)
         single = False
         while True:
-            while (waiting and budget > 0 and len(running) + self.held_rows < spec.max_num_seqs
+            while (waiting and budget > 0 and len(running) + len(self.held) < spec.max_num_seqs
                    and self.preemptions == preempted_before):
-                request = waiting[0]
-                need = min(request.to_prefill - request.computed, budget)
-                blocks = -(-(request.computed + need) // block_size)
+                request = waiting[0]  # (computed is 0: new, or preempted)
+                # prefix caching: it starts where the longest run of its units the cache holds ends
+                hits, own = self.cache.hits(request, spec.prefix_unit_tokens) if self.cache is not None else ([], 0)
+                hit_tokens = (len(hits) + own) * spec.prefix_unit_tokens
+                hit_blocks = (len(hits) + own) * spec.prefix_unit_blocks
+                need = min(request.to_prefill - hit_tokens, budget)
+                blocks = -(-(hit_tokens + need) // block_size)
+                # a cached unit no one holds sits among the free blocks: taking it back takes them
+                retaken = self.cache.free_cached_blocks(hits, own) if self.cache is not None else 0
                 # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
-                admitted = -(-request.to_prefill // block_size) if spec.reserve_full_input else blocks
-                if admitted > self.free_blocks:
+                admitted = (-(-request.to_prefill // block_size) if spec.reserve_full_input else blocks) - hit_blocks
+                if admitted + retaken > self.free_blocks:
                     break
                 waiting.popleft()
-                self.free_blocks -= blocks
-                request.blocks = blocks
+                if self.cache is not None:
+                    self.cache.take_back(request, hits, own)
+                    self.free_blocks -= retaken
+                    request.units, request.own_units = list(hits), own
+                request.computed, request.blocks = hit_tokens, hit_blocks
+                if request.cached_tokens < 0:
+                    request.cached_tokens = hit_tokens
+                self._take(request, blocks - hit_blocks)
+                if cache is not None:
+                    self._commit(request, hit_tokens + need)
                 running.append(request)
                 prefills[request] = need
                 budget -= need
-            held = self.held_rows > 0  # (their blocks come with them)
+            held = bool(self.held)  # (their blocks come with them)
             # what the requests the step before finished held is free from the next step on (async
             # scheduling): a request still waiting may be admitted then, so this step is not stretched;
             # if this one found nothing to run (vLLM runs it empty, in no time), that next one is now
@@ -406,8 +629,16 @@ class Replica:
             self._release_held()
             if prefills or decodes or not held:
                 break
-        if not prefills and not decodes:  # nothing fits (cannot happen: a lone request fits)
-            raise RuntimeError("the replica scheduled nothing although requests are waiting")
+        preempted = self.preemptions != preempted_before
+        if not prefills and not decodes:
+            if preempted:  # the one running request gave its blocks back (with async scheduling the blocks
+                # the step before finished were still held): vLLM runs the step empty, in no time
+                self.step_started = self.now
+                self.last_finished = []
+                return []
+            raise RuntimeError("the replica scheduled nothing although requests are waiting")  # a lone request fits
+        # a step that preempted admitted no one; the next may admit what waits (the freed blocks): not stretched
+        single = single or (preempted and bool(waiting))
         prefill_tokens = sum(prefills.values())
         decode_rows = len(decodes)
         # a stretch ends at the next arrival: before the step it arrives in, or with async scheduling
@@ -439,8 +670,7 @@ class Replica:
                 for request, t in zip(decodes, totals):
                     extra = -(-(request.computed + int(t)) // block_size) - request.blocks
                     if extra > 0:
-                        self.free_blocks -= extra
-                        request.blocks += extra
+                        self._take(request, extra)
             emitted = totals.tolist()
             repeat = steps
             gapped = int(np.minimum(totals, steps).sum())  # one gap per step that gave the row tokens
@@ -465,8 +695,7 @@ class Replica:
                 for request in decodes:
                     extra = -(-(request.computed + repeat) // block_size) - request.blocks
                     if extra > 0:
-                        self.free_blocks -= extra
-                        request.blocks += extra
+                        self._take(request, extra)
         else:
             step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
         if decodes and not emitted:
@@ -497,14 +726,16 @@ class Replica:
                 request.generated += repeat
                 if request.generated >= request.output:
                     finished.append(request)
+        if cache is not None and repeat > 1:  # what the stretch's later steps scheduled
+            for request in decodes:
+                if request.computed >= request.commit_at:
+                    self._commit(request, request.computed)
         for request in finished:
             running.remove(request)
             if spec.async_scheduling:
-                self.held_rows += 1
-                self.held_blocks += request.blocks
+                self.held.append(request)
             else:
-                self.free_blocks += request.blocks
-            request.blocks = 0
+                self._release(request)
             request.finish_s = now
         self.last_finished = finished
         if finished or len(running) != self.timeline[-1][1]:
@@ -515,16 +746,18 @@ class Replica:
 def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: ReplicaSpec,
              arrivals_s: np.ndarray | None = None, concurrency: int | None = None,
              client_starts_s: np.ndarray | None = None, client_turnaround_s: float = 0.0,
-             speculation: Speculation | None = None) -> Outcome:
+             speculation: Speculation | None = None, prefixes: list[tuple] | None = None) -> Outcome:
     """Requests through one replica: at `arrivals_s` (open loop), or from `concurrency` clients that
     each send their next request when the last one finished (closed loop, as `vllm bench serve
     --max-concurrency` and NVIDIA's measured rows), client j first at `client_starts_s[j]` (default
     all at 0); its next request reaches the engine `client_turnaround_s` after the last one's final
     token (its HTTP round trip: the engine has started its next step by then, so the request waits
     for it). `speculation`: each decode step drafts and verifies (see `Speculation`). Prompts and
-    outputs in tokens."""
+    outputs in tokens. `prefixes`: per request, the keys of its prompt's units others may share (with
+    `spec.prefix_caching`; see `Replica.add`)."""
     prompts, outputs = np.asarray(prompts, int), np.asarray(outputs, int)
     count = len(prompts)
+    prefix_of = (lambda i: ()) if prefixes is None else (lambda i: prefixes[i])
     if (arrivals_s is None) == (concurrency is None):
         raise ValueError("give arrivals (open loop) or a concurrency (closed loop), one of them")
     if count == 0:
@@ -534,14 +767,15 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
         check_fits(i, int(prompts[i]), int(outputs[i]), spec)
     requests: list[_Request] = []
     if arrivals_s is not None:
-        requests = [replica.add(i, at, prompts[i], outputs[i]) for i, at in enumerate(np.asarray(arrivals_s, float))]
+        requests = [replica.add(i, at, prompts[i], outputs[i], prefix_of(i))
+                    for i, at in enumerate(np.asarray(arrivals_s, float))]
         replica.advance()
     else:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         sent = min(int(concurrency), count)
         starts = np.zeros(sent) if client_starts_s is None else np.asarray(client_starts_s, float)[:sent]
-        requests = [replica.add(i, starts[i], prompts[i], outputs[i]) for i in range(sent)]
+        requests = [replica.add(i, starts[i], prompts[i], outputs[i], prefix_of(i)) for i in range(sent)]
         while len(requests) < count or replica.running or replica.waiting or replica.pending:
             replica._arrive_for_step()
             if not replica.running and not replica.waiting:
@@ -550,7 +784,9 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
             for _ in replica.step():
                 if len(requests) < count:  # that client sends its next request now
                     i = len(requests)
-                    requests.append(replica.add(i, replica.now + client_turnaround_s, prompts[i], outputs[i]))
+                    requests.append(replica.add(i, replica.now + client_turnaround_s, prompts[i], outputs[i],
+                                                prefix_of(i)))
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
-                   replica.timeline, *pooled_itl([replica]))
+                   replica.timeline, *pooled_itl([replica]), prompts.copy(),
+                   np.array([max(r.cached_tokens, 0) if spec.prefix_caching else 0 for r in requests]))

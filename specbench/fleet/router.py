@@ -86,9 +86,12 @@ class FleetOutcome:
 
 def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndarray, cost: StepCost,
                    spec: ReplicaSpec, replicas: int, router: str = "least-outstanding",
-                   speculation: Speculation | None = None, watch: SloWatch | None = None) -> FleetOutcome:
+                   speculation: Speculation | None = None, watch: SloWatch | None = None,
+                   prefixes: list[tuple] | None = None) -> FleetOutcome:
     """Requests arriving at `arrivals_s` (sorted), spread over `replicas` identical replicas by
-    `router`. Each replica draws its own acceptance (its speculation's seed plus its number)."""
+    `router`. Each replica draws its own acceptance (its speculation's seed plus its number).
+    `prefixes`: per request, the keys of its prompt's shared units (`Replica.add`), for replicas that
+    cache prefixes (each its own cache)."""
     prompts, outputs = np.asarray(prompts, int), np.asarray(outputs, int)
     arrivals = np.asarray(arrivals_s, float)
     if router not in ROUTERS:
@@ -119,7 +122,7 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
             target = min(loads)[2]
             chosen_at[target] = at
         replica_of[i] = target
-        added.append(fleet[target].add(i, at, prompts[i], outputs[i]))
+        added.append(fleet[target].add(i, at, prompts[i], outputs[i], () if prefixes is None else prefixes[i]))
         if watch is not None and i % CHECK_EVERY == CHECK_EVERY - 1:
             if router == "round-robin":  # advanced only here: each replica's own arrivals bound its skips
                 for replica in fleet:
@@ -136,6 +139,10 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
     first, finish = np.full(count, np.nan), np.full(count, np.nan)
     for request in added:
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
+    cached = np.zeros(count, int)
+    if spec.prefix_caching:
+        for request in added:
+            cached[request.index] = max(request.cached_tokens, 0)
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
-                      sum(r.steps for r in fleet), [], *pooled_itl(fleet))
+                      sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(), cached)
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

@@ -10,6 +10,7 @@ answer); fleets that cannot meet it are stopped early (router.SloWatch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,10 +33,26 @@ class Traffic:
     arrivals_s: np.ndarray
     prompts: np.ndarray
     outputs: np.ndarray
+    # what prompts share, where the trace says (Mooncake's hash ids): per request, a key for each of its
+    # prompt's leading units of `prefix_unit_tokens` (equal keys up to a unit: equal tokens up to it)
+    prefixes: list[tuple] | None = None
+    prefix_unit_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not len(self.arrivals_s) or not len(self.arrivals_s) == len(self.prompts) == len(self.outputs):
             raise ValueError("a traffic needs at least one request, with an arrival, a prompt and an output each")
+        if self.prefixes is not None and (len(self.prefixes) != len(self.prompts) or self.prefix_unit_tokens < 1):
+            raise ValueError("a traffic's prefixes need one tuple of keys per request and a unit of tokens")
+
+    def replica_for(self, spec: ReplicaSpec) -> ReplicaSpec:
+        """`spec` caching prefixes in this traffic's units (vLLM caches block by block; a trace
+        that keys its prompts by larger units is found and evicted unit by unit)."""
+        if self.prefixes is None or not spec.prefix_caching:
+            return spec
+        if self.prefix_unit_tokens % spec.block_size:
+            raise ValueError(f"{self.name}'s prefixes come in units of {self.prefix_unit_tokens} tokens, not a "
+                             f"multiple of the replica's {spec.block_size}-token KV blocks")
+        return dataclasses.replace(spec, prefix_unit_blocks=self.prefix_unit_tokens // spec.block_size)
 
     @property
     def duration_s(self) -> float:
@@ -96,6 +113,7 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
         row[f"itl_chunk_p{p}_ms"] = out.itl_chunk_percentile(p) * 1e3
     good_share, meets = slo_verdict(out, objective)
     row["good_share"] = good_share
+    row["prefix_hit_share"] = out.prefix_hit_share()  # the prompt tokens found in the prefix cache
     row["meets_slo"] = not fleet.stopped and bool(served.all()) and meets
     return row
 
@@ -104,8 +122,9 @@ def fleet_at(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec, 
              speculation: Speculation | None, router: str, objective: Objective | None = None) -> FleetOutcome:
     """`traffic` at `scale` × speed through `replicas` replicas (stopped early once `objective`
     cannot be met)."""
-    return simulate_fleet(traffic.prompts, traffic.outputs, traffic.arrivals_s / scale, cost, spec, replicas, router,
-                          speculation, objective.watch(len(traffic.prompts)) if objective else None)
+    return simulate_fleet(traffic.prompts, traffic.outputs, traffic.arrivals_s / scale, cost, traffic.replica_for(spec),
+                          replicas, router, speculation, objective.watch(len(traffic.prompts)) if objective else None,
+                          traffic.prefixes)
 
 
 def alone_meets(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
@@ -113,7 +132,7 @@ def alone_meets(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation
     """Whether the SLO holds with every request served alone (no queue, no neighbours): if not, no
     number of replicas meets it (each request's own prefill and decode are too slow)."""
     apart = np.arange(len(traffic.prompts)) * 1e7  # far enough apart that none overlaps another
-    lonely = Traffic(traffic.name, apart, traffic.prompts, traffic.outputs)
+    lonely = Traffic(traffic.name, apart, traffic.prompts, traffic.outputs, traffic.prefixes, traffic.prefix_unit_tokens)
     return judged(fleet_at(lonely, 1.0, cost, spec, 1, speculation, "round-robin", objective), objective)["meets_slo"]
 
 

@@ -33,13 +33,15 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 class ServerFlags:
     """The `vllm serve` flags of the same names a simulated replica runs with; None keeps vLLM's
     default on that GPU (`vllm_defaults`'s budget and sequence limit, blocks of 16, async scheduling
-    on). n-gram drafting always schedules synchronously: vLLM turns async scheduling off for it."""
+    on, prefix caching on). n-gram drafting always schedules synchronously: vLLM turns async
+    scheduling off for it."""
 
     kv_cache_dtype: str = "auto"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
     async_scheduling: bool | None = None
+    prefix_caching: bool | None = None  # --enable-prefix-caching / --no-enable-prefix-caching
     # --compilation-config's cudagraph_mode: which steps replay CUDA graphs (step_cost's launch floor)
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
 
@@ -59,7 +61,8 @@ class ServerFlags:
             max_num_batched_tokens=self.max_num_batched_tokens or spec.max_num_batched_tokens,
             block_size=self.block_size or spec.block_size,
             async_scheduling=False if ngram else spec.async_scheduling if self.async_scheduling is None
-            else self.async_scheduling)
+            else self.async_scheduling,
+            prefix_caching=spec.prefix_caching if self.prefix_caching is None else self.prefix_caching)
 
     def described(self) -> str:
         """The flags set, as a header says them ("" for vLLM's defaults and a 16-bit KV cache)."""
@@ -69,6 +72,8 @@ class ServerFlags:
         said += [f"blocks of {self.block_size}"] if self.block_size else []
         said += [] if self.async_scheduling is None else [
             "async scheduling (not for n-gram drafting)" if self.async_scheduling else "synchronous scheduling"]
+        said += [] if self.prefix_caching is None else [
+            "prefix caching" if self.prefix_caching else "no prefix caching"]
         said += [] if self.cudagraph_mode == "FULL_AND_PIECEWISE" else [f"cudagraph_mode {self.cudagraph_mode}"]
         return ", ".join(said)
 
@@ -151,9 +156,11 @@ def vllm_defaults(system: str) -> tuple[int, int]:
 
 def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
                  draft_tp: int | None = None, kv_cache_dtype: str = "auto",
-                 async_scheduling: bool = True, draft_gemm_quant: str | None = None) -> ReplicaSpec:
+                 async_scheduling: bool = True, draft_gemm_quant: str | None = None,
+                 prefix_caching: bool = True) -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
-    default on a GPU since v0.14; vLLM turns it off for n-gram drafting), and the KV cache in
+    default on a GPU since v0.14; vLLM turns it off for n-gram drafting), prefix caching (its
+    default in v1: what a request finds cached it does not compute), and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
     too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV
     shares every token's slot), at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype:
@@ -167,4 +174,4 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
         raise ValueError(f"the weights do not fit {system} at TP{tp}")
     budget, seqs = vllm_defaults(system)
     return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=need.largest_batch(),
-                       async_scheduling=async_scheduling)
+                       async_scheduling=async_scheduling, prefix_caching=prefix_caching)

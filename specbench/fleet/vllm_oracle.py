@@ -29,9 +29,11 @@ class Timed:
 
 def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int = 16384, k: int = 0):
     """vLLM's v1 `Scheduler` as a server with `spec`'s limits would build it: chunked prefill on,
-    prefix caching off, a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps back as its
+    prefix caching as `spec.prefix_caching` says (in vLLM's own unit, one block), a KV cache of `spec.kv_blocks` blocks (+ the one vLLM keeps back as its
     null block), and with `k` > 0 n-gram speculation of K tokens; its `AsyncScheduler` where
     `spec.async_scheduling`. `model_dir` only gives the model's config (no weights read)."""
+    if spec.prefix_caching and spec.prefix_unit_blocks != 1:
+        raise ValueError("vLLM caches prefixes a block at a time: give the replica prefix_unit_blocks=1")
     if spec.kv_blocks > 1 << 22:  # vLLM allocates its block pool up front
         raise ValueError(f"give the replica a KV cache vLLM can hold as blocks: {spec.kv_blocks} blocks")
     import torch
@@ -46,7 +48,7 @@ def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int 
                                 max_model_len=max_model_len, enable_chunked_prefill=True,
                                 async_scheduling=spec.async_scheduling,
                                 is_encoder_decoder=False, scheduler_reserve_full_isl=spec.reserve_full_input)
-    cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=False)
+    cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=spec.prefix_caching)
     speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=2,
                                     prompt_lookup_min=1) if k else None
     config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache,
@@ -62,9 +64,26 @@ def vllm_scheduler(model_dir: str | Path, spec: ReplicaSpec, max_model_len: int 
                            block_size=spec.block_size, log_stats=False)
 
 
-def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, int, int]], k: int = 0,
+def prompt_token_ids(index: int, prompt: int, prefix: tuple, block_size: int, ids: dict) -> list[int]:
+    """Token ids for request `index`'s prompt that vLLM's block hashes see as the replica's keys do:
+    the block of each shared key (`prefix`, one a block) the same ids in every request that brings
+    it, every other token an id of the request's own (`ids` numbers the keys, shared across requests)."""
+    def token(key) -> int:
+        return ids.setdefault(key, len(ids) + 2)
+
+    own = token(("prompt", index))
+    tokens = []
+    for position in range(prompt):
+        unit = position // block_size
+        tokens.append(token(("shared", prefix[unit])) if unit < len(prefix) else own)
+    return tokens
+
+
+def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int = 0,
                        accept_all: bool = False) -> list[Timed]:
-    """Each (arrival s, prompt tokens, output tokens) through `scheduler` (`vllm_scheduler`), every
+    """Each (arrival s, prompt tokens, output tokens[, the keys of its prompt's shared blocks]) through
+    `scheduler` (`vllm_scheduler`; with prefix caching, each request's prompt and output token ids as
+    `prompt_token_ids` makes them, its output an id of its own), every
     step priced by `cost(prefill tokens, decode rows)` as the replica prices it; per request, in
     order, when its first and last tokens came. The scheduler is driven as vLLM's engine core drives
     it (`EngineCore.step_with_batch_queue`): a `Scheduler` one step at a time; an `AsyncScheduler`
@@ -80,6 +99,15 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, in
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
 
+    hasher = None
+    if scheduler.cache_config.enable_prefix_caching:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        hasher = get_request_block_hasher(scheduler.block_size, hash_fn)
+    token_of: dict = {}  # token ids for the keys of shared blocks and of each request's own tokens
     depth = 2 if isinstance(scheduler, AsyncScheduler) else 1  # the engine core's batch queue
     if k and depth > 1:
         raise ValueError("the oracle drafts only for a synchronous scheduler (vLLM runs n-gram drafting so)")
@@ -88,35 +116,42 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple[float, in
     finish = [math.nan] * len(requests)
     preempted = [0] * len(requests)
     by_id: dict[str, Request] = {}
+    prefilling: set[str] = set()  # requests computing their prompt (after a preemption: and their output)
     queue: deque = deque()  # (step, tokens each scheduled request samples, its end)
     now, busy_until, next_arrival, done = 0.0, 0.0, 0, 0
     while done < len(requests):
         while next_arrival < len(order) and requests[order[next_arrival]][0] <= now:
             index = order[next_arrival]
-            _, prompt, output = requests[index]
-            by_id[str(index)] = Request(request_id=str(index), prompt_token_ids=[1] * prompt, pooling_params=None,
-                                        sampling_params=SamplingParams(max_tokens=output, ignore_eos=True))
+            _, prompt, output, *shared = requests[index]
+            tokens = prompt_token_ids(index, prompt, tuple(shared[0]) if shared else (), scheduler.block_size, token_of)
+            by_id[str(index)] = Request(request_id=str(index), prompt_token_ids=tokens, pooling_params=None,
+                                        sampling_params=SamplingParams(max_tokens=output, ignore_eos=True),
+                                        block_hasher=hasher)
             scheduler.add_request(by_id[str(index)])
+            prefilling.add(str(index))
             next_arrival += 1
         if scheduler.has_requests():
-            # where each request stood before the step: a row one token short of its tokens decodes
-            # (with async scheduling its computed tokens already count the steps scheduled, not done)
-            before = {rid: (r.num_computed_tokens,
-                            r.num_prompt_tokens + r.num_output_tokens + r.num_output_placeholders)
-                      for rid, r in scheduler.requests.items()}
+            # each request's tokens before the step (with async scheduling counting the steps
+            # scheduled, not done): a prefill that reaches them samples
+            total = {rid: r.num_prompt_tokens + r.num_output_tokens + r.num_output_placeholders
+                     for rid, r in scheduler.requests.items()}
             step = scheduler.schedule()
+            for rid in step.preempted_req_ids or ():  # back to the queue: it computes everything again
+                preempted[int(rid)] += 1
+                prefilling.add(rid)
             prefill_tokens, decode_rows, sampled = 0, 0, []
             for rid, n in step.num_scheduled_tokens.items():
-                computed, total = before[rid]
-                if total - computed == 1:  # a decode: its token, and its drafts verified
+                own = token_of.setdefault(("output", rid), len(token_of) + 2)  # its output: ids no other request has
+                if rid not in prefilling:  # a decode: its token, and its drafts verified
                     decode_rows += 1
                     drafts = len(step.scheduled_spec_decode_tokens.get(rid, ())) if accept_all else 0
-                    sampled.append([1] * (1 + drafts))
-                else:
+                    sampled.append([own] * (1 + drafts))
+                else:  # a prefill chunk (after what the prefix cache held: the step's new computed tokens)
                     prefill_tokens += n
-                    sampled.append([1] if computed + n >= total else [])  # a partial prefill samples nothing
-            for rid in step.preempted_req_ids or ():
-                preempted[int(rid)] += 1
+                    done_prefilling = scheduler.requests[rid].num_computed_tokens >= total[rid]
+                    sampled.append([own] if done_prefilling else [])  # a partial prefill samples nothing
+                    if done_prefilling:
+                        prefilling.discard(rid)
             executed = step.total_num_scheduled_tokens > 0
             # priced as the replica prices it: K only with rows decoding; an empty step takes no time
             seconds = (cost(prefill_tokens, decode_rows, k) if k and decode_rows else cost(prefill_tokens, decode_rows)

@@ -1353,3 +1353,27 @@ def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
     text = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1", "--trace",
                                     str(trace), "--slo", "ttft=1,tpot=0.05,p90"]).output
     assert "prompt found cached" in text
+
+
+def test_the_prefix_aware_router_sends_a_request_where_its_prefix_is_cached():
+    """Two idle replicas caching prefixes; the first turns of conversations A, B and C, then A's
+    second. Round-robin and least-outstanding (both idle: the one chosen longest ago) alternate and
+    send A's second turn to replica 1, which never saw A; the prefix-aware router scores replica 0
+    3 × 0.5 higher (half its prompt found there) and sends it there, computing 512 tokens fewer."""
+    from specbench.fleet.router import simulate_fleet
+
+    cost = linear_cost()
+    spec = ReplicaSpec(prefix_caching=True, kv_capacity_tokens=1 << 16)
+    conversation = {name: tuple((name, b) for b in range(64)) for name in "ABC"}
+    prompts, outputs = np.array([512, 512, 512, 1024]), np.array([4, 4, 4, 4])
+    prefixes = [conversation[name] for name in "ABCA"]
+    arrivals = np.array([0.0, 1.0, 2.0, 3.0])
+    for router, sent, found in (("round-robin", [0, 1, 0, 1], 0), ("least-outstanding", [0, 1, 0, 1], 0),
+                                ("prefix-aware", [0, 1, 0, 0], 512)):
+        fleet = simulate_fleet(prompts, outputs, arrivals, cost, spec, 2, router, prefixes=prefixes)
+        assert fleet.replica_of.tolist() == sent, router
+        assert fleet.outcome.cached_tokens[3] == found, router
+    aware = simulate_fleet(prompts, outputs, arrivals, cost, spec, 2, "prefix-aware", prefixes=prefixes)
+    blind = simulate_fleet(prompts, outputs, arrivals, cost, spec, 2, "least-outstanding", prefixes=prefixes)
+    assert aware.outcome.ttft_s[3] == pytest.approx(cost(512, 0))
+    assert blind.outcome.ttft_s[3] == pytest.approx(cost(1024, 0))

@@ -113,7 +113,8 @@ def plan(
                                    help="--trace: the SLO must hold at this much more traffic (0.2: 1.2×), a "
                                         "margin from the knee where small errors are large latencies."),
     router: str = typer.Option("least-outstanding", rich_help_panel="Served, simulated on kernel tables",
-                               help="--trace: how requests are spread: least-outstanding or round-robin."),
+                               help="--trace: how requests are spread: least-outstanding, round-robin, or "
+                                    "prefix-aware (llm-d's default: prefix cache hits and queue length)."),
     chart: Optional[Path] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                          help="--trace: draw replicas needed against traffic scale to this PNG; "
                                               "--concurrency: tokens/s per GPU and TPOT against the clients."),

@@ -285,6 +285,16 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def chain_keys(prefix) -> tuple:
+    """A prompt's unit keys made to name everything before them too, as vLLM's block hashes chain
+    (two prompts share a unit only if they agree up to it)."""
+    chained, key = [], 0
+    for unit in prefix:
+        key = hash((key, unit))
+        chained.append(key)
+    return tuple(chained)
+
+
 def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
     """One line if a request is empty or needs more KV cache than the replica has."""
     if prompt < 1 or output < 1:
@@ -453,13 +463,27 @@ class Replica:
         caching, `prefix` keys its prompt's leading units (`spec.prefix_unit_tokens` each) that other
         requests may share: two requests share a unit when their keys agree up to it."""
         check_fits(index, prompt, output, self.spec)
-        chained, key = [], 0
-        for unit in prefix:  # a unit's key names everything before it too, as vLLM's chained block hashes
-            key = hash((key, unit))
-            chained.append(key)
-        request = _Request(index, float(arrival_s), int(prompt), int(output), prefix=tuple(chained))
+        request = _Request(index, float(arrival_s), int(prompt), int(output), prefix=chain_keys(prefix))
         heapq.heappush(self.pending, (request.arrival_s, index, request))
         return request
+
+    def waiting_count(self) -> int:
+        """Requests queued and not yet admitted (vLLM's `num_requests_waiting`)."""
+        return len(self.pending) + len(self.waiting)
+
+    def cached_share(self, prompt: int, keys: tuple) -> float:
+        """The share of a prompt's units (of `prompt` tokens, `keys` chained: `chain_keys`) whose run
+        from the first this replica's prefix cache holds now (0 without prefix caching)."""
+        if self.cache is None or not keys:
+            return 0.0
+        unit_tokens = self.cache.unit_tokens
+        units = max(prompt // unit_tokens, 1)
+        found = 0
+        for key in keys[:units]:
+            if not self.cache.copies.get(key):
+                break
+            found += 1
+        return found / units
 
     def outstanding(self, at_s: float) -> int:
         """Requests added and not finished by `at_s` (a step under way at `at_s` has not finished

@@ -4,7 +4,13 @@ as a serving gateway chooses (llm-d, vLLM's production stack, a Kubernetes servi
 - `least-outstanding`: the replica with the fewest requests sent and not yet finished (ties: the
   one that has waited longest since it was last chosen), which needs every replica's state at the
   arrival, so the replicas are simulated together, each advanced to every arrival in turn;
-- `round-robin`: in turn, whatever their load.
+- `round-robin`: in turn, whatever their load;
+- `prefix-aware`: the default scheduling profile of the Gateway API Inference Extension's endpoint
+  picker, on which llm-d's scheduler builds: each replica scored 3 × the share of the request's
+  prompt units its prefix cache holds (the precise prefix-cache scorer, which reads the servers' own
+  caches) + 1 × its queue score (requests waiting, min-max normalised across the replicas: the
+  shortest queue 1, the longest 0, all equal 1) + 1 × its KV cache's free share, the highest score
+  taking it (ties: as least-outstanding). Without prefix caching, the queue and the KV cache alone.
 
 An `SloWatch` stops a fleet early once so many requests have missed the SLO that its percentile
 cannot be met any more: near and past the knee a queue grows without end, and simulating the rest
@@ -19,9 +25,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.fleet.replica import (
-    Outcome, Replica, ReplicaSpec, Speculation, StepCost, pooled_itl, running_percentile, share_at_least,
+    Outcome, Replica, ReplicaSpec, Speculation, StepCost, chain_keys, pooled_itl, running_percentile, share_at_least,
 )
-from specbench.schema import ROUTERS
+from specbench.schema import ROUTERS as SERVED_ROUTERS
+
+# the routers a simulated fleet knows: a served load's (specbench's client spreads a replay over
+# endpoints) and llm-d's prefix-aware profile, which needs what each server holds
+ROUTERS = SERVED_ROUTERS + ("prefix-aware",)
+# the endpoint picker's default profile: prefix-cache-scorer 3, queue-scorer 1, kv-cache-utilization-scorer 1
+PREFIX_WEIGHT, QUEUE_WEIGHT, KV_WEIGHT = 3.0, 1.0, 1.0
 
 CHECK_EVERY = 256  # arrivals between two looks at the SLO's misses
 
@@ -113,13 +125,24 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         if router == "round-robin":
             target = i % replicas
         else:
-            loads = []
+            loads, queues, found, free = [], [], [], []
+            keys = chain_keys(prefixes[i]) if prefixes is not None and router == "prefix-aware" else ()
             for n, replica in enumerate(fleet):
                 finished = replica.advance(at)
                 if watch is not None:
                     watch.finished(finished)
                 loads.append((replica.outstanding(at), chosen_at[n], n))
-            target = min(loads)[2]
+                if router == "prefix-aware":
+                    queues.append(replica.waiting_count())
+                    found.append(replica.cached_share(int(prompts[i]), keys))
+                    free.append(replica.free_blocks / replica.spec.kv_blocks)
+            if router == "prefix-aware":
+                low, high = min(queues), max(queues)
+                scores = [PREFIX_WEIGHT * share + QUEUE_WEIGHT * (1.0 if high == low else (high - q) / (high - low))
+                          + KV_WEIGHT * room for share, q, room in zip(found, queues, free)]
+                target = min(range(replicas), key=lambda n: (-scores[n], loads[n]))
+            else:
+                target = min(loads)[2]
             chosen_at[target] = at
         replica_of[i] = target
         added.append(fleet[target].add(i, at, prompts[i], outputs[i], () if prefixes is None else prefixes[i]))

@@ -238,7 +238,8 @@ def _with_excerpt(record: PromptRecord, excerpt: str, question: str) -> PromptRe
 
 def trace_records(requests, records: list[PromptRecord], workload: str, encode, seed: int) -> list[PromptRecord]:
     """One prompt per trace request, `encode` (chat template included) giving its input length
-    within LENGTH_TOLERANCE: the request's own text, or a question of the workload, after an excerpt
+    within LENGTH_TOLERANCE: the request's own text (as it is where it has that length, else after
+    an excerpt that makes it up), or a question of the workload, after an excerpt
     of the long document of its kind (code for code workloads, prose otherwise); where no question
     fits the length, the excerpt alone. Questions are dealt in a seeded order, so every
     configuration gets the same prompts."""
@@ -252,6 +253,9 @@ def trace_records(requests, records: list[PromptRecord], workload: str, encode, 
         length = request.input_tokens
         if request.text:
             record = PromptRecord(f"trace-{index}", "trace", [{"role": "user", "content": request.text}])
+            if within_length(len(encode(record)), length):  # the trace's own prompt, sent as it is (what
+                built.append(record)  # prompts share stays shared: a prefix cache finds it)
+                continue
         else:
             record = None
             for offset in range(len(order)):  # the next question in the seeded order that fits

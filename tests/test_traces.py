@@ -99,3 +99,22 @@ def test_a_mooncake_traces_hash_ids_are_kept_with_their_requests(tmp_path):
     bad.write_text('{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": "abc"}\n')
     with pytest.raises(TraceError, match="line 1: hash_ids is not a list of integers"):
         load_trace(str(bad))
+
+
+def test_a_traces_own_text_is_sent_as_it_is_when_it_has_the_requests_length():
+    """A trace that carries its prompts (Mooncake's `text`) is sent as it is, so what its prompts share
+    stays shared for a server's prefix cache; a text shorter than its request is made up to length."""
+    from specbench.traces import TraceRequest
+    from specbench.workloads import load_workload, trace_records
+
+    def encode(record):  # a token a word, the chat template left out
+        return " ".join(m["content"] for m in record.messages).split()
+
+    shared = "word " * 300
+    requests = [TraceRequest(0.0, 320, 4, shared + "first question " * 10),
+                TraceRequest(1.0, 320, 4, shared + "second question " * 10),
+                TraceRequest(2.0, 600, 4, "a short text")]
+    built = trace_records(requests, load_workload("chat").records, "chat", encode, seed=0)
+    assert built[0].messages[-1]["content"] == requests[0].text
+    assert built[1].messages[-1]["content"].startswith(shared)
+    assert "a short text" in built[2].messages[-1]["content"] and abs(len(encode(built[2])) - 600) <= 30

@@ -307,10 +307,9 @@ def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
 @dataclass(eq=False)
 class _OwnRun:
     """Units `low` to `high` of one request's own (after its shared prefix), freed and still cached:
-    evicted from `high` down (a request's blocks are freed last first). `owner` None: no request will
-    look for them again."""
+    evicted from `high` down (a request's blocks are freed last first). Only the request whose
+    `free_run` it is looks for them."""
 
-    owner: _Request | None
     low: int
     high: int
 
@@ -370,7 +369,6 @@ class PrefixCache:
         if run is not None:
             run.low += own
             self.free_units -= own
-            run.owner = None
             if run.low >= run.high:  # (evicted whole already, or taken back whole)
                 self.evictable.pop(run, None)
 
@@ -415,7 +413,7 @@ class PrefixCache:
             request.own_units = max(request.own_units, filled - low)
         held = freed = request.own_units
         if request.own_units:
-            request.free_run = _OwnRun(request, low, low + request.own_units)
+            request.free_run = _OwnRun(low, low + request.own_units)
             self.evictable[request.free_run] = None
         for unit in reversed(request.units):
             self.users[unit] -= 1

@@ -1377,3 +1377,39 @@ def test_the_prefix_aware_router_sends_a_request_where_its_prefix_is_cached():
     blind = simulate_fleet(prompts, outputs, arrivals, cost, spec, 2, "least-outstanding", prefixes=prefixes)
     assert aware.outcome.ttft_s[3] == pytest.approx(cost(512, 0))
     assert blind.outcome.ttft_s[3] == pytest.approx(cost(1024, 0))
+
+
+def test_a_closed_loop_with_a_shared_system_prompt_computes_it_once():
+    """`plan --concurrency --prefix-len`: one client, three requests of 1,000 tokens whose first 512
+    are the same: the first computes all 1,000, the next two the 488 after the cached prompt."""
+    from specbench.fleet.plan import Clients, closed_loop
+
+    cost = linear_cost()
+    one_by_one = Clients("test", together=True, requests_per_client=3, shortest_share=1.0, measure_all=True)
+    out, keep = closed_loop(cost, ReplicaSpec(prefix_caching=True), 1, 1000, 10, clients=one_by_one, prefix_len=512)
+    assert keep.all()
+    np.testing.assert_allclose(out.ttft_s, [cost(1000, 0), cost(488, 0), cost(488, 0)])
+    np.testing.assert_array_equal(out.cached_tokens, [0, 512, 512])
+    plain, _ = closed_loop(cost, ReplicaSpec(prefix_caching=True), 1, 1000, 10, clients=one_by_one)
+    np.testing.assert_allclose(plain.ttft_s, [cost(1000, 0)] * 3)
+
+
+def test_the_prefix_len_is_checked_and_shown(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    base = ["plan", "--target", "llama3-70b", "--device", "h100", "--tp", "4", "--concurrency", "8",
+            "--input-len", "4096", "--output-len", "64"]
+    shared = CliRunner().invoke(app, base + ["--prefix-len", "2048", "--json"])
+    fresh = CliRunner().invoke(app, base + ["--json"])
+    assert shared.exit_code == 0 and fresh.exit_code == 0, shared.output + fresh.output
+    with_prefix, without = json.loads(shared.output), json.loads(fresh.output)
+    assert with_prefix["prefix_len"] == 2048 and with_prefix["rows"][0]["prefix_hit_share"] > 0.4
+    assert with_prefix["rows"][0]["ttft_p50_ms"] < without["rows"][0]["ttft_p50_ms"]
+    for extra, message in ((["--prefix-len", "4096"], "from 0 to less than --input-len (4096)"),
+                           (["--prefix-len", "-1"], "from 0 to less than")):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 2 and message in result.output

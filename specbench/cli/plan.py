@@ -99,6 +99,10 @@ def plan(
                                                        "(on by default): a prompt's prefix found cached is not "
                                                        "computed again; a Mooncake trace's hash_ids say what "
                                                        "prompts share."),
+    prefix_len: int = typer.Option(0, rich_help_panel="Served, simulated on kernel tables",
+                                   help="--concurrency: every prompt opens with this many tokens in common (a "
+                                        "system prompt, part of --input-len), found in the prefix cache after "
+                                        "the first."),
     trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                         help="With --slo: serve this trace (azure-conv, azure-code or a file) by a "
                                              "fleet of simulated vLLM-like replicas behind a router and find the "
@@ -136,6 +140,9 @@ def plan(
     server_flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
                     "--async-scheduling": async_scheduling, "--prefix-caching": prefix_caching}
     named = [name for name, value in server_flags.items() if value is not None]
+    if prefix_len and concurrency is None:
+        fail("--prefix-len shapes --concurrency's prompts: give --target MODEL --concurrency C (a trace says what its "
+             "prompts share by its hash ids)")
     if named and (target is None or (concurrency is None and trace is None)):
         fail(f"{', '.join(named)}: the vLLM flags of replicas simulated on the kernel tables: give --target MODEL "
              "with --concurrency or --trace")
@@ -143,7 +150,7 @@ def plan(
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
                     headroom, router, chart, gpu_price, clients, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-                    async_scheduling, draft_dtype, prefix_caching)
+                    async_scheduling, draft_dtype, prefix_caching, prefix_len)
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
@@ -383,7 +390,7 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
 def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
                 acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
                 chart, gpu_price, clients, kv_cache_dtype="auto", max_num_seqs=None, max_num_batched_tokens=None,
-                async_scheduling=None, draft_dtype=None, prefix_caching=None) -> None:
+                async_scheduling=None, draft_dtype=None, prefix_caching=None, prefix_len=0) -> None:
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
@@ -414,7 +421,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
                        input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
                        kv_cache_dtype=kv_cache_dtype, draft_dtype=draft_dtype, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-                       prefix_caching=prefix_caching, gpu_price=gpu_price, slo=slo if trace is None else None,
+                       prefix_caching=prefix_caching, prefix_len=prefix_len, gpu_price=gpu_price, slo=slo if trace is None else None,
                        chart=chart if trace is None else None)
         plan_fleet(ask, json_output)
     except known_errors() as error:

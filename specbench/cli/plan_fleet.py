@@ -68,6 +68,7 @@ class FleetAsk:
     output_len: int
     traffic: TrafficAsk | None = None
     clients: str = "steady"  # fleet.plan.CLIENTS
+    prefix_len: int = 0  # a closed loop's prompts open with this many tokens in common (a system prompt)
     kv_cache_dtype: str = "auto"  # fleet.tables.KV_BYTES
     draft_dtype: str | None = None  # a draft model's GEMMs (GEMM_QUANTS); None: 16-bit
     # vLLM's server flags; None: its default on that GPU (fleet.tables.ServerFlags)
@@ -138,6 +139,9 @@ def _check(ask: FleetAsk) -> None:
         return
     if ask.input_len < 1 or ask.output_len < 1 or any(c < 1 for c in ask.concurrencies):
         raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
+    if not 0 <= ask.prefix_len < ask.input_len:
+        raise UsageError(f"--prefix-len {ask.prefix_len}: the tokens every prompt shares, from 0 to less than "
+                         f"--input-len ({ask.input_len})")
 
 
 def _server_note(head: dict) -> str:
@@ -172,7 +176,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len,
                                         GEMM_QUANTS[ask.dtype or "bf16"], clients, ask.server(), price,
-                                        Objective(slo.bounds, slo.percentile) if slo else None)
+                                        Objective(slo.bounds, slo.percentile) if slo else None, ask.prefix_len)
     left_out += unpriced
     if ask.chart is not None:
         closed_loop_chart(table, ask.chart, f"SIMULATED: {head['target']}{_server_note(head)} on {planner.system}, "
@@ -185,6 +189,7 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     capacity = closed_loop_capacity(table, slo_words) if len(ask.concurrencies) > 1 else []
     if json_output:
         print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
+                          "prefix_len": ask.prefix_len,
                           "price": price_note, "price_per_gpu_hour": price,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
                           "slo": slo.text if slo else None, "chart": str(ask.chart) if ask.chart else None,
@@ -194,8 +199,9 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
     how = ("started apart, the steady state" if not clients.together else
            f"all started at once, {clients.requests_per_client} requests each, lengths {clients.shortest_share:g}-1× "
            f"these, every request measured (as InferenceMAX's benchmark)")
-    _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in and "
-                      f"{ask.output_len} out; prices {price_note}", left_out, transferred)
+    shared = f" (the first {ask.prefix_len} the same in every prompt)" if ask.prefix_len else ""
+    _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in{shared} "
+                      f"and {ask.output_len} out; prices {price_note}", left_out, transferred)
     unit = "$/1M tok" if price is not None else "GPU-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, answers):
         shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")

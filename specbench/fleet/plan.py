@@ -64,19 +64,21 @@ CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX)}
 
 
 def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: Speculation | None = None,
-                clients: Clients = STEADY) -> tuple[Outcome, np.ndarray]:
-    """C `clients`, each sending its next request 1 ms after its last one's final token. Returns
-    the outcome and the mask of requests measured (STEADY leaves out each client's first, and the
-    drain at the end)."""
+                clients: Clients = STEADY, prefix_len: int = 0) -> tuple[Outcome, np.ndarray]:
+    """C `clients`, each sending its next request 1 ms after its last one's final token; every
+    prompt's first `prefix_len` tokens the same (a system prompt: with the replica's prefix caching,
+    found cached after the first). Returns the outcome and the mask of requests measured (STEADY
+    leaves out each client's first, and the drain at the end)."""
     count = concurrency * clients.requests_per_client
     prompts, outputs = clients.lengths(count, isl, osl)
+    shared = tuple(("system prompt", unit) for unit in range(prefix_len // spec.prefix_unit_tokens))
     if clients.together:
         starts = np.zeros(concurrency)
     else:
         cycle = cost(min(isl, spec.max_num_batched_tokens), 0) + osl * cost(0, concurrency)
         starts = np.arange(concurrency) * cycle / concurrency
     out = simulate(prompts, outputs, cost, spec, concurrency=concurrency, client_starts_s=starts,
-                   client_turnaround_s=1e-3, speculation=speculation)
+                   client_turnaround_s=1e-3, speculation=speculation, prefixes=[shared] * count if shared else None)
     keep = np.ones(count, bool)
     if not clients.measure_all:
         keep[:concurrency] = False
@@ -185,7 +187,7 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
                       server: ServerFlags = ServerFlags(), price_per_gpu_hour: float | None = None,
-                      objective: Objective | None = None) -> tuple[pd.DataFrame, list[str]]:
+                      objective: Objective | None = None, prefix_len: int = 0) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance,
     and each drafter's K schedule where it is not one K everywhere; `k_schedule` names it):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
@@ -193,7 +195,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     the KV cache holds, TPOT's and tokens/s's speed-ups over the baseline, and GPU-hours (and $ at
     `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says; with an
     `objective`, the share of requests meeting it, the goodput (requests/s meeting it) and whether
-    its percentiles hold. Drafters the tables cannot price here are named in the lines."""
+    its percentiles hold; every prompt opening with the same `prefix_len` tokens. Drafters the tables
+    cannot price here are named in the lines."""
     rows = []
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
@@ -202,7 +205,7 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
             base = None
             for configuration in found:
                 out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
-                                        configuration.speculation, clients)
+                                        configuration.speculation, clients, prefix_len)
                 row = _row(out, keep, tp)
                 if objective is not None:
                     good_share, meets = slo_verdict(out, objective, keep)

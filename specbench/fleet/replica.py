@@ -186,15 +186,14 @@ class Outcome:
     itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     # prefix caching: each request's prompt tokens, and those its first admission found cached (0
-    # without prefix caching, -1 for a request never admitted)
+    # without prefix caching, and for a request never admitted: `cached_tokens_of`)
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
 
     def prefix_hit_share(self) -> float:
         """The share of the prompts' tokens found in the prefix cache (0 without prefix caching)."""
-        served = self.cached_tokens >= 0
-        prompts = self.prompt_tokens[served].sum() if len(self.prompt_tokens) else 0
-        return float(self.cached_tokens[served].sum() / prompts) if prompts else 0.0
+        prompts = self.prompt_tokens.sum()
+        return float(self.cached_tokens.sum() / prompts) if prompts else 0.0
 
     def itl_percentile(self, p: float) -> float:
         """The pooled inter-token latency's `p`th percentile, per token (seconds; NaN without decode
@@ -240,6 +239,15 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> flo
     order = np.argsort(values, kind="stable")
     cumulative = np.cumsum(counts[order])
     return float(values[order][np.searchsorted(cumulative, p / 100 * cumulative[-1])])
+
+
+def cached_tokens_of(requests: list[_Request], count: int) -> np.ndarray:
+    """Per request index (`count` of them), the prompt tokens its first admission found cached (0
+    for one never admitted)."""
+    cached = np.zeros(count, int)
+    for request in requests:
+        cached[request.index] = max(request.cached_tokens, 0)
+    return cached
 
 
 def pooled_itl(replicas: list["Replica"]) -> tuple[np.ndarray, np.ndarray]:
@@ -338,18 +346,24 @@ class PrefixCache:
         self.free_units = 0  # units the evictable entries hold
         self.next_unit = 0
 
-    def hits(self, request: _Request, unit_tokens: int) -> tuple[list[int], int]:
+    def found(self, keys: tuple) -> list[int]:
+        """The cached units (the oldest copy of each) of the longest run of `keys` from the first that
+        the cache holds."""
+        units = []
+        for key in keys:
+            copies = self.copies.get(key)
+            if not copies:
+                break
+            units.append(copies[0])
+        return units
+
+    def hits(self, request: _Request) -> tuple[list[int], int]:
         """The longest run of `request`'s units from its first that the cache holds, at most its tokens
         less one (vLLM computes the last prompt token again for its logits): its shared units found,
         and how many of its own units after them (left cached by a preemption)."""
-        found: list[int] = []
-        most = (request.to_prefill - 1) // unit_tokens
-        shared = request.shared_units(unit_tokens)
-        while len(found) < min(most, shared):
-            copies = self.copies.get(request.prefix[len(found)])
-            if not copies:
-                return found, 0
-            found.append(copies[0])
+        most = (request.to_prefill - 1) // self.unit_tokens
+        shared = request.shared_units(self.unit_tokens)
+        found = self.found(request.prefix[:min(most, shared)])
         run = request.free_run
         own = min(run.high - run.low, most - len(found)) if run is not None and len(found) == shared else 0
         return found, max(own, 0)
@@ -474,14 +488,8 @@ class Replica:
         from the first this replica's prefix cache holds now (0 without prefix caching)."""
         if self.cache is None or not keys:
             return 0.0
-        unit_tokens = self.cache.unit_tokens
-        units = max(prompt // unit_tokens, 1)
-        found = 0
-        for key in keys[:units]:
-            if not self.cache.copies.get(key):
-                break
-            found += 1
-        return found / units
+        units = max(prompt // self.cache.unit_tokens, 1)
+        return len(self.cache.found(keys[:units])) / units
 
     def outstanding(self, at_s: float) -> int:
         """Requests added and not finished by `at_s` (a step under way at `at_s` has not finished
@@ -522,8 +530,10 @@ class Replica:
         """`blocks` more KV blocks for `request` (the caller checked they are free); with prefix
         caching, the cached units they come from are forgotten."""
         cache = self.cache
-        if cache is not None and blocks > self.free_blocks - cache.free_units * cache.unit_blocks:
-            cache.evict_for(blocks, self.free_blocks - cache.free_units * cache.unit_blocks)
+        if cache is not None:
+            plain_free = self.free_blocks - cache.free_units * cache.unit_blocks
+            if blocks > plain_free:
+                cache.evict_for(blocks, plain_free)
         self.free_blocks -= blocks
         request.blocks += blocks
 
@@ -618,25 +628,25 @@ class Replica:
                    and self.preemptions == preempted_before):
                 request = waiting[0]  # (computed is 0: new, or preempted)
                 # prefix caching: it starts where the longest run of its units the cache holds ends
-                hits, own = self.cache.hits(request, spec.prefix_unit_tokens) if self.cache is not None else ([], 0)
+                hits, own = cache.hits(request) if cache is not None else ([], 0)
                 hit_tokens = (len(hits) + own) * spec.prefix_unit_tokens
                 hit_blocks = (len(hits) + own) * spec.prefix_unit_blocks
                 need = min(request.to_prefill - hit_tokens, budget)
                 blocks = -(-(hit_tokens + need) // block_size)
                 # a cached unit no one holds sits among the free blocks: taking it back takes them
-                retaken = self.cache.free_cached_blocks(hits, own) if self.cache is not None else 0
+                retaken = cache.free_cached_blocks(hits, own) if cache is not None else 0
                 # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
                 admitted = (-(-request.to_prefill // block_size) if spec.reserve_full_input else blocks) - hit_blocks
                 if admitted + retaken > self.free_blocks:
                     break
                 waiting.popleft()
-                if self.cache is not None:
-                    self.cache.take_back(request, hits, own)
-                    self.free_blocks -= retaken
-                    request.units, request.own_units = list(hits), own
                 request.computed, request.blocks = hit_tokens, hit_blocks
                 if request.cached_tokens < 0:
                     request.cached_tokens = hit_tokens
+                if cache is not None:
+                    cache.take_back(request, hits, own)
+                    self.free_blocks -= retaken
+                    request.units, request.own_units = hits, own
                 self._take(request, blocks - hit_blocks)
                 if cache is not None:
                     self._commit(request, hit_tokens + need)
@@ -810,5 +820,4 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
                                                 prefix_of(i)))
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
-                   replica.timeline, *pooled_itl([replica]), prompts.copy(),
-                   np.array([max(r.cached_tokens, 0) if spec.prefix_caching else 0 for r in requests]))
+                   replica.timeline, *pooled_itl([replica]), prompts.copy(), cached_tokens_of(requests, count))

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.fleet.replica import (
-    Outcome, Replica, ReplicaSpec, Speculation, StepCost, chain_keys, pooled_itl, running_percentile, share_at_least,
+    Outcome, Replica, ReplicaSpec, Speculation, StepCost, cached_tokens_of, chain_keys, pooled_itl, running_percentile,
+    share_at_least,
 )
 from specbench.schema import ROUTERS as SERVED_ROUTERS
 
@@ -162,10 +163,7 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
     first, finish = np.full(count, np.nan), np.full(count, np.nan)
     for request in added:
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
-    cached = np.zeros(count, int)
-    if spec.prefix_caching:
-        for request in added:
-            cached[request.index] = max(request.cached_tokens, 0)
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
-                      sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(), cached)
+                      sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(),
+                      cached_tokens_of(added, count))
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

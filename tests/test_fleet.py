@@ -39,6 +39,27 @@ def test_a_long_prompt_is_chunked_by_the_token_budget():
     assert out.e2e_s[0] == pytest.approx(out.ttft_s[0] + cost(0, 1))
 
 
+def test_a_chunk_that_attends_over_tokens_before_it_is_told_so():
+    """A cost with `uses_prefill_chunks` learns, for each prompt chunk of a step, the tokens before
+    it: an earlier chunk of its prompt, or a prefix found cached (none for a fresh prompt)."""
+    calls = []
+
+    def cost(prefill_tokens, decode_rows, k=0, prefill_chunks=()):
+        calls.append((prefill_tokens, decode_rows, prefill_chunks))
+        return 0.01
+
+    cost.uses_prefill_chunks = True
+    simulate([2500], [2], cost, ReplicaSpec(max_num_batched_tokens=1000), arrivals_s=[0.0])
+    assert [c[:2] for c in calls[:3]] == [(1000, 0), (1000, 0), (500, 0)]
+    assert [c[2] for c in calls[:3]] == [(), ((1000, 1000),), ((500, 2000),)]
+    calls.clear()
+    system = tuple(range(64))  # 1,024 tokens in blocks of 16
+    simulate([1224, 1224], [2, 2], cost, ReplicaSpec(prefix_caching=True), arrivals_s=[0.0, 10.0],
+             prefixes=[system, system])
+    prefills = [c for c in calls if c[0]]
+    assert prefills == [(1224, 0, ()), (200, 0, ((200, 1024),))]
+
+
 def test_a_prefill_shares_the_step_with_running_decodes():
     """A request arriving while another decodes: its prompt rides in the same steps as the decode."""
     cost = linear_cost()
@@ -433,6 +454,26 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
         assert overlapped(prefill, rows) == pytest.approx(max(kernels(prefill, rows), host_s), rel=1e-9)
     slow_host = HostCost(intercept_ms=50.0, per_running_row_ms=0, per_new_request_ms=0, per_prompt_token_ms=0)
     assert step_cost(forward, 1024, 128, async_scheduling=True, host=slow_host)(0, 8) == pytest.approx(0.05)
+
+
+def test_a_chunk_after_cached_tokens_pays_the_tables_attention_over_them():
+    """On the kernel tables a prompt chunk is a share of a fresh prompt's prefill; one that attends
+    over tokens before it (an earlier chunk, a prefix found cached) adds what the tables' prefill
+    after that many cached tokens costs beyond the same chunk fresh, more the longer the context."""
+    from specbench.fit import kernel_tables
+    from specbench.fleet.tables import step_cost
+
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
+    forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
+    engine = forward._engine
+    over = forward.over_context_ms(2048, 6144)
+    assert over == pytest.approx(engine.predict_prefill_latency(1, 8192, 6144) - engine.predict_prefill_latency(1, 2048, 0))
+    assert 0 < forward.over_context_ms(2048, 2048) < over < forward.over_context_ms(2048, 14336)
+    assert forward.over_context_ms(2048, 0) == 0
+    cost = step_cost(forward, 8192, 256, async_scheduling=False, host=None, launch=None, piecewise_layer_ms=0)
+    assert cost(2048, 16, prefill_chunks=((2048, 6144),)) == pytest.approx(cost(2048, 16) + over / 1e3)
+    two = cost(2048 + 1024, 16, prefill_chunks=((2048, 6144), (1024, 512)))
+    assert two == pytest.approx(cost(3072, 16) + (over + forward.over_context_ms(1024, 512)) / 1e3)
 
 
 def test_a_step_outside_cuda_graphs_takes_at_least_the_hosts_kernel_launches():

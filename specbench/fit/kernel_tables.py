@@ -287,6 +287,16 @@ class Forward:
     def prefill_ms(self, batch_size: int, prompt: int) -> float:
         return self._ms(self._engine.predict_prefill_latency, batch_size, max(prompt, 1), 0)
 
+    def over_context_ms(self, tokens: int, context: int) -> float:
+        """What a prompt chunk of `tokens` adds to its prefill by attending over `context` tokens
+        before it (computed by an earlier chunk, or found in the prefix cache): the tables' prefill
+        of the chunk after that many cached tokens less the same chunk as a fresh prompt (their
+        GEMMs, on the chunk's tokens alike, cancel)."""
+        if tokens <= 0 or context <= 0:
+            return 0.0
+        after = self._ms(self._engine.predict_prefill_latency, 1, tokens + context, context)
+        return max(0.0, after - self.prefill_ms(1, tokens))
+
     def _logits_ms(self, tokens: int) -> float:
         """The LM head over `tokens` rows (the decode phase's logits GEMM is priced per row)."""
         if tokens not in self._logits_cache:

@@ -68,7 +68,10 @@ class StepCost(Protocol):
         (each drafting `k` tokens and verifying k + 1 when speculating). A cost with a true
         `uses_context` attribute is also given `context=`: the tokens the decoding rows attend
         over (their KV cache, summed), and `prefill_pairs=`: the (query, key) pairs the prefill
-        chunks' attention computes (a chunk of n tokens after o computed: n × (o + n / 2))."""
+        chunks' attention computes (a chunk of n tokens after o computed: n × (o + n / 2)). One
+        with a true `uses_prefill_chunks` attribute is given `prefill_chunks=`: (n, o) for each
+        prompt chunk of the step that attends over o > 0 tokens before it (an earlier chunk, or
+        a prefix found cached)."""
 
 
 @dataclass(frozen=True)
@@ -449,6 +452,7 @@ class Replica:
     def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None) -> None:
         self.cost, self.spec, self.speculation = cost, spec, speculation
         self.uses_context = bool(getattr(cost, "uses_context", False))
+        self.uses_prefill_chunks = bool(getattr(cost, "uses_prefill_chunks", False))
         self.rng = np.random.default_rng(speculation.seed if speculation else 0)
         self.acceptance = np.asarray(speculation.acceptance if speculation else (), float)
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
@@ -580,6 +584,10 @@ class Replica:
             context = sum(r.computed for r in decodes) + grown * len(decodes)
             pairs = sum(n * (r.computed + n / 2) for r, n in prefills.items()) if prefills else 0.0
             return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs)
+        if self.uses_prefill_chunks and prefills:
+            chunks = tuple((n, r.computed) for r, n in prefills.items() if r.computed)
+            if chunks:
+                return self.cost(prefill_tokens, len(decodes), k, prefill_chunks=chunks)
         return self.cost(prefill_tokens, len(decodes), k) if k else self.cost(prefill_tokens, len(decodes))
 
     def step(self, until_s: float = math.inf) -> list[_Request]:

@@ -86,6 +86,10 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
               executor: HostCost | None = MULTIPROC_EXECUTOR_STEP) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
     tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
+    prompt chunk is priced as aiconfigurator prices a mixed step's (its share of a fresh `isl`-token
+    prefill); one that attends over tokens before it (an earlier chunk of its prompt, or a prefix
+    found cached; `prefill_chunks`, (tokens, tokens before) per chunk, as the replica gives them)
+    adds what that context adds to its attention on the tables (`Forward.over_context_ms`). A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
     less its one-token decode); the draft's first forward runs over `first_draft_positions` a row
@@ -108,14 +112,17 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     `piecewise_layer_ms` for each layer of each forward it runs (the target's, and a draft model's
     prefill and K decodes)."""
     check_cudagraph_mode(cudagraph_mode)
-    cache: dict[tuple[int, int, int], float] = {}
+    parts: dict[tuple[int, int, int], tuple[float, int, float | None]] = {}
+    over_context: dict[tuple[int, int], float] = {}
+    fresh: dict[tuple[int, int, int], float] = {}  # a step's seconds when no chunk attends over earlier tokens
     context = isl + osl // 2
     launch_ms = 0.0 if launch is None else launch.ms(forward.layers, forward.tp) + (
         0.0 if draft is None else launch.ms(draft.layers, draft.tp))
 
-    def cost(prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
+    def step_parts(prefill_tokens: int, decode_rows: int, k: int) -> tuple[float, int, float | None]:
+        """(the kernels' ms, the layers the step's forwards run, the host's ms or None), memoised."""
         key = (prefill_tokens, decode_rows, k)
-        if key not in cache:
+        if key not in parts:
             ms = forward.mixed_ms(prefill_tokens, decode_rows, isl, osl)
             if draft is not None and prefill_tokens > 0:
                 ms += draft.mixed_ms(prefill_tokens, 0, isl, osl)
@@ -126,8 +133,7 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                         decode_rows, context, first_draft_positions(draft_kind, k))
             draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
             layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
-            ms = graph_bound_ms(ms, prefill_tokens + decode_rows * (k + 1), prefill_tokens, layers, launch_ms,
-                                cudagraph_mode, piecewise_layer_ms)
+            host_ms = None
             if host is not None:
                 prompts = -(-prefill_tokens // max(isl, 1))
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
@@ -135,10 +141,41 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                     host_ms += executor.ms(decode_rows + prompts, prompts, prefill_tokens)
                 if speculation_host is not None and draft_kind == "ngram" and k > 0 and decode_rows > 0:
                     host_ms += speculation_host.ms(decode_rows, context)
-                ms = served_step_ms(ms, host_ms, async_scheduling)
-            cache[key] = ms / 1e3
-        return cache[key]
+            parts[key] = ms, layers, host_ms
+        return parts[key]
 
+    def over_context_ms(chunks) -> float:
+        """What the step's prompt chunks add by attending over the tokens before them (the target's
+        and a draft model's prefill), memoised at 16 tokens of each (a KV block)."""
+        extra = 0.0
+        for tokens, before in chunks:
+            if before <= 0 or tokens <= 0:
+                continue
+            key = (-(-tokens // 16) * 16, before // 16 * 16)
+            if key not in over_context:
+                over_context[key] = forward.over_context_ms(*key) + (
+                    0.0 if draft is None else draft.over_context_ms(*key))
+            extra += over_context[key]
+        return extra
+
+    def priced(prefill_tokens: int, decode_rows: int, k: int, extra_ms: float) -> float:
+        ms, layers, host_ms = step_parts(prefill_tokens, decode_rows, k)
+        ms = graph_bound_ms(ms + extra_ms, prefill_tokens + decode_rows * (k + 1), prefill_tokens, layers, launch_ms,
+                            cudagraph_mode, piecewise_layer_ms)
+        if host_ms is not None:
+            ms = served_step_ms(ms, host_ms, async_scheduling)
+        return ms / 1e3
+
+    def cost(prefill_tokens: int, decode_rows: int, k: int = 0, prefill_chunks=()) -> float:
+        extra_ms = over_context_ms(prefill_chunks) if prefill_chunks else 0.0
+        if extra_ms:
+            return priced(prefill_tokens, decode_rows, k, extra_ms)
+        key = (prefill_tokens, decode_rows, k)
+        if key not in fresh:
+            fresh[key] = priced(prefill_tokens, decode_rows, k, 0.0)
+        return fresh[key]
+
+    cost.uses_prefill_chunks = True
     return cost
 
 

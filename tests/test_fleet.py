@@ -1396,6 +1396,40 @@ def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
     assert "prompt found cached" in text
 
 
+def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
+    """`plan RUN --trace T --prefix-caching`: the servers a run measured (specbench's cache nothing),
+    asked what caching prefixes would do. The committed check (benchmarks/fleet-2026-11-28/prefix):
+    16 prompts under one 1,024-token system prompt, fitted on a calibration of fresh prompts, against
+    the same trace replayed on a vLLM CPU server with prefix caching and on one without: p50 E2E
+    within 10 % both ways, and the cache's effect on TTFT (measured 0.05×) under a tenth."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.results import load_run
+
+    here = Path(__file__).resolve().parents[1] / "benchmarks/fleet-2026-11-28/prefix"
+    found = {}
+    for flag in ("--prefix-caching", "--no-prefix-caching", None):
+        result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--trace", str(here / "shared.jsonl"),
+                                          "--slo", "ttft=2,tpot=0.1,p90", "--json", *([flag] if flag else [])])
+        assert result.exit_code == 0, result.output
+        found[flag] = json.loads(result.output)
+    cached, uncached = found["--prefix-caching"]["rows"][0], found["--no-prefix-caching"]["rows"][0]
+    assert found[None]["rows"] == found["--no-prefix-caching"]["rows"]  # as measured: the servers cached nothing
+    assert found["--prefix-caching"]["server_flags"] == "prefix caching" and found[None]["server_flags"] == ""
+    assert "(prefix caching on)" in found["--prefix-caching"]["answers"][0]
+    assert 0.85 < cached["prefix_hit_share"] < 0.95 and uncached["prefix_hit_share"] == 0
+    assert cached["ttft_p50_ms"] < 0.1 * uncached["ttft_p50_ms"]
+    for row, replay in ((cached, "cached"), (uncached, "uncached")):
+        measured_ms = float(load_run(here / replay).requests["e2e_s"].median()) * 1e3
+        assert row["e2e_p50_ms"] == pytest.approx(measured_ms, rel=0.1), replay
+    result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--prefix-caching"])
+    assert result.exit_code == 2 and "a served run's --trace takes --prefix-caching alone" in result.output
+
+
 def test_the_prefix_aware_router_sends_a_request_where_its_prefix_is_cached():
     """Two idle replicas caching prefixes; the first turns of conversations A, B and C, then A's
     second. Round-robin and least-outstanding (both idle: the one chosen longest ago) alternate and

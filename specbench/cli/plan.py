@@ -98,7 +98,8 @@ def plan(
                                                   help="--concurrency, --trace: vLLM's automatic prefix caching "
                                                        "(on by default): a prompt's prefix found cached is not "
                                                        "computed again; a Mooncake trace's hash_ids say what "
-                                                       "prompts share."),
+                                                       "prompts share. RUN --trace: the run's servers as "
+                                                       "measured (specbench's cache nothing) unless given."),
     prefix_len: int = typer.Option(0, rich_help_panel="Served, simulated on kernel tables",
                                    help="--concurrency: every prompt opens with this many tokens in common (a "
                                         "system prompt, part of --input-len), found in the prefix cache after "
@@ -143,9 +144,12 @@ def plan(
     if prefix_len and concurrency is None:
         fail("--prefix-len shapes --concurrency's prompts: give --target MODEL --concurrency C (a trace says what its "
              "prompts share by its hash ids)")
-    if named and (target is None or (concurrency is None and trace is None)):
+    # a served run's replica is its server as measured; whether it caches prefixes is the one flag it takes
+    served_trace = target is None and trace is not None and concurrency is None and dtype is None
+    if named and (target is None or (concurrency is None and trace is None)) and not (
+            served_trace and named == ["--prefix-caching"]):
         fail(f"{', '.join(named)}: the vLLM flags of replicas simulated on the kernel tables: give --target MODEL "
-             "with --concurrency or --trace")
+             "with --concurrency or --trace (a served run's --trace takes --prefix-caching alone)")
     if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
@@ -154,7 +158,7 @@ def plan(
         return
     if trace is not None and concurrency is None and dtype is None:
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                           json_output)
+                           json_output, prefix_caching)
         return
     if concurrency is not None:
         fail("--concurrency simulates served replicas on the kernel tables: give --target MODEL")
@@ -429,7 +433,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
 
 
 def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                       json_output) -> None:
+                       json_output, prefix_caching=None) -> None:
     from specbench.cli.plan_fleet import TrafficAsk, plan_served_fleet
 
     try:
@@ -437,7 +441,7 @@ def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroo
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         check_price(gpu_price, 1)
         plan_served_fleet(run_dir, TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"),
-                                              slo, headroom, router, chart, gpu_price), json_output)
+                                              slo, headroom, router, chart, gpu_price), json_output, prefix_caching)
     except known_errors() as error:
         fail(str(error))
 

@@ -7,6 +7,8 @@ on the kernel tables with and without speculation (specbench.fleet; docs/fleet.m
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import time
@@ -270,9 +272,12 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
                   price_note, json_output, started)
 
 
-def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) -> None:
+def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
+                      prefix_caching: bool | None = None) -> None:
     """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
-    (fleet.served): one replica is one server as that run's were."""
+    (fleet.served): one replica is one server as that run's were, caching prefixes if
+    `prefix_caching` says so (None: as specbench's servers run, not caching; the fitted price
+    prices a chunk's attention over a cached prefix per (query, key) pair)."""
     from specbench.fit.slo import parse_slo
     from specbench.fleet.sizing import size_fleets
     from specbench.fleet.served import beyond_measured, measured_reach, served_configurations
@@ -289,6 +294,9 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
     slo = parse_slo(ask.slo)
     config = run.meta.get("config") or {}
     found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
+    if prefix_caching is not None:
+        found = [dataclasses.replace(c, spec=dataclasses.replace(c.spec, prefix_caching=prefix_caching))
+                 for c in found]
     traffic, replay = load_traffic(ask.trace, ask.window, min(c.spec.kv_capacity_tokens for c in found))
     table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
                         ask.router, ask.gpu_price)
@@ -299,10 +307,13 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool) 
             "step_fitted": {**{name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s",
                 "head_share")}, "reread_cached_tokens": (None if math.isinf(price.reread_cached_tokens)
-                                                         else float(price.reread_cached_tokens))}}
+                                                         else float(price.reread_cached_tokens))},
+            "server_flags": "" if prefix_caching is None else "prefix caching" if prefix_caching
+            else "no prefix caching"}
     head["beyond_measured"] = beyond_measured(table, measured_reach(run.cells, run.requests), traffic.prompts,
                                               traffic.name)
-    _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}", [], "",
+    cache = "" if prefix_caching is None else f" ({'prefix caching on' if prefix_caching else 'no prefix caching'})"
+    _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}{cache}", [], "",
                   ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
                   started, device="server")
 

@@ -31,6 +31,29 @@ def test_one_request_alone():
     assert out.preemptions == 0 and out.steps == 20
 
 
+def test_the_api_servers_time_is_in_every_ttft_and_e2e_and_in_the_slo_watch():
+    """`request_overhead_s` (a served fit's `overhead_s`: HTTP, tokenizing) lengthens each request's
+    TTFT and E2E, alone or in a fleet, and the early stop of a fleet that cannot meet its SLO counts it;
+    the engine's steps and TPOT are the same."""
+    from specbench.fleet.router import SloWatch, simulate_fleet
+
+    cost = linear_cost()
+    plain = simulate([100, 100], [20, 20], cost, ReplicaSpec(), arrivals_s=[0.0, 5.0])
+    slow = ReplicaSpec(request_overhead_s=0.25)
+    alone = simulate([100, 100], [20, 20], cost, slow, arrivals_s=[0.0, 5.0])
+    np.testing.assert_allclose(alone.ttft_s, plain.ttft_s + 0.25)
+    np.testing.assert_allclose(alone.e2e_s, plain.e2e_s + 0.25)
+    np.testing.assert_allclose(alone.tpot_s, plain.tpot_s)
+    fleet = simulate_fleet([100, 100], [20, 20], [0.0, 5.0], cost, slow, 2).outcome
+    np.testing.assert_allclose(fleet.ttft_s, plain.ttft_s + 0.25)
+    bound = float(plain.ttft_s[0]) + 0.1  # met without the API server's time, missed with it
+    watch = SloWatch({"ttft": bound}, 50.0, 2)
+    simulate_fleet([100, 100], [20, 20], [0.0, 5.0], cost, slow, 1, watch=watch)
+    assert watch.missed == 2
+    with pytest.raises(ValueError, match="request_overhead_s"):
+        ReplicaSpec(request_overhead_s=-1)
+
+
 def test_a_long_prompt_is_chunked_by_the_token_budget():
     cost = linear_cost()
     spec = ReplicaSpec(max_num_batched_tokens=1000)
@@ -1422,6 +1445,7 @@ def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
     assert found["--prefix-caching"]["server_flags"] == "prefix caching" and found[None]["server_flags"] == ""
     assert "(prefix caching on)" in found["--prefix-caching"]["answers"][0]
     assert 0.85 < cached["prefix_hit_share"] < 0.95 and uncached["prefix_hit_share"] == 0
+    assert found[None]["step_fitted"]["overhead_s"] > 0  # in every TTFT and E2E below
     assert cached["ttft_p50_ms"] < 0.1 * uncached["ttft_p50_ms"]
     for row, replay in ((cached, "cached"), (uncached, "uncached")):
         measured_ms = float(load_run(here / replay).requests["e2e_s"].median()) * 1e3

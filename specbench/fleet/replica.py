@@ -38,8 +38,9 @@ compute, each before the other cached it, is cached twice, as vLLM caches it.
 
 Modelled: the token budget, chunked prefill mixed into decode steps, the sequence limit, FCFS
 admission, KV capacity in blocks, recompute preemption, automatic prefix caching, closed-loop
-clients or timed arrivals, speculation with measured acceptance, async scheduling's one step of lag.
-Not modelled: the long-prefill threshold, the detokenizer and API server's own time, and with async
+clients or timed arrivals, speculation with measured acceptance, async scheduling's one step of lag,
+the API server's own time as a constant per request in its TTFT and E2E (`request_overhead_s`).
+Not modelled: the long-prefill threshold, the API server's time as a queue of its own, and with async
 scheduling and speculation the K + 1 slots a row that finished on accepted drafts still takes in the
 step scheduled before that was known.
 
@@ -122,12 +123,17 @@ class ReplicaSpec:
     # again; the cache's unit in KV blocks (1: vLLM's own; a trace's hash ids may cover more)
     prefix_caching: bool = False
     prefix_unit_blocks: int = 1
+    # the API server's own time per request (HTTP, tokenizing, the first token's way back to the
+    # client): in every request's TTFT and E2E, not in the engine's steps (a served fit's `overhead_s`)
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size",
                      "prefix_unit_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_overhead_s >= 0:
+            raise ValueError(f"request_overhead_s must be >= 0, got {self.request_overhead_s}")
 
     @property
     def kv_blocks(self) -> int:
@@ -192,6 +198,7 @@ class Outcome:
     # without prefix caching, and for a request never admitted: `cached_tokens_of`)
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    request_overhead_s: float = 0.0  # the API server's own time, in every TTFT and E2E (ReplicaSpec's)
 
     def prefix_hit_share(self) -> float:
         """The share of the prompts' tokens found in the prefix cache (0 without prefix caching)."""
@@ -211,11 +218,11 @@ class Outcome:
 
     @property
     def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s
+        return self.first_token_s - self.arrival_s + self.request_overhead_s
 
     @property
     def e2e_s(self) -> np.ndarray:
-        return self.finish_s - self.arrival_s
+        return self.finish_s - self.arrival_s + self.request_overhead_s
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -828,4 +835,5 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
                                                 prefix_of(i)))
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
-                   replica.timeline, *pooled_itl([replica]), prompts.copy(), cached_tokens_of(requests, count))
+                   replica.timeline, *pooled_itl([replica]), prompts.copy(), cached_tokens_of(requests, count),
+                   spec.request_overhead_s)

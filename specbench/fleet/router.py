@@ -48,6 +48,7 @@ class SloWatch:
     percentile: float
     count: int
     missed: int = 0  # finished requests that missed a bound
+    overhead_s: float = 0.0  # the API server's time in each TTFT and E2E (the replicas' request_overhead_s)
 
     @property
     def allowed(self) -> float:
@@ -63,9 +64,9 @@ class SloWatch:
     def misses(self, request, now: float) -> bool:
         """Whether `request` misses a bound, as far as `now` shows it."""
         first = request.first_token_s if request.first_token_s == request.first_token_s else now
-        if first - request.arrival_s > self.bounds.get("ttft", math.inf):
+        if first - request.arrival_s + self.overhead_s > self.bounds.get("ttft", math.inf):
             return True
-        if now - request.arrival_s > self.bounds.get("e2e", math.inf):
+        if now - request.arrival_s + self.overhead_s > self.bounds.get("e2e", math.inf):
             return True
         if "tpot" in self.bounds and request.finish_s == request.finish_s and request.output > 1:
             return (request.finish_s - request.first_token_s) / (request.output - 1) > self.bounds["tpot"]
@@ -115,6 +116,8 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         raise ValueError("give one prompt length, output length and arrival time per request (at least one)")
     if (np.diff(arrivals) < 0).any():
         raise ValueError("arrival times must be sorted")
+    if watch is not None:
+        watch.overhead_s = spec.request_overhead_s
     fleet = [Replica(cost, spec, None if speculation is None else
                      Speculation(speculation.k, speculation.acceptance, speculation.schedule, speculation.seed + n))
              for n in range(replicas)]
@@ -165,5 +168,5 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
                       sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(),
-                      cached_tokens_of(added, count))
+                      cached_tokens_of(added, count), spec.request_overhead_s)
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

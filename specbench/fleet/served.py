@@ -226,8 +226,9 @@ def simulate_load(price: ServedPrice, spec: ReplicaSpec, load: CellLoad,
                   acceptance: tuple[float, ...] | None = None) -> dict:
     """The cell's requests through one replica at `price` (`spec`: the server's, `load.spec` where
     the cell recorded its own), or through as many as its load was spread over, behind its router:
-    median TTFT, TPOT and E2E (seconds), TTFT and E2E with the per-request overhead."""
-    spec = load.spec or spec
+    median TTFT, TPOT and E2E (seconds), TTFT and E2E with the per-request overhead (the replica's
+    `request_overhead_s`)."""
+    spec = replace(load.spec or spec, request_overhead_s=price.overhead_s)
     speculative = load.draft != AR and load.k > 0
     reach = acceptance if acceptance is not None else load.acceptance
     speculation = Speculation(load.k, _monotone(reach, load.k), seed=1) if speculative else None
@@ -244,9 +245,8 @@ def simulate_load(price: ServedPrice, spec: ReplicaSpec, load: CellLoad,
                        speculation=speculation)
     else:
         out = simulate(load.prompts, load.outputs, cost, spec, arrivals_s=arrivals, speculation=speculation)
-    ttft, e2e = out.ttft_s + price.overhead_s, out.e2e_s + price.overhead_s
-    return {"ttft_p50_s": float(np.median(ttft)), "tpot_p50_s": float(np.nanmedian(out.tpot_s)),
-            "e2e_p50_s": float(np.median(e2e))}
+    return {"ttft_p50_s": float(np.median(out.ttft_s)), "tpot_p50_s": float(np.nanmedian(out.tpot_s)),
+            "e2e_p50_s": float(np.median(out.e2e_s))}
 
 
 def _monotone(reach: tuple[float, ...], k: int) -> tuple[float, ...]:
@@ -425,7 +425,7 @@ def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dic
     target = str((meta.get("config") or {}).get("target", ""))
     drafts = tuple(d for d in cells["draft"].unique() if d != AR and target and d == target)
     price, spec = fit_served(cells, requests, meta, source, drafts)
-    found = [Configuration(1, AR, 0, "", price.cost(None), spec, None)]
+    found = [Configuration(1, AR, 0, "", price.cost(None), replace(spec, request_overhead_s=price.overhead_s), None)]
     ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR) & (cells["k"] > 0)]
     for (draft, k), group in ok.groupby(["draft", "k"], sort=True):
         group = group.sort_values("context_length") if "context_length" in group else group
@@ -434,5 +434,6 @@ def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dic
             continue
         acceptance = _monotone(reach, int(k))
         found.append(Configuration(1, draft, int(k), "measured α", price.cost(draft),
-                                   served_replica(meta, draft, int(k)), Speculation(int(k), acceptance, seed=int(k))))
+                                   replace(served_replica(meta, draft, int(k)), request_overhead_s=price.overhead_s),
+                                   Speculation(int(k), acceptance, seed=int(k))))
     return found, price

@@ -262,7 +262,7 @@ def test_a_k_schedule_turns_speculation_off_at_large_batches():
 def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     """The baseline at one client: its TPOT is the tables' one-row decode step (one CUDA graph), its
     TTFT the prompt's prefill step (the replica is idle when the request arrives; a step that carries
-    a prefill replays graph pieces, a layer's attention between them); speculation with a 1b draft at
+    a prefill replays graph pieces, a layer's attention between them) and the API server's time; speculation with a 1b draft at
     α 0.7 and K 3 runs steps of the draft's three decodes plus the verify, emitting 1 + 0.7 + 0.49
     + 0.343 tokens a step on average."""
     import json
@@ -271,7 +271,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
     from specbench.cli import app
     from specbench.fit import kernel_tables
-    from specbench.fit.host_cost import PIECEWISE_LAYER_MS
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, VLLM_API_SERVER_REQUEST
     from specbench.fit.table_plan import TablePlanner, model_config
     from specbench.fleet.tables import step_cost
 
@@ -288,7 +288,8 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     planner = TablePlanner(config, name, "h100_sxm", "vllm")
     target = planner.forward(config, 1)
     assert base["tpot_p50_ms"] == pytest.approx(target.mixed_ms(0, 1, 512, 256), rel=1e-6)
-    assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256) + 32 * PIECEWISE_LAYER_MS, rel=1e-6)
+    assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256) + 32 * PIECEWISE_LAYER_MS
+                                                + VLLM_API_SERVER_REQUEST.ms(512), rel=1e-6)
     draft = planner.forward(model_config("llama3.2-1b")[1], 1)
     step_ms = step_cost(target, 512, 256, draft, async_scheduling=True)(0, 1, 3) * 1e3
     tau = 1 + 0.7 + 0.7 ** 2 + 0.7 ** 3
@@ -634,6 +635,30 @@ def test_the_host_step_cost_is_the_one_its_benchmark_measured():
     measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27" / "host_step.json").read_text())
     for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):
         assert getattr(VLLM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
+
+
+def test_the_api_servers_cost_is_the_one_its_benchmark_measured_and_every_table_replica_has_it():
+    """`VLLM_API_SERVER_REQUEST` is api_server.py's fit (api_server.json): a client's TTFT less the
+    engine core's own time. A replica on the kernel tables adds it to each request's TTFT and E2E
+    (its prompt's share too), and its engine's steps do not move."""
+    from specbench.fit import kernel_tables
+    from specbench.fit.host_cost import VLLM_API_SERVER_REQUEST
+    from specbench.fleet.tables import replica_spec, step_cost
+
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-28" / "api_server.json").read_text())
+    for field in ("intercept_ms", "per_prompt_token_ms"):
+        assert getattr(VLLM_API_SERVER_REQUEST, field) == pytest.approx(measured[field], rel=0.005), field
+    assert measured["requests"] >= 30 and measured["rms_residual_ms"] < 2
+    config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
+    forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
+    cost = step_cost(forward, 1024, 64, async_scheduling=True)
+    served, bare = replica_spec(config, "h200_sxm", 1), replica_spec(config, "h200_sxm", 1, api_server=None)
+    prompts, outputs, arrivals = [100, 4000], [64, 64], [0.0, 30.0]
+    with_api = simulate(prompts, outputs, cost, served, arrivals_s=arrivals)
+    without = simulate(prompts, outputs, cost, bare, arrivals_s=arrivals)
+    np.testing.assert_allclose(with_api.first_token_s, without.first_token_s)
+    np.testing.assert_allclose(with_api.ttft_s - without.ttft_s,
+                               [VLLM_API_SERVER_REQUEST.ms(100) / 1e3, VLLM_API_SERVER_REQUEST.ms(4000) / 1e3])
 
 
 def test_the_ngram_host_cost_is_the_one_its_benchmark_measured():

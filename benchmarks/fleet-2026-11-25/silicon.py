@@ -13,7 +13,8 @@ and last requests left out) is shown beside: the clients' start alone moves TTFT
 are priced by the kernel tables' mixed prefill+decode step, the host's time per step measured by
 `benchmarks/fleet-2026-11-27/host_step.py`, and, for a step vLLM runs outside CUDA graphs, the
 host's time to launch its kernels measured by `benchmarks/fleet-2026-11-27/launch_host.py` on an
-H100 server (`specbench.fleet.tables`), the replica
+H100 server (`specbench.fleet.tables`), each request's TTFT holding the API server's own time measured
+by `benchmarks/fleet-2026-11-28/api_server.py`, the replica
 as vLLM's defaults and the GPU's memory make it, admitting as the rows' vLLM did: every row was
 measured on a vLLM from before `scheduler_reserve_full_isl` (vLLM PR #37307, March 2026; the
 Llama-3.1-70B rows in October 2025, the others on vLLM 0.12), which admitted a waiting request when

@@ -94,7 +94,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
-    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE
+    from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, VLLM_API_SERVER_REQUEST, described
 
     started = time.perf_counter()
     _check(ask)
@@ -118,7 +118,8 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             "max_num_batched_tokens": ask.max_num_batched_tokens, "async_scheduling": ask.async_scheduling,
             "server_flags": server.described(), **planner.described_host(),
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
-                             "measured": PIECEWISE_SOURCE}, "alpha_from": alpha_from,
+                             "measured": PIECEWISE_SOURCE}, "api_server": described(VLLM_API_SERVER_REQUEST),
+            "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,

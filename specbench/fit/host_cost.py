@@ -66,13 +66,36 @@ NGRAM_HOST_STEP_SOURCE = ("vLLM 0.32's ngram drafting against its baseline, the 
                           "(specbench's benchmarks/fleet-2026-11-27/host_step-ngram.md)")
 
 
-def described(host: HostCost | LaunchCost | SpeculationHostCost | None) -> dict | None:
+@dataclass(frozen=True)
+class ApiServerCost:
+    """What a vLLM API server adds to each request's TTFT (and E2E) outside its engine core, in ms:
+    the HTTP request, the prompt's tokenizing, its way to the engine core and the first token's way
+    back, detokenized and streamed; linear in the prompt's tokens."""
+
+    intercept_ms: float
+    per_prompt_token_ms: float
+
+    def ms(self, prompt_tokens: int = 0) -> float:
+        return self.intercept_ms + self.per_prompt_token_ms * prompt_tokens
+
+
+# vLLM 0.32's OpenAI API server (/v1/completions, streamed) in front of its CPU engine core on the same
+# VM: a client's TTFT less the engine core's own queue and prefill time (its timestamps, from the
+# server's histograms), one request at a time, prompts of 16-4,096 tokens, measured by
+# benchmarks/fleet-2026-11-28/api_server.py (api_server.json; a test holds the two equal).
+VLLM_API_SERVER_REQUEST = ApiServerCost(intercept_ms=4.51, per_prompt_token_ms=0.00317)
+VLLM_API_SERVER_REQUEST_SOURCE = ("vLLM 0.32's API server on a 2-core AMD EPYC VM "
+                                  "(specbench's benchmarks/fleet-2026-11-28/api_server.md)")
+
+
+def described(host: HostCost | LaunchCost | SpeculationHostCost | ApiServerCost | None) -> dict | None:
     """What --json says of the host time a plan priced: its terms and where they were measured."""
     if host is None:
         return None
     source = {VLLM_HOST_STEP: VLLM_HOST_STEP_SOURCE, COMPILED_LAUNCH: COMPILED_LAUNCH_SOURCE,
               NGRAM_HOST_STEP: NGRAM_HOST_STEP_SOURCE,
-              MULTIPROC_EXECUTOR_STEP: MULTIPROC_EXECUTOR_STEP_SOURCE}.get(host, "given")
+              MULTIPROC_EXECUTOR_STEP: MULTIPROC_EXECUTOR_STEP_SOURCE,
+              VLLM_API_SERVER_REQUEST: VLLM_API_SERVER_REQUEST_SOURCE}.get(host, "given")
     return {**asdict(host), "measured": source}
 
 

@@ -124,16 +124,23 @@ class ReplicaSpec:
     prefix_caching: bool = False
     prefix_unit_blocks: int = 1
     # the API server's own time per request (HTTP, tokenizing, the first token's way back to the
-    # client): in every request's TTFT and E2E, not in the engine's steps (a served fit's `overhead_s`)
+    # client), and per prompt token: in every request's TTFT and E2E, not in the engine's steps (a
+    # served fit's `overhead_s`; on the kernel tables `fit.host_cost.VLLM_API_SERVER_REQUEST`)
     request_overhead_s: float = 0.0
+    request_overhead_per_prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "block_size",
                      "prefix_unit_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.request_overhead_s >= 0:
-            raise ValueError(f"request_overhead_s must be >= 0, got {self.request_overhead_s}")
+        for name in ("request_overhead_s", "request_overhead_per_prompt_token_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def api_server_s(self, prompt_tokens):
+        """The API server's time for requests of `prompt_tokens` (a number or an array)."""
+        return self.request_overhead_s + self.request_overhead_per_prompt_token_s * prompt_tokens
 
     @property
     def kv_blocks(self) -> int:
@@ -198,7 +205,9 @@ class Outcome:
     # without prefix caching, and for a request never admitted: `cached_tokens_of`)
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
-    request_overhead_s: float = 0.0  # the API server's own time, in every TTFT and E2E (ReplicaSpec's)
+    # the API server's own time, in every TTFT and E2E (ReplicaSpec's): per request, and per prompt token
+    request_overhead_s: float = 0.0
+    request_overhead_per_prompt_token_s: float = 0.0
 
     def prefix_hit_share(self) -> float:
         """The share of the prompts' tokens found in the prefix cache (0 without prefix caching)."""
@@ -217,12 +226,19 @@ class Outcome:
         return weighted_percentile(self.itl_gaps_s[chunks], self.itl_counts[chunks], p)
 
     @property
+    def api_server_s(self):
+        """Each request's API server time (a scalar where it does not depend on the prompt)."""
+        if not self.request_overhead_per_prompt_token_s:
+            return self.request_overhead_s
+        return self.request_overhead_s + self.request_overhead_per_prompt_token_s * self.prompt_tokens
+
+    @property
     def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s + self.request_overhead_s
+        return self.first_token_s - self.arrival_s + self.api_server_s
 
     @property
     def e2e_s(self) -> np.ndarray:
-        return self.finish_s - self.arrival_s + self.request_overhead_s
+        return self.finish_s - self.arrival_s + self.api_server_s
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -836,4 +852,4 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
                    replica.timeline, *pooled_itl([replica]), prompts.copy(), cached_tokens_of(requests, count),
-                   spec.request_overhead_s)
+                   spec.request_overhead_s, spec.request_overhead_per_prompt_token_s)

@@ -20,6 +20,7 @@ of an hour of it tells nothing more (the sizing search runs many such fleets).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +49,8 @@ class SloWatch:
     percentile: float
     count: int
     missed: int = 0  # finished requests that missed a bound
-    overhead_s: float = 0.0  # the API server's time in each TTFT and E2E (the replicas' request_overhead_s)
+    # the API server's time in each TTFT and E2E (the replicas' `api_server_s`, set by simulate_fleet)
+    api_server_s: Callable[[int], float] = lambda prompt_tokens: 0.0
 
     @property
     def allowed(self) -> float:
@@ -64,9 +66,10 @@ class SloWatch:
     def misses(self, request, now: float) -> bool:
         """Whether `request` misses a bound, as far as `now` shows it."""
         first = request.first_token_s if request.first_token_s == request.first_token_s else now
-        if first - request.arrival_s + self.overhead_s > self.bounds.get("ttft", math.inf):
+        api_s = self.api_server_s(request.prompt)
+        if first - request.arrival_s + api_s > self.bounds.get("ttft", math.inf):
             return True
-        if now - request.arrival_s + self.overhead_s > self.bounds.get("e2e", math.inf):
+        if now - request.arrival_s + api_s > self.bounds.get("e2e", math.inf):
             return True
         if "tpot" in self.bounds and request.finish_s == request.finish_s and request.output > 1:
             return (request.finish_s - request.first_token_s) / (request.output - 1) > self.bounds["tpot"]
@@ -117,7 +120,7 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
     if (np.diff(arrivals) < 0).any():
         raise ValueError("arrival times must be sorted")
     if watch is not None:
-        watch.overhead_s = spec.request_overhead_s
+        watch.api_server_s = spec.api_server_s
     fleet = [Replica(cost, spec, None if speculation is None else
                      Speculation(speculation.k, speculation.acceptance, speculation.schedule, speculation.seed + n))
              for n in range(replicas)]
@@ -168,5 +171,6 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
                       sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(),
-                      cached_tokens_of(added, count), spec.request_overhead_s)
+                      cached_tokens_of(added, count), spec.request_overhead_s,
+                      spec.request_overhead_per_prompt_token_s)
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from specbench.fit import kernel_tables
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    VLLM_API_SERVER_REQUEST,
     MULTIPROC_EXECUTOR_STEP,
     NGRAM_HOST_STEP,
+    ApiServerCost,
     PIECEWISE_LAYER_MS,
     VLLM_HOST_STEP,
     HostCost,
@@ -194,14 +196,16 @@ def vllm_defaults(system: str) -> tuple[int, int]:
 def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = None, draft: dict | None = None,
                  draft_tp: int | None = None, kv_cache_dtype: str = "auto",
                  async_scheduling: bool = True, draft_gemm_quant: str | None = None,
-                 prefix_caching: bool = True) -> ReplicaSpec:
+                 prefix_caching: bool = True,
+                 api_server: ApiServerCost | None = VLLM_API_SERVER_REQUEST) -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
     default on a GPU since v0.14; vLLM turns it off for n-gram drafting), prefix caching (its
     default in v1: what a request finds cached it does not compute), and the KV cache in
     tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
     too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV
     shares every token's slot), at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype:
-    "auto" keeps 16 bits): the static plan's `table_plan.memory` at one token a row."""
+    "auto" keeps 16 bits): the static plan's `table_plan.memory` at one token a row. Each request's
+    TTFT and E2E hold its API server's time (`api_server`, measured on vLLM's CPU build; None: none)."""
     if kv_cache_dtype not in KV_BYTES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
     drafter = Drafter("draft", "model", draft) if draft is not None else None
@@ -210,5 +214,8 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     if need.usable - need.weights - need.reserved <= 0:
         raise ValueError(f"the weights do not fit {system} at TP{tp}")
     budget, seqs = vllm_defaults(system)
+    api = api_server or ApiServerCost(0.0, 0.0)
     return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=need.largest_batch(),
-                       async_scheduling=async_scheduling, prefix_caching=prefix_caching)
+                       async_scheduling=async_scheduling, prefix_caching=prefix_caching,
+                       request_overhead_s=api.intercept_ms / 1e3,
+                       request_overhead_per_prompt_token_s=api.per_prompt_token_ms / 1e3)

@@ -8,7 +8,6 @@ on the kernel tables with and without speculation (specbench.fleet; docs/fleet.m
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import time

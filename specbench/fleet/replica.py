@@ -39,7 +39,8 @@ compute, each before the other cached it, is cached twice, as vLLM caches it.
 Modelled: the token budget, chunked prefill mixed into decode steps, the sequence limit, FCFS
 admission, KV capacity in blocks, recompute preemption, automatic prefix caching, closed-loop
 clients or timed arrivals, speculation with measured acceptance, async scheduling's one step of lag,
-the API server's own time as a constant per request in its TTFT and E2E (`request_overhead_s`).
+the API server's own time in each request's TTFT and E2E (`request_overhead_s`, and a part per
+prompt token).
 Not modelled: the long-prefill threshold, the API server's time as a queue of its own, and with async
 scheduling and speculation the K + 1 slots a row that finished on accepted drafts still takes in the
 step scheduled before that was known.

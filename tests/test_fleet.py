@@ -299,7 +299,8 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--concurrency", "4"], "--concurrency simulates served replicas on the kernel tables: give --target MODEL"),
+    (["--concurrency", "4"], "--concurrency simulates served replicas: give --target MODEL (on the kernel tables) "
+                             "or RUN_DIR"),
     (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
@@ -1114,6 +1115,47 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                                        "prefill and attention past it are extrapolated"]
 
 
+def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengths(tmp_path):
+    """`plan RUN --concurrency C --input-len N --output-len M`: closed-loop clients on the steps fitted
+    on a committed vLLM CPU run, its baseline and each draft × K with the acceptance it measured. At
+    one client and the run's own lengths it is the run's one-client cells again (TPOT and tokens/s
+    within 15 %, the fit's own residuals: ngram K=4's TPOT 41 against 37 ms); past the batches it
+    measured it says so; bad input is one line."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.results import load_run
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    result = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "1,8", "--input-len", "51", "--output-len",
+                                      "32", "--slo", "ttft=1,tpot=0.2,p90", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["estimate"].startswith("SIMULATED on steps fitted on")
+    rows = {(row["concurrency"], row["draft"], row["k"]): row for row in plan["rows"]}
+    cells = load_run(run).cells
+    for cell in cells[cells["batch_size"] == 1].itertuples():
+        row = rows[(1, cell.draft, cell.k)]
+        assert row["tpot_p50_ms"] == pytest.approx(cell.tpot_p50_s * 1e3, rel=0.15), cell.draft
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(cell.tokens_per_s, rel=0.15), cell.draft
+    assert "1 clients: speculation serves the most with ngram" in plan["answers"][0]
+    assert "tokens/s per server" in plan["answers"][0]
+    assert any("The most clients one server serves at p90 TTFT ≤ 1 s" in text for text in plan["answers"])
+    assert any("the closed loops run more requests at once than the run measured (4 at most)" in note
+               for note in plan["beyond_measured"])
+    text = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "2", "--input-len", "51", "--output-len", "8",
+                                    "--chart", str(tmp_path / "clients.png")]).output
+    assert "one server as measured in" in text and "tok/s/server" in text and (tmp_path / "clients.png").exists()
+    for args, message in ((["--concurrency", "0"], "must be >= 1"),
+                          (["--concurrency", "2", "--trace", "azure-conv"], "two loads: give one"),
+                          (["--concurrency", "2", "--max-num-seqs", "4"], "takes --prefix-caching alone")):
+        result = CliRunner().invoke(app, ["plan", str(run), *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_the_closed_loop_answer_says_when_speculation_runs_a_smaller_batch():
     """Llama-3.1-70B at TP4 on H100, 64 clients of 8k in and 1k out: the 16-bit KV cache holds about
     50 such requests, and an 8B draft's weights and cache leave room for fewer. Its TPOT is lower
@@ -1476,7 +1518,7 @@ def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
         measured_ms = float(load_run(here / replay).requests["e2e_s"].median()) * 1e3
         assert row["e2e_p50_ms"] == pytest.approx(measured_ms, rel=0.1), replay
     result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--prefix-caching"])
-    assert result.exit_code == 2 and "a served run's --trace takes --prefix-caching alone" in result.output
+    assert result.exit_code == 2 and "a served run's --trace or --concurrency takes --prefix-caching alone" in result.output
 
 
 def test_the_prefix_aware_router_sends_a_request_where_its_prefix_is_cached():

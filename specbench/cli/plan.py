@@ -59,7 +59,8 @@ def plan(
     concurrency: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                               help="With --target: simulate one vLLM-like replica step by step, "
                                                    "these many clients each sending its next request when the last "
-                                                   "finished (4,16,64), with and without speculation."),
+                                                   "finished (4,16,64), with and without speculation. With a "
+                                                   "vLLM RUN_DIR: that run's servers, on its fitted steps."),
     input_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
                                   help="--concurrency: prompt tokens per request."),
     output_len: int = typer.Option(1024, rich_help_panel="Served, simulated on kernel tables",
@@ -145,11 +146,11 @@ def plan(
         fail("--prefix-len shapes --concurrency's prompts: give --target MODEL --concurrency C (a trace says what its "
              "prompts share by its hash ids)")
     # a served run's replica is its server as measured; whether it caches prefixes is the one flag it takes
-    served_trace = target is None and trace is not None and concurrency is None and dtype is None
+    served_load = target is None and dtype is None and (trace is not None or concurrency is not None)
     if named and (target is None or (concurrency is None and trace is None)) and not (
-            served_trace and named == ["--prefix-caching"]):
+            served_load and named == ["--prefix-caching"]):
         fail(f"{', '.join(named)}: the vLLM flags of replicas simulated on the kernel tables: give --target MODEL "
-             "with --concurrency or --trace (a served run's --trace takes --prefix-caching alone)")
+             "with --concurrency or --trace (a served run's --trace or --concurrency takes --prefix-caching alone)")
     if target is not None and (concurrency is not None or trace is not None):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
@@ -161,7 +162,9 @@ def plan(
                            json_output, prefix_caching)
         return
     if concurrency is not None:
-        fail("--concurrency simulates served replicas on the kernel tables: give --target MODEL")
+        _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
+                                 prefix_caching, chart, gpu_price, json_output)
+        return
     if trace_window or trace_speedup != "1" or chart is not None:
         fail("--trace-window and --trace-speedup need --trace, --chart --trace or --concurrency (and --target)")
     if target is not None:
@@ -442,6 +445,25 @@ def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroo
         check_price(gpu_price, 1)
         plan_served_fleet(run_dir, TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"),
                                               slo, headroom, router, chart, gpu_price), json_output, prefix_caching)
+    except known_errors() as error:
+        fail(str(error))
+
+
+def _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
+                             prefix_caching, chart, gpu_price, json_output) -> None:
+    from specbench.cli.plan_fleet import ClosedLoopAsk, plan_served_closed_loop
+
+    try:
+        if run_dir is None:
+            raise UsageError("--concurrency simulates served replicas: give --target MODEL (on the kernel tables) "
+                             "or RUN_DIR (the servers a vLLM run measured)")
+        if trace is not None:
+            raise UsageError("--concurrency (closed-loop clients) and --trace (a trace's arrivals) are two loads: "
+                             "give one")
+        check_price(gpu_price, 1)
+        plan_served_closed_loop(run_dir, ClosedLoopAsk(split_list(concurrency, int, "--concurrency"), input_len,
+                                                       output_len, clients, prefix_len, slo, chart),
+                                json_output, prefix_caching, gpu_price)
     except known_errors() as error:
         fail(str(error))
 

@@ -164,51 +164,125 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
         console.print(line, highlight=False, soft_wrap=True)
 
 
+@dataclass(frozen=True)
+class ClosedLoopAsk:
+    """The closed loop asked: C clients of `input_len` tokens in and `output_len` out."""
+
+    concurrencies: list[int]
+    input_len: int
+    output_len: int
+    clients: str = "steady"
+    prefix_len: int = 0
+    slo: str | None = None
+    chart: Path | None = None
+
+    def check(self) -> None:
+        from specbench.fleet.plan import CLIENTS
+
+        if self.clients not in CLIENTS:
+            raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {self.clients!r}")
+        if self.input_len < 1 or self.output_len < 1 or not self.concurrencies or any(c < 1 for c in self.concurrencies):
+            raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
+        if not 0 <= self.prefix_len < self.input_len:
+            raise UsageError(f"--prefix-len {self.prefix_len}: the tokens every prompt shares, from 0 to less than "
+                             f"--input-len ({self.input_len})")
+        if self.chart is not None and self.chart.suffix.lower() != ".png":
+            raise UsageError(f"--chart {self.chart}: write a .png file")
+
+
 def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                  json_output, started) -> None:
     from specbench.fit.prices import tables_gpu_price
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.plan import (CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart,
-                                      closed_loop_table)
+    from specbench.fleet.plan import CLIENTS, closed_loop_table
     from specbench.fleet.sizing import Objective
 
-    clients = CLIENTS[ask.clients]
+    loop = ClosedLoopAsk(ask.concurrencies, ask.input_len, ask.output_len, ask.clients, ask.prefix_len, ask.slo,
+                         ask.chart)
     slo = parse_slo(ask.slo) if ask.slo is not None else None
     price, price_note = tables_gpu_price(planner.system, ask.gpu_price)
     table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
                                         ask.concurrencies, ask.input_len, ask.output_len,
-                                        GEMM_QUANTS[ask.dtype or "bf16"], clients, ask.server(), price,
+                                        GEMM_QUANTS[ask.dtype or "bf16"], CLIENTS[ask.clients], ask.server(), price,
                                         Objective(slo.bounds, slo.percentile) if slo else None, ask.prefix_len)
-    left_out += unpriced
-    if ask.chart is not None:
-        closed_loop_chart(table, ask.chart, f"SIMULATED: {head['target']}{_server_note(head)} on {planner.system}, "
-                                            f"closed loop ({ask.clients}), {ask.input_len} tokens in and "
-                                            f"{ask.output_len} out")
+    _show_closed_loop(table, loop, head, left_out + unpriced, transferred, price, price_note, json_output, started,
+                      where=planner.system, replica="one vLLM-like replica")
+
+
+def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_output: bool,
+                            prefix_caching: bool | None = None, gpu_price: float | None = None) -> None:
+    """`plan RUN --concurrency C --input-len N --output-len M`: C closed-loop clients on one server
+    as a vLLM run measured it (the step price fitted on the run, `fleet.served`), its baseline and
+    every draft × K it measured, each with its measured acceptance."""
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.plan import CLIENTS, closed_loop_rows
+    from specbench.fleet.served import beyond_measured, measured_reach
+    from specbench.fleet.sizing import Objective
+
+    import numpy as np
+    import pandas as pd
+
+    started = time.perf_counter()
+    loop.check()
+    run, found, _, head = _served_run(run_dir, prefix_caching)
+    slo = parse_slo(loop.slo) if loop.slo is not None else None
+
+    table = pd.DataFrame(closed_loop_rows(found, loop.concurrencies, loop.input_len, loop.output_len,
+                                          CLIENTS[loop.clients], gpu_price,
+                                          Objective(slo.bounds, slo.percentile) if slo else None, loop.prefix_len))
+    view = table.assign(configuration=table.apply(_served_label, axis=1), running_p90=table["mean_running_batch"])
+    head["beyond_measured"] = beyond_measured(view, measured_reach(run.cells, run.requests),
+                                              np.array([loop.input_len]), "the closed loop",
+                                              "their mean running batch", who="the closed loops")
+    _show_closed_loop(table, loop, head, [], "", gpu_price,
+                      "given" if gpu_price is not None else "none (server-hours)", json_output, started,
+                      where="", replica=f"one server as measured in {run.path}", device="server")
+
+
+def _served_label(row) -> str:
+    """"ngram K=2", "autoregressive": a closed-loop row's configuration on a served run."""
+    return row["draft"] if not row["k"] else f"{row['draft']} K={int(row['k'])}"
+
+
+def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, price, price_note, json_output,
+                      started, where: str, replica: str, device: str = "GPU") -> None:
+    """The closed loop's table per TP × concurrency, its sentences and chart (or JSON); `device`: what
+    one replica's devices are called (GPUs on the kernel tables, a server for a measured run's)."""
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart
+
+    clients = CLIENTS[loop.clients]
+    slo = parse_slo(loop.slo) if loop.slo is not None else None
+    if loop.chart is not None:
+        closed_loop_chart(table, loop.chart, f"SIMULATED: {head['target']}{_server_note(head)}"
+                                             + (f" on {where}" if where else "") + f", closed loop ({loop.clients}), "
+                                             f"{loop.input_len} tokens in and {loop.output_len} out", device)
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
     slo_words = slo.describe() if slo else ""
-    answers = [closed_loop_answer(group, slo_words) for _, group in groups]
-    capacity = closed_loop_capacity(table, slo_words) if len(ask.concurrencies) > 1 else []
+    answers = [closed_loop_answer(group, slo_words, device) for _, group in groups]
+    capacity = closed_loop_capacity(table, slo_words, device) if len(loop.concurrencies) > 1 else []
     if json_output:
-        print(json.dumps({**head, "input_len": ask.input_len, "output_len": ask.output_len, "clients": ask.clients,
-                          "prefix_len": ask.prefix_len,
+        print(json.dumps({**head, "input_len": loop.input_len, "output_len": loop.output_len, "clients": loop.clients,
+                          "prefix_len": loop.prefix_len,
                           "price": price_note, "price_per_gpu_hour": price,
                           "drafts_left_out": left_out, "seconds": round(seconds, 3),
-                          "slo": slo.text if slo else None, "chart": str(ask.chart) if ask.chart else None,
+                          "slo": slo.text if slo else None, "chart": str(loop.chart) if loop.chart else None,
                           "answers": [text for text in answers if text] + capacity,
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
     how = ("started apart, the steady state" if not clients.together else
            f"all started at once, {clients.requests_per_client} requests each, lengths {clients.shortest_share:g}-1× "
            f"these, every request measured (as InferenceMAX's benchmark)")
-    shared = f" (the first {ask.prefix_len} the same in every prompt)" if ask.prefix_len else ""
-    _print_head(head, f"one vLLM-like replica, closed loop of C clients ({how}), {ask.input_len} tokens in{shared} "
-                      f"and {ask.output_len} out; prices {price_note}", left_out, transferred)
-    unit = "$/1M tok" if price is not None else "GPU-h/1M tok"
+    shared = f" (the first {loop.prefix_len} the same in every prompt)" if loop.prefix_len else ""
+    _print_head(head, f"{replica}, closed loop of C clients ({how}), {loop.input_len} tokens in{shared} "
+                      f"and {loop.output_len} out; prices {price_note}", left_out, transferred)
+    unit = "$/1M tok" if price is not None else f"{device}-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, answers):
-        shown = Table(title=f"TP{tp}, {concurrency} clients", title_justify="left", header_style="bold")
+        title = (f"TP{tp}, " if device == "GPU" else "") + f"{concurrency} clients"
+        shown = Table(title=title, title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
-                       "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", "tok/s/GPU", unit,
+                       "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", f"tok/s/{device}", unit,
                        "TPOT speed-up", "mean B", "time at B≥32") + (("good", "meets SLO") if slo else ()):
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
@@ -226,8 +300,8 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
             console.print(answer, highlight=False, soft_wrap=True)
     for line in capacity:
         console.print(line, highlight=False, soft_wrap=True)
-    if ask.chart is not None:
-        console.print(f"chart: {ask.chart}", highlight=False, soft_wrap=True)
+    if loop.chart is not None:
+        console.print(f"chart: {loop.chart}", highlight=False, soft_wrap=True)
     console.print(f"{len(table)} configurations simulated in {seconds:.1f} s", highlight=False)
 
 
@@ -272,37 +346,26 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
                   price_note, json_output, started)
 
 
-def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
-                      prefix_caching: bool | None = None) -> None:
-    """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
-    (fleet.served): one replica is one server as that run's were, caching prefixes if
-    `prefix_caching` says so (None: as specbench's servers run, not caching; the fitted price
-    prices a chunk's attention over a cached prefix per (query, key) pair)."""
-    from specbench.fit.slo import parse_slo
-    from specbench.fleet.sizing import size_fleets
-    from specbench.fleet.served import beyond_measured, measured_reach, served_configurations
-    from specbench.fleet.sizing import Objective
+def _served_run(run_dir: Path | None, prefix_caching: bool | None):
+    """A vLLM run's servers for the simulator: the run, its configurations (the step price fitted on
+    it; caching prefixes if `prefix_caching` says so, None: as specbench's servers run, not caching),
+    the price, and the head --json and the header print."""
+    from specbench.fleet.served import served_configurations
     from specbench.results import load_run
 
-    started = time.perf_counter()
-    ask.check()
     run = load_run(run_dir)
     engine = (run.meta.get("engine") or {}).get("name", "native")
     if engine not in ("vllm", "endpoint"):
-        raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace fits a served step on a served run's requests "
-                         f"(sweep --engine vllm or --endpoint), or plans on the kernel tables with --target MODEL")
-    slo = parse_slo(ask.slo)
+        raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace or --concurrency fits a served step on a "
+                         f"served run's requests (sweep --engine vllm or --endpoint), or plans on the kernel tables "
+                         f"with --target MODEL")
     config = run.meta.get("config") or {}
     found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
     if prefix_caching is not None:
         found = [dataclasses.replace(c, spec=dataclasses.replace(c.spec, prefix_caching=prefix_caching))
                  for c in found]
-    traffic, replay = load_traffic(ask.trace, ask.window, min(c.spec.kv_capacity_tokens for c in found))
-    table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
-                        ask.router, ask.gpu_price)
-    target = str(config.get("target", "the target"))
-    head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": target, "device": "as measured",
-            "backend": "vllm", "dtype": config.get("dtype") or "as measured",
+    head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": str(config.get("target", "the target")),
+            "device": "as measured", "backend": "vllm", "dtype": config.get("dtype") or "as measured",
             "alpha_from": f"{run.path} (each draft's measured acceptance per position)", "acceptance_transferred": None,
             "step_fitted": {**{name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s",
@@ -310,11 +373,31 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
                                                          else float(price.reread_cached_tokens))},
             "server_flags": "" if prefix_caching is None else "prefix caching" if prefix_caching
             else "no prefix caching"}
+    return run, found, price, head
+
+
+def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
+                      prefix_caching: bool | None = None) -> None:
+    """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
+    (fleet.served): one replica is one server as that run's were, caching prefixes if
+    `prefix_caching` says so (None: as specbench's servers run, not caching; the fitted price
+    prices a chunk's attention over a cached prefix per (query, key) pair)."""
+    from specbench.fit.slo import parse_slo
+    from specbench.fleet.served import beyond_measured, measured_reach
+    from specbench.fleet.sizing import Objective, size_fleets
+
+    started = time.perf_counter()
+    ask.check()
+    slo = parse_slo(ask.slo)
+    run, found, _, head = _served_run(run_dir, prefix_caching)
+    traffic, replay = load_traffic(ask.trace, ask.window, min(c.spec.kv_capacity_tokens for c in found))
+    table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
+                        ask.router, ask.gpu_price)
     head["beyond_measured"] = beyond_measured(table, measured_reach(run.cells, run.requests), traffic.prompts,
                                               traffic.name)
     cache = "" if prefix_caching is None else f" ({'prefix caching on' if prefix_caching else 'no prefix caching'})"
-    _show_traffic(table, traffic, replay, slo, ask, head, "", f"{target} servers as measured in {run.path}{cache}", [], "",
-                  ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
+    _show_traffic(table, traffic, replay, slo, ask, head, "", f"{head['target']} servers as measured in {run.path}{cache}",
+                  [], "", ask.gpu_price, "given" if ask.gpu_price is not None else "none (device-hours)", json_output,
                   started, device="server")
 
 

@@ -201,30 +201,40 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     for tp in tps:
         found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
                                server=server)
-        for concurrency in concurrencies:
-            base = None
-            for configuration in found:
-                out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
-                                        configuration.speculation, clients, prefix_len)
-                row = _row(out, keep, tp)
-                if objective is not None:
-                    good_share, meets = slo_verdict(out, objective, keep)
-                    row |= {"good_share": good_share, "meets_slo": meets,
-                            "goodput_rps": good_share * keep.sum() / _span_s(out, keep)}
-                base = base or row
-                rows.append({"tp": tp, "concurrency": concurrency, "draft": configuration.draft,
-                             "k": configuration.k, "k_schedule": configuration.schedule,
-                             "acceptance": configuration.acceptance, **row,
-                             "kv_cache_requests": requests_cached(configuration.spec, isl, osl),
-                             "max_num_seqs": configuration.spec.max_num_seqs,
-                             "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
-                             "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"],
-                             "gpu_hours_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"],
-                                                                                    None)),
-                             "dollars_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"],
-                                                                                  price_per_gpu_hour))
-                             if price_per_gpu_hour is not None else math.nan})
+        rows += closed_loop_rows(found, concurrencies, isl, osl, clients, price_per_gpu_hour, objective, prefix_len)
     return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: int, osl: int,
+                     clients: Clients = STEADY, price_per_gpu_hour: float | None = None,
+                     objective: Objective | None = None, prefix_len: int = 0) -> list[dict]:
+    """`closed_loop_table`'s rows for configurations `found` (the baseline first), at each
+    concurrency: on the kernel tables one TP's, or the steps fitted on a served run
+    (`fleet.served.served_configurations`, a replica one server: "GPU" reads "server" there)."""
+    rows = []
+    for concurrency in concurrencies:
+        base = None
+        for configuration in found:
+            out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
+                                    configuration.speculation, clients, prefix_len)
+            row = _row(out, keep, configuration.tp)
+            if objective is not None:
+                good_share, meets = slo_verdict(out, objective, keep)
+                row |= {"good_share": good_share, "meets_slo": meets,
+                        "goodput_rps": good_share * keep.sum() / _span_s(out, keep)}
+            base = base or row
+            rows.append({"tp": configuration.tp, "concurrency": concurrency, "draft": configuration.draft,
+                         "k": configuration.k, "k_schedule": configuration.schedule,
+                         "acceptance": configuration.acceptance, **row,
+                         "kv_cache_requests": requests_cached(configuration.spec, isl, osl),
+                         "max_num_seqs": configuration.spec.max_num_seqs,
+                         "tpot_speedup": base["tpot_p50_ms"] / row["tpot_p50_ms"],
+                         "throughput_speedup": row["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"],
+                         "gpu_hours_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"], None)),
+                         "dollars_per_million_tokens": float(cost_per_million(row["tokens_per_s_per_gpu"],
+                                                                              price_per_gpu_hour))
+                         if price_per_gpu_hour is not None else math.nan})
+    return rows
 
 
 def _label(row, acceptance: bool = True) -> str:
@@ -252,14 +262,15 @@ def _configurations(rows: pd.DataFrame, acceptances: bool, drafts: bool = True) 
     return ", ".join(names)
 
 
-def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
+def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -> str:
     """One sentence for one TP × concurrency of `closed_loop_table`: the speculative configuration
     that serves the most tokens/s per GPU against the baseline, and, where speculation runs fewer
     requests at once than the baseline (a draft's weights and KV cache leave less room), that its
     lower TPOT is partly a smaller batch's, paid for in queueing; with an objective (`slo` its
-    words), which configurations meet it and which of those serves the most. Every figure simulated."""
+    words), which configurations meet it and which of those serves the most. Every figure simulated.
+    `device`: what one replica's devices are called (a served run's replica is one "server")."""
     base = rows[rows["draft"] == AR].iloc[0]
-    where = f"TP{int(base['tp'])}, {int(base['concurrency'])} clients"
+    where = (f"TP{int(base['tp'])}, " if device == "GPU" else "") + f"{int(base['concurrency'])} clients"
     speculative = rows[rows["draft"] != AR]
     several = speculative["acceptance"].nunique() > 1  # name each configuration's acceptance
     met = ""
@@ -272,7 +283,7 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
             met = (f"At {slo}: met by {_configurations(meeting, several)}"
                    + ("" if len(meeting) == 1 else
                       f"; of those {_configurations(most.to_frame().T, several)} serves the most "
-                      f"({most['tokens_per_s_per_gpu']:.0f} tokens/s per GPU)"))
+                      f"({most['tokens_per_s_per_gpu']:.0f} tokens/s per {device})"))
     if speculative.empty:
         return f"{where}: {met[0].lower()}{met[1:]} (SIMULATED)" if met else ""
 
@@ -280,7 +291,7 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     price = best.get("dollars_per_million_tokens", math.nan)
     dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
                if math.isfinite(price) else "")
-    figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per GPU "
+    figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per {device} "
                f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
@@ -307,9 +318,10 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "") -> str:
     return text + (f". {met}" if met else "") + " (SIMULATED)"
 
 
-def closed_loop_capacity(table: pd.DataFrame, slo: str) -> list[str]:
+def closed_loop_capacity(table: pd.DataFrame, slo: str, device: str = "GPU") -> list[str]:
     """Per TP: the most clients of those simulated at which each drafter (at its best K) and the
-    baseline still meet the objective. One sentence each, labelled SIMULATED."""
+    baseline still meet the objective. One sentence each, labelled SIMULATED (`device` as
+    `closed_loop_answer`'s)."""
     if "meets_slo" not in table:
         return []
     found = []
@@ -325,8 +337,9 @@ def closed_loop_capacity(table: pd.DataFrame, slo: str) -> list[str]:
             there = meeting[meeting["concurrency"] == most]
             which = _configurations(there, there["acceptance"].nunique() > 1, drafts=False)
             parts.append(f"{draft} {most}" + ("" if draft == AR else f" ({which})"))
-        found.append(f"TP{int(tp)}, the most clients one replica serves at {slo}, of {asked}: {'; '.join(parts)} "
-                     "(SIMULATED)")
+        who = f"TP{int(tp)}, the most clients one replica serves" if device == "GPU" else \
+            f"The most clients one {device} serves"
+        found.append(f"{who} at {slo}, of {asked}: {'; '.join(parts)} (SIMULATED)")
     return found
 
 
@@ -406,8 +419,8 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
 
 
 
-def closed_loop_chart(table: pd.DataFrame, path, title: str) -> None:
-    """Against the clients: tokens/s per GPU (top) and TPOT p50 (bottom), one line per
+def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU") -> None:
+    """Against the clients: tokens/s per GPU (top; per `device`) and TPOT p50 (bottom), one line per
     configuration, one column per TP: where each configuration's throughput stops growing."""
     import textwrap
 
@@ -431,8 +444,8 @@ def closed_loop_chart(table: pd.DataFrame, path, title: str) -> None:
             axes[0][column].plot(group["concurrency"], group["tokens_per_s_per_gpu"], **style)
             axes[1][column].plot(group["concurrency"], group["tpot_p50_ms"], **style)
         clients = sorted(int(c) for c in rows["concurrency"].unique())
-        axes[0][column].set_title(f"TP{tp}", fontsize=10)
-        axes[0][column].set_ylabel("output tokens/s per GPU (simulated)")
+        axes[0][column].set_title(f"TP{tp}" if device == "GPU" else f"one {device}", fontsize=10)
+        axes[0][column].set_ylabel(f"output tokens/s per {device} (simulated)")
         axes[1][column].set_ylabel("TPOT p50, ms (simulated)")
         axes[1][column].set_xlabel("closed-loop clients")
         for ax in (axes[0][column], axes[1][column]):

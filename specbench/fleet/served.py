@@ -388,13 +388,16 @@ def measured_reach(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[str, Mea
 
 
 def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompts: np.ndarray,
-                    traffic: str) -> list[str]:
+                    traffic: str, running_said: str = "p90 of the busiest replica's time",
+                    who: str = "the sized fleets") -> list[str]:
     """Where sized fleets (size_fleets' table) run a price fitted on a run beyond what the run
     measured: more requests at once than a configuration's cells ran, prompts longer than any it
     measured. There the fitted price is read where nothing was measured: a roofline's knee or a
     cache's edge past the run's batches would not be in it. (On the committed CPU replays such cells
     were not predicted worse: benchmarks/fleet-2026-11-27/beyond_calibration.md; it is a label of
-    where the price is read, not an error bar.) One sentence each, none where the run covers the fleets."""
+    where the price is read, not an error bar.) One sentence each, none where the run covers the fleets.
+    `table` has a `configuration` and a `running_p90` column (`running_said` says what it is; `who`
+    names what ran it)."""
     notes = []
     longest = max((r.prompt_tokens for r in reach.values()), default=0)
     wanted = float(np.percentile(prompts, 90)) if len(prompts) else 0.0
@@ -410,8 +413,8 @@ def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompt
         if measured is not None and ran == ran and ran > measured.rows:
             past.setdefault(measured.rows, []).append(f"{configuration} {ran:.0f}")
     for rows, sized in past.items():
-        notes.append(f"the sized fleets run more requests at once than the run measured ({rows} at most): "
-                     f"{', '.join(sized)} (p90 of the busiest replica's time); their step prices there are "
+        notes.append(f"{who} run more requests at once than the run measured ({rows} at most): "
+                     f"{', '.join(sized)} ({running_said}); their step prices there are "
                      f"extrapolated: measure cells at those batch sizes")
     return notes
 

@@ -179,6 +179,17 @@ def test_inferencemax_clients_draw_lengths_as_benchmark_serving_and_measure_ever
     assert set(out.output_tokens) <= set(range(int(0.8 * 64), 65)) and len(set(out.output_tokens)) > 1
 
 
+def test_bench_clients_send_as_a_sweep_cell_at_the_given_lengths():
+    """`--clients bench`: all at once, 10 requests each at exactly the given lengths, every one measured
+    (vllm bench serve --max-concurrency C on fixed-length prompts; a sweep cell at batch size C)."""
+    from specbench.fleet.plan import BENCH, CLIENTS, closed_loop
+
+    assert CLIENTS["bench"] is BENCH
+    out, keep = closed_loop(linear_cost(), ReplicaSpec(), 4, 512, 64, clients=BENCH)
+    assert keep.all() and len(keep) == 40 and (out.arrival_s[:4] == 0).all()
+    assert set(out.output_tokens) == {64} and set(out.prompt_tokens) == {512}
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"arrivals_s": None, "concurrency": None}, "give arrivals"),
     ({"arrivals_s": [0.0], "concurrency": 2}, "give arrivals"),

@@ -69,7 +69,9 @@ def plan(
                                 help="--concurrency: how the clients send. steady: started apart, the steady "
                                      "state measured; inferencemax: as InferenceMAX's benchmark_serving run (all "
                                      "at once, 10 requests each, lengths 0.8-1× the given, every request "
-                                     "measured), to compare with such a benchmark."),
+                                     "measured), to compare with such a benchmark; bench: all at once, 10 "
+                                     "requests each at the given lengths, every request measured (vllm bench "
+                                     "serve --max-concurrency C, a sweep cell at batch size C)."),
     dtype: Optional[str] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                         help="With --target: the target's GEMMs (its weights): bf16 (default), fp8 "
                                              "or fp4; a draft model's: --draft-dtype."),

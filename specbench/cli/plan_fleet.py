@@ -272,8 +272,9 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
                           "rows": json.loads(table.to_json(orient="records"))}, indent=2))
         return
     how = ("started apart, the steady state" if not clients.together else
-           f"all started at once, {clients.requests_per_client} requests each, lengths {clients.shortest_share:g}-1× "
-           f"these, every request measured (as InferenceMAX's benchmark)")
+           f"all started at once, {clients.requests_per_client} requests each, "
+           + (f"lengths {clients.shortest_share:g}-1× these, every request measured (as InferenceMAX's benchmark)"
+              if clients.shortest_share < 1 else "every request measured (as vllm bench serve, a sweep cell)"))
     shared = f" (the first {loop.prefix_len} the same in every prompt)" if loop.prefix_len else ""
     _print_head(head, f"{replica}, closed loop of C clients ({how}), {loop.input_len} tokens in{shared} "
                       f"and {loop.output_len} out; prices {price_note}", left_out, transferred)

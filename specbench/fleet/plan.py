@@ -60,7 +60,11 @@ STEADY = Clients("steady", together=False, requests_per_client=REQUESTS_PER_CLIE
 # --random-range-ratio 0.8 --num-prompts 10·C --max-concurrency C --request-rate inf --ignore-eos,
 # every request in its means
 INFERENCEMAX = Clients("inferencemax", together=True, requests_per_client=10, shortest_share=0.8, measure_all=True)
-CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX)}
+# `vllm bench serve --max-concurrency C` on fixed-length prompts (its random dataset's default range
+# ratio, 0) and specbench's own sweep cells at batch size C (`sweep --num-prompts 10·C`): all at once,
+# every request the given lengths, every one in the medians
+BENCH = Clients("bench", together=True, requests_per_client=10, shortest_share=1.0, measure_all=True)
+CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX, BENCH)}
 
 
 def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: Speculation | None = None,

@@ -307,18 +307,24 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -
     # a closed loop's TPOT falls when fewer requests run: speculation whose batch is smaller than the
     # baseline's buys part of its TPOT with waiting, which tokens/s and TTFT show and TPOT hides
     smaller = speculative[speculative["mean_running_batch"] < 0.9 * base["mean_running_batch"]]
-    if not smaller.empty:
+    if not smaller.empty and int(base["concurrency"]) > 1:  # a lone client leaves no one waiting
         def cache_note(held: int) -> str:  # the KV cache, where it holds fewer requests than the clients
             return f", its KV cache holding {held}" if held < int(base["concurrency"]) else ""
 
+        digits = 1 if base["mean_running_batch"] < 10 else 0  # a few requests: tenths tell them apart
+
+        def batch(low: float, high: float) -> str:
+            return f"{low:.{digits}f}" if f"{low:.{digits}f}" == f"{high:.{digits}f}" else \
+                f"{low:.{digits}f}–{high:.{digits}f}"
+
         drafts = []
         for draft, group in smaller.groupby("draft", sort=False):
-            low, high = group["mean_running_batch"].min(), group["mean_running_batch"].max()
-            batch = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}–{high:.0f}"
-            drafts.append(f"{draft} {batch}{cache_note(int(group['kv_cache_requests'].min()))}")
+            drafts.append(f"{draft} {batch(group['mean_running_batch'].min(), group['mean_running_batch'].max())}"
+                          f"{cache_note(int(group['kv_cache_requests'].min()))}")
         text += (f". Fewer requests run at once with speculation (on average {'; '.join(drafts)}; autoregressive "
-                 f"{base['mean_running_batch']:.0f}{cache_note(int(base['kv_cache_requests']))}): their lower TPOT "
-                 "is partly a smaller batch's, the other clients waiting (TTFT)")
+                 f"{batch(base['mean_running_batch'], base['mean_running_batch'])}"
+                 f"{cache_note(int(base['kv_cache_requests']))}): their lower TPOT is partly a smaller batch's, the "
+                 "other clients waiting (TTFT)")
     return text + (f". {met}" if met else "") + " (SIMULATED)"
 
 

@@ -215,7 +215,7 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     as a vLLM run measured it (the step price fitted on the run, `fleet.served`), its baseline and
     every draft × K it measured, each with its measured acceptance."""
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.plan import CLIENTS, closed_loop_rows
+    from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
     from specbench.fleet.served import beyond_measured, measured_reach
     from specbench.fleet.sizing import Objective
 
@@ -230,18 +230,14 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     table = pd.DataFrame(closed_loop_rows(found, loop.concurrencies, loop.input_len, loop.output_len,
                                           CLIENTS[loop.clients], gpu_price,
                                           Objective(slo.bounds, slo.percentile) if slo else None, loop.prefix_len))
-    view = table.assign(configuration=table.apply(_served_label, axis=1), running_p90=table["mean_running_batch"])
+    view = table.assign(configuration=table.apply(row_label, axis=1, acceptance=False),
+                        running_p90=table["mean_running_batch"])
     head["beyond_measured"] = beyond_measured(view, measured_reach(run.cells, run.requests),
                                               np.array([loop.input_len]), "the closed loop",
                                               "their mean running batch", who="the closed loops")
     _show_closed_loop(table, loop, head, [], "", gpu_price,
                       "given" if gpu_price is not None else "none (server-hours)", json_output, started,
                       where="", replica=f"one server as measured in {run.path}", device="server")
-
-
-def _served_label(row) -> str:
-    """"ngram K=2", "autoregressive": a closed-loop row's configuration on a served run."""
-    return row["draft"] if not row["k"] else f"{row['draft']} K={int(row['k'])}"
 
 
 def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, price, price_note, json_output,

@@ -241,7 +241,7 @@ def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: 
     return rows
 
 
-def _label(row, acceptance: bool = True) -> str:
+def row_label(row, acceptance: bool = True) -> str:
     """"1b K=3 (α 0.7)", "8b K schedule {1-32: 3, 33+: 1}": one row's configuration."""
     if row["draft"] == AR:
         return AR
@@ -300,9 +300,9 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
     if best["throughput_speedup"] > 1:
-        text = f"{where}: speculation serves the most with {_label(best, several)}: {figures}"
+        text = f"{where}: speculation serves the most with {row_label(best, several)}: {figures}"
     else:
-        text = (f"{where}: no speculation serves more than autoregressive; the closest, {_label(best, several)}: "
+        text = (f"{where}: no speculation serves more than autoregressive; the closest, {row_label(best, several)}: "
                 f"{figures}")
     # a closed loop's TPOT falls when fewer requests run: speculation whose batch is smaller than the
     # baseline's buys part of its TPOT with waiting, which tokens/s and TTFT show and TPOT hides
@@ -441,7 +441,7 @@ def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU"
 
     tps = sorted(table["tp"].unique())
     fig, axes = plt.subplots(2, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 7.0), squeeze=False, sharex="col")
-    labels = table.apply(_label, axis=1)
+    labels = table.apply(row_label, axis=1)
     for column, tp in enumerate(tps):
         rows = table[table["tp"] == tp]
         for n, (label, group) in enumerate(rows.groupby(labels[rows.index], sort=False)):

@@ -206,9 +206,8 @@ class Outcome:
     # without prefix caching, and for a request never admitted: `cached_tokens_of`)
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
-    # the API server's own time, in every TTFT and E2E (ReplicaSpec's): per request, and per prompt token
-    request_overhead_s: float = 0.0
-    request_overhead_per_prompt_token_s: float = 0.0
+    # each request's API server time (`ReplicaSpec.api_server_s` of its prompt), in its TTFT and E2E
+    api_server_s: np.ndarray | float = 0.0
 
     def prefix_hit_share(self) -> float:
         """The share of the prompts' tokens found in the prefix cache (0 without prefix caching)."""
@@ -225,13 +224,6 @@ class Outcome:
         the gaps of 0 left out, each step's gap to a row counted once however many tokens it emitted."""
         chunks = self.itl_gaps_s > 0
         return weighted_percentile(self.itl_gaps_s[chunks], self.itl_counts[chunks], p)
-
-    @property
-    def api_server_s(self):
-        """Each request's API server time (a scalar where it does not depend on the prompt)."""
-        if not self.request_overhead_per_prompt_token_s:
-            return self.request_overhead_s
-        return self.request_overhead_s + self.request_overhead_per_prompt_token_s * self.prompt_tokens
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -853,4 +845,4 @@ def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: Rep
     return Outcome(np.array([r.arrival_s for r in requests]), np.array([r.first_token_s for r in requests]),
                    np.array([r.finish_s for r in requests]), outputs.copy(), replica.preemptions, replica.steps,
                    replica.timeline, *pooled_itl([replica]), prompts.copy(), cached_tokens_of(requests, count),
-                   spec.request_overhead_s, spec.request_overhead_per_prompt_token_s)
+                   spec.api_server_s(prompts))

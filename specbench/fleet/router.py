@@ -171,6 +171,5 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         first[request.index], finish[request.index] = request.first_token_s, request.finish_s
     outcome = Outcome(arrivals.copy(), first, finish, outputs.copy(), sum(r.preemptions for r in fleet),
                       sum(r.steps for r in fleet), [], *pooled_itl(fleet), prompts.copy(),
-                      cached_tokens_of(added, count), spec.request_overhead_s,
-                      spec.request_overhead_per_prompt_token_s)
+                      cached_tokens_of(added, count), spec.api_server_s(prompts))
     return FleetOutcome(outcome, replica_of, [r.timeline for r in fleet], stopped)

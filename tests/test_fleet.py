@@ -153,40 +153,69 @@ def test_clients_started_together_queue_their_prefills_behind_each_other():
     """Three clients at once, each prompt a whole step's token budget: no step computes more than
     one prompt, so the k-th first token comes after at least k prefill steps; every request is
     measured. Started apart (STEADY), the first requests and the drain are left out."""
-    from specbench.fleet.plan import STEADY, Clients, closed_loop
+    from specbench.fleet.plan import BURST_SPACING_S, STEADY, Clients, closed_loop
 
     cost = linear_cost()
     spec = ReplicaSpec(max_num_batched_tokens=100)
     together = Clients("burst", together=True, requests_per_client=2, shortest_share=1.0, measure_all=True)
     out, keep = closed_loop(cost, spec, 3, 100, 10, clients=together)
-    assert keep.all() and len(out.ttft_s) == 6 and (out.arrival_s[:3] == 0).all()
+    assert keep.all() and len(out.ttft_s) == 6
+    assert out.arrival_s[:3] == pytest.approx(np.arange(3) * BURST_SPACING_S)
     assert out.ttft_s[0] == pytest.approx(cost(100, 0))
-    assert all(ttft >= (k + 1) * cost(100, 0) for k, ttft in enumerate(np.sort(out.ttft_s[:3])))
+    first_tokens = np.sort(out.arrival_s[:3] + out.ttft_s[:3])
+    assert all(at >= (k + 1) * cost(100, 0) for k, at in enumerate(first_tokens))
     out, keep = closed_loop(cost, spec, 3, 100, 10, clients=STEADY)
     assert len(keep) == 3 * STEADY.requests_per_client and keep.sum() == len(keep) - 6
     assert len(set(out.arrival_s[:3])) == 3  # started apart
 
 
+def test_a_burst_s_first_request_starts_the_idle_engine_alone():
+    """Clients started together reach the engine one after another: the idle engine's first step
+    computes the first prompt alone, and the others (short prompts, all fitting one step's budget)
+    share the second step; at the next requests those cohorts persist, so the first client's
+    request again waits for one step and the others' for two."""
+    from specbench.fleet.plan import Clients, closed_loop
+
+    cost = linear_cost()
+    together = Clients("burst", together=True, requests_per_client=2, shortest_share=1.0, measure_all=True)
+    out, _ = closed_loop(cost, ReplicaSpec(max_num_batched_tokens=100), 3, 30, 4, clients=together)
+    first, second = cost(30, 0), cost(60, 1)
+    assert out.ttft_s[0] == pytest.approx(first)
+    assert out.arrival_s[1:3] + out.ttft_s[1:3] == pytest.approx([first + second] * 2)
+
+
+def test_the_burst_spacing_is_the_one_specbench_s_client_sent():
+    """BURST_SPACING_S against the measured sends of the served closed-loop check's first waves
+    (8 and 16 clients): within a factor of two of each median gap."""
+    from specbench.fleet.plan import BURST_SPACING_S
+    from specbench.results import load_run
+
+    for clients in (8, 16):
+        requests = load_run(Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-28" / "served_closed_loop" / f"clients-{clients}").requests
+        gap = float(np.median(np.diff(np.sort(requests["start_offset_s"].to_numpy())[:clients])))
+        assert BURST_SPACING_S / 2 <= gap <= BURST_SPACING_S * 2
+
+
 def test_inferencemax_clients_draw_lengths_as_benchmark_serving_and_measure_every_request():
-    from specbench.fleet.plan import INFERENCEMAX, closed_loop
+    from specbench.fleet.plan import BURST_SPACING_S, INFERENCEMAX, closed_loop
 
     prompts, outputs = INFERENCEMAX.lengths(4000, 1024, 8192)
     assert prompts.min() >= int(0.8 * 1024) and prompts.max() <= 1024
     assert outputs.min() >= int(0.8 * 8192) and outputs.max() <= 8192
     assert prompts.mean() == pytest.approx(0.9 * 1024, rel=0.01)
     out, keep = closed_loop(linear_cost(), ReplicaSpec(), 4, 1024, 64, clients=INFERENCEMAX)
-    assert keep.all() and len(keep) == 40 and (out.arrival_s[:4] == 0).all()
+    assert keep.all() and len(keep) == 40 and out.arrival_s[:4] == pytest.approx(np.arange(4) * BURST_SPACING_S)
     assert set(out.output_tokens) <= set(range(int(0.8 * 64), 65)) and len(set(out.output_tokens)) > 1
 
 
 def test_bench_clients_send_as_a_sweep_cell_at_the_given_lengths():
     """`--clients bench`: all at once, 10 requests each at exactly the given lengths, every one measured
     (vllm bench serve --max-concurrency C on fixed-length prompts; a sweep cell at batch size C)."""
-    from specbench.fleet.plan import BENCH, CLIENTS, closed_loop
+    from specbench.fleet.plan import BENCH, BURST_SPACING_S, CLIENTS, closed_loop
 
     assert CLIENTS["bench"] is BENCH
     out, keep = closed_loop(linear_cost(), ReplicaSpec(), 4, 512, 64, clients=BENCH)
-    assert keep.all() and len(keep) == 40 and (out.arrival_s[:4] == 0).all()
+    assert keep.all() and len(keep) == 40 and out.arrival_s[:4] == pytest.approx(np.arange(4) * BURST_SPACING_S)
     assert set(out.output_tokens) == {64} and set(out.prompt_tokens) == {512}
 
 

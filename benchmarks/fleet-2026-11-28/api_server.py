@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import aiohttp
 import numpy as np
@@ -127,32 +128,39 @@ def write_md(table: pd.DataFrame, found: dict, out: Path) -> str:
     return text
 
 
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(converted_smollm2_dir())
+
+
+def on_cpu_server(log: Path, measure: Callable[[str], Awaitable[list[dict]]]) -> list[dict]:
+    """`measure(url)` run against one vLLM CPU server started as specbench's vLLM engine starts its
+    own (SmolLM2-135M fp32, --enforce-eager, no prefix caching), its log at `log`, stopped after."""
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                            str(converted_smollm2_dir()), "--served-model-name", "specbench-target", "--host",
+                            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0", "--enforce-eager",
+                            "--no-enable-prefix-caching", "--disable-uvicorn-access-log"],
+                           log, port, env={"VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false",
+                                           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    server.start()
+    try:
+        server.wait_until_healthy(300)
+        return asyncio.run(measure(server.url))
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
-    model = converted_smollm2_dir()
-    tokenizer = AutoTokenizer.from_pretrained(model)
     lengths = [n for n in LENGTHS for _ in range(args.repeats)]
     random.Random(0).shuffle(lengths)
-    prompts = prompts_of(tokenizer, [16, 16] + lengths)  # two warm-up requests first, not kept
-    port = free_port()
-    server = ServerProcess([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                            "--served-model-name", "specbench-target", "--host", "127.0.0.1", "--port", str(port),
-                            "--dtype", "float32", "--seed", "0", "--enforce-eager", "--no-enable-prefix-caching",
-                            "--disable-uvicorn-access-log"],
-                           args.out / "api_server-server.log", port,
-                           env={"VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                                "PYTHONUNBUFFERED": "1"})
-    server.start()
-    try:
-        server.wait_until_healthy(300)
-        rows = asyncio.run(measure(server.url, prompts))[2:]
-    finally:
-        server.stop()
+    prompts = prompts_of(smollm2_tokenizer(), [16, 16] + lengths)  # two warm-up requests first, not kept
+    rows = on_cpu_server(args.out / "api_server-server.log", lambda url: measure(url, prompts))[2:]
     table = pd.DataFrame(rows)
     if (table["counted"] != 1).any():
         raise SystemExit("a request's engine stats were not scraped alone; run again")

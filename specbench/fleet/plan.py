@@ -53,12 +53,12 @@ class Clients:
 
 
 # A benchmark's burst does not reach the engine at one instant: its client sends one request at a
-# time, and the idle engine starts its first step on the first to arrive, the others queued behind
-# that step. At the clients' next requests the cohorts that first step made persist (fixed lengths end
-# together). specbench's own client sent 8 and 16 clients' first requests 0.16 and 0.11 ms apart
-# (medians; benchmarks/fleet-2026-11-28/served_closed_loop, `start_offset_s`; a test holds this to
-# them); any spacing far below a step gives the same steps.
-BURST_SPACING_S = 1e-4
+# time (specbench's own 0.11-0.16 ms apart, benchmarks/fleet-2026-11-28/served_closed_loop), the API
+# server takes them in one after another (0.77 ms a request before it stamps one's arrival, a burst
+# of 1-32 on vLLM 0.32: benchmarks/fleet-2026-11-28/api_burst.md; a test holds this to it), and the
+# idle engine starts its first step on the first to arrive, the others queued behind that step. At
+# the clients' next requests the cohorts that first step made persist (fixed lengths end together).
+BURST_SPACING_S = 0.8e-3
 
 # a steady state: what one replica serves once the benchmark's start is forgotten
 STEADY = Clients("steady", together=False, requests_per_client=REQUESTS_PER_CLIENT, shortest_share=1.0,

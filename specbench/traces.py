@@ -9,6 +9,7 @@ Rows out of time order are sorted, rows the target cannot hold are skipped, and 
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ TRACES_DIR = WORKLOADS_DIR / "traces"
 SHIPPED = {  # name -> (file under workloads/traces/, the workload its prompts take their questions from)
     "azure-code": ("AzureLLMInferenceTrace_code.csv", "code"),
     "azure-conv": ("AzureLLMInferenceTrace_conv.csv", "chat"),
+    "mooncake-conv": ("mooncake_conversation_trace.jsonl.gz", "chat"),
 }
 
 
@@ -131,8 +133,8 @@ class Replay:
 # --- reading --------------------------------------------------------------------------------------
 
 def load_trace(spec: str) -> Trace:
-    """A shipped trace by name (azure-code, azure-conv) or a file: .jsonl (Mooncake), or .csv
-    (Azure LLM trace, BurstGPT: told apart by their columns)."""
+    """A shipped trace by name (azure-code, azure-conv, mooncake-conv) or a file: .jsonl (Mooncake;
+    .jsonl.gz gzipped), or .csv (Azure LLM trace, BurstGPT: told apart by their columns)."""
     if spec in SHIPPED:
         file, workload = SHIPPED[spec]
         path = TRACES_DIR / file
@@ -149,18 +151,22 @@ def load_trace(spec: str) -> Trace:
     return _read(path, path.stem)
 
 
+def _is_jsonl(path: Path) -> bool:
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
 def _read(path: Path, name: str) -> Trace:
-    if path.suffix == ".jsonl":
+    if _is_jsonl(path):
         frame, dropped, names = _mooncake(path)
     elif path.suffix == ".csv":
         frame, dropped, names = _csv(path)
     else:
-        raise TraceError(f"--trace {path}: not a trace format specbench reads (.jsonl: Mooncake; .csv: Azure LLM "
-                         f"trace or BurstGPT)")
+        raise TraceError(f"--trace {path}: not a trace format specbench reads (.jsonl or .jsonl.gz: Mooncake; "
+                         f".csv: Azure LLM trace or BurstGPT)")
     if frame.empty:
         raise TraceError(f"--trace {path}: no requests in it")
     frame = frame.reset_index(drop=True)
-    seconds_per_unit = 1e-3 if path.suffix == ".jsonl" else 1.0  # Mooncake's timestamps are in ms
+    seconds_per_unit = 1e-3 if _is_jsonl(path) else 1.0  # Mooncake's timestamps are in ms
 
     def refuse(bad: pd.Series, column: str, what: str) -> None:
         """One line naming the first bad row as the file numbers it, and the file's own column name."""
@@ -206,7 +212,12 @@ def _mooncake(path: Path) -> tuple[pd.DataFrame, dict, dict]:
     for the fleet simulator's prefix cache; a served replay sends the text and runs its server without
     prefix caching) and text (`text` or `prompt`)."""
     rows, lines = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        raise TraceError(f"--trace {path}: cannot be read as {'gzipped ' if path.suffix == '.gz' else ''}text "
+                         f"({error})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -36,6 +36,29 @@ def test_the_shipped_azure_traces_hold_what_their_paper_says():
     assert code_stats["input_p50"] == 1469 and code_stats["output_p50"] == 13
 
 
+def test_the_shipped_mooncake_trace_holds_what_its_readme_says():
+    """mooncake-conv: the FAST'25 conversation trace, gzipped (12,031 requests, 12,035 tokens in and
+    343 out on average, its README), every request's prefix blocks kept for the prefix cache."""
+    trace = load_trace("mooncake-conv")
+    stats = trace.stats()
+    assert trace.workload == "chat" and trace.hash_block_tokens == 512 and stats["requests"] == 12031
+    assert sum(r.input_tokens for r in trace.requests) / 12031 == pytest.approx(12035, abs=1)
+    assert sum(r.output_tokens for r in trace.requests) / 12031 == pytest.approx(343, abs=1)
+    assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in trace.requests[:100])
+
+
+def test_a_gzipped_mooncake_trace_reads_as_the_plain_one(tmp_path):
+    import gzip
+
+    plain = (FIXTURES / "mooncake.jsonl").read_bytes()
+    (tmp_path / "mooncake.jsonl.gz").write_bytes(gzip.compress(plain))
+    gzipped = load_trace(str(tmp_path / "mooncake.jsonl.gz"))
+    assert gzipped.requests == load_trace(str(FIXTURES / "mooncake.jsonl")).requests
+    (tmp_path / "broken.jsonl.gz").write_bytes(plain)  # not gzipped
+    with pytest.raises(TraceError, match="broken.jsonl.gz: cannot be read as gzipped text"):
+        load_trace(str(tmp_path / "broken.jsonl.gz"))
+
+
 def test_a_replay_takes_its_window_scales_time_and_counts_what_it_leaves_out():
     trace = load_trace(str(FIXTURES / "azure.csv"))
     slice_ = replay(trace, "0:2", speedup=0.5, max_context=8192, min_input=64)

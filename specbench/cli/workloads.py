@@ -56,5 +56,6 @@ def workloads(
                        "/".join(f"{stats[f'input_p{p}']:.0f}" for p in (50, 90, 99)),
                        "/".join(f"{stats[f'output_p{p}']:.0f}" for p in (50, 90, 99)))
     console.print(traces)
-    console.print("Also: a Mooncake .jsonl, an Azure LLM trace .csv or a BurstGPT .csv (workloads/traces/README.md).")
+    console.print("Also: a Mooncake .jsonl (or .jsonl.gz), an Azure LLM trace .csv or a BurstGPT .csv "
+                  "(workloads/traces/README.md).")
 

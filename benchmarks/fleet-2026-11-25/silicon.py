@@ -11,7 +11,8 @@ concurrencies; the csv does not say how the Qwen3-32B and Llama-3.1-8B rows were
 simulated the same way. The steady state (`fleet.plan.STEADY`: clients started apart, the first
 and last requests left out) is shown beside: the clients' start alone moves TTFT by half. Steps
 are priced by the kernel tables' mixed prefill+decode step, the host's time per step measured by
-`benchmarks/fleet-2026-11-27/host_step.py`, and, for a step vLLM runs outside CUDA graphs, the
+`benchmarks/fleet-2026-11-27/host_step.py` (attention on an fp8 KV cache at a 16-bit one's speed
+where the rows' vLLM read it so: `attention_kv_quant`), and, for a step vLLM runs outside CUDA graphs, the
 host's time to launch its kernels measured by `benchmarks/fleet-2026-11-27/launch_host.py` on an
 H100 server (`specbench.fleet.tables`), each request's TTFT holding the API server's own time measured
 by `benchmarks/fleet-2026-11-28/api_server.py`, the replica
@@ -81,6 +82,19 @@ def served_as(row: dict) -> ServerFlags:
                        cudagraph_mode="FULL_DECODE_ONLY" if b200 else "PIECEWISE")
 
 
+def attention_kv_quant(row: dict, server: ServerFlags) -> str | None:
+    """The KV-cache precision the tables price the row's attention at (None: 16-bit): the server's
+    `--kv-cache-dtype`, but for the Llama-3.1-70B rows on H100 and H200. Their vLLM 0.10.2 (released
+    2025-09-13) ran Hopper's attention on its FlashAttention 3 build, whose fp8 tiles for head size 128
+    a decode then used were tuned only on 2025-09-29 (vllm-project/flash-attention#96, commit 07602ad:
+    "with the current mainline config, FP8 decoding is not faster at all than BF16"): those rows read
+    an fp8 cache at a 16-bit one's speed, while it held twice the tokens. The tables are vLLM 0.24's."""
+    hopper = row["system"].startswith(("h100", "h200"))
+    if row["model_path"] == "meta-llama/Llama-3.1-70B" and hopper:
+        return None
+    return None if server.kv_cache_dtype == "auto" else server.kv_cache_dtype
+
+
 def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP,
                launch: LaunchCost | None = COMPILED_LAUNCH):
     """The row's step cost and replica at its model, GPU, TP and precision, its server's flags as
@@ -89,7 +103,7 @@ def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | 
     system, tp = row["system"], int(row["tp_size"])
     quant = row["gemm_quant_mode"] or None
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
-    kv_quant = None if server.kv_cache_dtype == "auto" else server.kv_cache_dtype
+    kv_quant = attention_kv_quant(row, server)
     key = (row["model_path"], system, tp, quant, kv_quant)
     if key not in forwards:
         forwards[key] = kernel_tables.Forward(config, system, "vllm", tp, name=row["model_path"], gemm_quant=quant,

@@ -148,7 +148,7 @@ def load_trace(spec: str) -> Trace:
         raise TraceError(f"--trace {spec}: no such file, and not a shipped trace ({', '.join(SHIPPED)})")
     if path.is_dir():
         raise TraceError(f"--trace {spec}: a directory, not a trace file")
-    return _read(path, path.stem)
+    return _read(path, path.name.removesuffix(".gz").removesuffix(".jsonl") if _is_jsonl(path) else path.stem)
 
 
 def _is_jsonl(path: Path) -> bool:

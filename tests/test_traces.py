@@ -53,7 +53,7 @@ def test_a_gzipped_mooncake_trace_reads_as_the_plain_one(tmp_path):
     plain = (FIXTURES / "mooncake.jsonl").read_bytes()
     (tmp_path / "mooncake.jsonl.gz").write_bytes(gzip.compress(plain))
     gzipped = load_trace(str(tmp_path / "mooncake.jsonl.gz"))
-    assert gzipped.requests == load_trace(str(FIXTURES / "mooncake.jsonl")).requests
+    assert gzipped.requests == load_trace(str(FIXTURES / "mooncake.jsonl")).requests and gzipped.name == "mooncake"
     (tmp_path / "broken.jsonl.gz").write_bytes(plain)  # not gzipped
     with pytest.raises(TraceError, match="broken.jsonl.gz: cannot be read as gzipped text"):
         load_trace(str(tmp_path / "broken.jsonl.gz"))

@@ -108,10 +108,11 @@ def plan(
                                         "system prompt, part of --input-len), found in the prefix cache after "
                                         "the first."),
     trace: Optional[str] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
-                                        help="With --slo: serve this trace (azure-conv, azure-code, mooncake-conv or a file) by a "
-                                             "fleet of simulated vLLM-like replicas behind a router and find the "
-                                             "fewest that meet the SLO, with and without speculation; steps priced "
-                                             "on the kernel tables (--target) or fitted on a vLLM run (RUN_DIR)."),
+                                        help="With --slo: serve this trace (azure-conv, azure-code, mooncake-conv "
+                                             "or a file) by a fleet of simulated vLLM-like replicas behind a router "
+                                             "and find the fewest that meet the SLO, with and without speculation; "
+                                             "steps priced on the kernel tables (--target) or fitted on a vLLM run "
+                                             "(RUN_DIR)."),
     trace_window: str = typer.Option("", rich_help_panel="Served, simulated on kernel tables",
                                      help="--trace: which seconds of the trace, START:DURATION (default: all)."),
     trace_speedup: str = typer.Option("1", rich_help_panel="Served, simulated on kernel tables",

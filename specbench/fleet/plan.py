@@ -79,8 +79,9 @@ def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: S
                 clients: Clients = STEADY, prefix_len: int = 0) -> tuple[Outcome, np.ndarray]:
     """C `clients` (together: their first requests BURST_SPACING_S apart), each sending its next
     request 1 ms after its last one's final token; every prompt's first `prefix_len` tokens the same
-    (a system prompt: with the replica's prefix caching, found cached after the first). Returns the outcome and the mask of requests measured (STEADY
-    leaves out each client's first, and the drain at the end)."""
+    (a system prompt: with the replica's prefix caching, found cached after the first). Returns the
+    outcome and the mask of requests measured (STEADY leaves out each client's first, and the drain
+    at the end)."""
     count = concurrency * clients.requests_per_client
     prompts, outputs = clients.lengths(count, isl, osl)
     shared = tuple(("system prompt", unit) for unit in range(prefix_len // spec.prefix_unit_tokens))

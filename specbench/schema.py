@@ -32,8 +32,12 @@ SEQUENTIAL = "sequential"  # older served runs: one after the other
 # The rollout question's "large batch": a trace replay's share of time at B >= this, check's default
 LARGE_BATCH = 32
 # How a load is spread over several servers, measured (served.client) and simulated (fleet.router) alike:
-# the fewest requests in flight (ties: the server chosen longest ago), or in turn
-ROUTERS = ("least-outstanding", "round-robin")
+# the fewest requests in flight (ties: the server chosen longest ago), in turn, or by llm-d's default
+# scheduling profile (`endpoint_picker_scores`)
+ROUTERS = ("least-outstanding", "round-robin", "prefix-aware")
+# The default profile of the Gateway API Inference Extension's endpoint picker, on which llm-d's
+# scheduler builds: prefix-cache-scorer 3, queue-scorer 1, kv-cache-utilization-scorer 1
+PREFIX_WEIGHT, QUEUE_WEIGHT, KV_WEIGHT = 3.0, 1.0, 1.0
 # A trace request sent later than this after its arrival time is late (traffic.md)
 SEND_LAG_GOAL_S = 0.005
 
@@ -44,6 +48,17 @@ def stalled_by_machine(machine_stall_s, send_lag_s):
     itself stalled (measure.WakeProbe) for at least half of its lateness while it was due. Scalars
     or pandas Series alike."""
     return machine_stall_s >= send_lag_s / 2
+
+
+def endpoint_picker_scores(cached_shares: Sequence[float], waiting: Sequence[float],
+                           free_shares: Sequence[float]) -> list[float]:
+    """The `prefix-aware` router's score of each server, the highest taking the request: 3 × the
+    share of the request's prompt its prefix cache holds + 1 × its queue score (requests waiting,
+    min-max normalised across the servers: the shortest queue 1, the longest 0, all equal 1) + 1 ×
+    its KV cache's free share."""
+    low, high = min(waiting), max(waiting)
+    return [PREFIX_WEIGHT * share + QUEUE_WEIGHT * (1.0 if high == low else (high - queue) / (high - low))
+            + KV_WEIGHT * free for share, queue, free in zip(cached_shares, waiting, free_shares)]
 
 
 PERCENTILES = (50, 90, 99)

@@ -274,6 +274,25 @@ def test_the_client_routes_as_the_fleet_simulator_does():
         Router(2, "random")
 
 
+def test_the_client_routes_prefix_aware_as_the_fleet_simulator_does():
+    """prefix-aware: the first turns of conversations A, B and C, then A's second, whose first half
+    is A's first turn: it goes where A went (3 × 0.5 above the other server), as the simulator's
+    router sends it (tests/test_fleet.py); a prompt shared nowhere goes to the shorter queue, then to
+    the KV cache with more room, then as least-outstanding."""
+    from specbench.served.client import Router, ServerState, prompt_block_keys
+
+    turn = {name: [ord(name)] * 512 for name in "ABC"}
+    router = Router(2, "prefix-aware")
+    assert [router.choose(turn[name]) for name in "ABC"] == [0, 1, 0]
+    assert router.choose(turn["A"] + [7] * 512) == 0
+    assert len(prompt_block_keys(turn["A"] + [7] * 10)) == 32  # whole 16-token blocks only
+    fresh = Router(3, "prefix-aware")
+    fresh.states = [ServerState(waiting=4), ServerState(waiting=0), ServerState(waiting=0, kv_usage=0.5)]
+    assert fresh.choose([1] * 64) == 1  # shortest queue, most room
+    fresh.states = [ServerState(waiting=2)] * 3
+    assert fresh.choose([2] * 64) == 0  # all equal: the one chosen longest ago with nothing in flight
+
+
 def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_dir, tmp_path):
     """--endpoint A,B: each request goes to one of them (round-robin here: in turn), the requests
     table says which, the spec-decode counters are both servers' summed, each server's KV cache is
@@ -304,6 +323,12 @@ def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_d
                                     "--num-prompts", "3", "--output", str(tmp_path / "plain")])
         assert plain.exit_code == 0, plain.output
         assert "the baseline alone" in plain.output
+        # prefix-aware: the servers' queues read from their /metrics while the load runs
+        aware = runner.invoke(app, ["sweep", "--baseline-endpoint", urls, "--router", "prefix-aware", "--target",
+                                    target_dir, "--batch-sizes", "2", "--temperatures", "0", "--workloads", "chat",
+                                    "--max-new-tokens", "4", "--num-prompts", "2", "--output", str(tmp_path / "aware")])
+        assert aware.exit_code == 0, aware.output
+        assert "each load spread over its servers (prefix-aware)" in aware.output
     finally:
         for server in servers:
             server.stop()

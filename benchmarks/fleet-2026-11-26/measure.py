@@ -51,16 +51,19 @@ def sweep(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "specbench.cli", "sweep", *args], cwd=ROOT, check=True)
 
 
-def start_server(core: int, name: str, out: Path = HERE) -> ServerProcess:
-    """vLLM's OpenAI server for the target, fp32, as the vLLM engine starts it, on `core` alone;
-    its log under `out`/servers (the other scripts here: beside this file)."""
+def start_server(core: int, name: str, out: Path = HERE, prefix_caching: bool = False,
+                 kv_cache_gib: int = 2) -> ServerProcess:
+    """vLLM's OpenAI server for the target, fp32, as the vLLM engine starts it (but for
+    `prefix_caching`, which it keeps off, and `kv_cache_gib`), on `core` alone; its log under
+    `out`/servers (the other scripts here: beside this file)."""
     model = resolve_model("smollm2-135m").path
     port = free_port()
     command = ["taskset", "-c", str(core), sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model), "--served-model-name", "specbench-target", "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--seed", "0", "--no-enable-prefix-caching",
+               "--port", str(port), "--dtype", "float32", "--seed", "0",
+               "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
                "--disable-uvicorn-access-log", "--enforce-eager"]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)}
     (out / "servers").mkdir(parents=True, exist_ok=True)
     server = ServerProcess(command, out / "servers" / f"{name}.log", port, env=env, nice=SERVER_NICE)

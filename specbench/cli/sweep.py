@@ -46,7 +46,8 @@ def sweep(
                                                                "baseline; URL1,URL2 as well); alone, only the "
                                                                "baseline is measured."),
     router: str = typer.Option("least-outstanding", help="Several endpoints: which one gets each request, "
-                                                         "least-outstanding or round-robin."),
+                                                         "least-outstanding, round-robin or prefix-aware "
+                                                         "(llm-d's default: prefix cache, queue, KV cache)."),
     api_key_env: str = typer.Option("OPENAI_API_KEY", help="Endpoints: the environment variable holding an API "
                                                            "key (sent as a bearer token, never written)."),
     temperatures: str = typer.Option("0,0.7", help="Comma list; 0 is greedy (checked lossless)."),

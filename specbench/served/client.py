@@ -13,8 +13,12 @@ reports.
 
 One load may be spread over several servers of the same model (a small fleet): a client-side
 router picks each request's server when it is sent, as a serving gateway would, `least-outstanding`
-(the fewest requests this client has in flight there; ties: the one chosen longest ago) or
-`round-robin` — the two routers the fleet simulator (specbench.fleet.router) models.
+(the fewest requests this client has in flight there; ties: the one chosen longest ago),
+`round-robin`, or `prefix-aware` (llm-d's default scheduling profile, `schema.endpoint_picker_scores`:
+the prompt's share this client has already sent each server, as the endpoint picker's approximate
+prefix-cache scorer keeps it, in the servers' own KV blocks, and each server's queue and KV cache
+use read from its /metrics every 50 ms, as the endpoint picker refreshes them) — the routers the
+fleet simulator (specbench.fleet.router) models.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from typing import Awaitable, Callable, Sequence
 import aiohttp
 import numpy as np
 
-from specbench.schema import ROUTERS
+from specbench.schema import ROUTERS, endpoint_picker_scores
+from specbench.served.prometheus import Snapshot
+
+# the prefix-aware router's unit of a prompt: the servers' KV cache block (their cache_config_info),
+# this where they do not say (vLLM's block on a GPU)
+PREFIX_BLOCK_TOKENS = 16
+# what the prefix-aware router reads of each server, and how often (the endpoint picker's default refresh)
+ROUTER_METRICS = ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info")
+ROUTER_METRICS_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -78,12 +90,33 @@ class LoadRun:
         return [f"request {r.index}: {r.error}" for r in self.requests if r.error]
 
 
+def prompt_block_keys(prompt: Sequence[int], block_tokens: int = PREFIX_BLOCK_TOKENS) -> list[int]:
+    """One key per whole block of a prompt's token ids, chained: a block's key stands for every
+    token up to its end, so equal keys mean equal prefixes (as vLLM's block hashes)."""
+    keys, parent = [], 0
+    for start in range(0, len(prompt) - block_tokens + 1, block_tokens):
+        parent = hash((parent, tuple(prompt[start:start + block_tokens])))
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class ServerState:
+    """What the prefix-aware router last read of a server's /metrics."""
+
+    waiting: float = 0.0  # requests queued, not yet scheduled
+    kv_usage: float = 0.0  # the share of its KV cache in use
+    block_tokens: int = 0  # its KV cache's block (0: not said)
+
+
 class Router:
     """Which server each request goes to, decided when it is sent: `least-outstanding` counts the
     requests this client has sent to each server and not yet seen finish (ties: the server chosen
-    longest ago, so an idle fleet is used in turn), `round-robin` takes them in turn."""
+    longest ago, so an idle fleet is used in turn), `round-robin` takes them in turn,
+    `prefix-aware` scores each server by `schema.endpoint_picker_scores` (ties: as least-outstanding)
+    from the blocks of prompts this client has sent it (`held`) and its `states`."""
 
-    def __init__(self, servers: int, kind: str = "least-outstanding") -> None:
+    def __init__(self, servers: int, kind: str = "least-outstanding", block_tokens: int = PREFIX_BLOCK_TOKENS) -> None:
         if kind not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {kind!r}")
         if servers < 1:
@@ -92,12 +125,27 @@ class Router:
         self.outstanding = [0] * servers
         self.chosen_at = [-1] * servers  # the send number each server was last chosen at
         self.sent = 0
+        self.block_tokens = block_tokens
+        # prefix-aware: the keys of every prompt block sent to each server (the endpoint picker's
+        # approximate prefix index: what was routed there, not what the server still holds)
+        self.held: list[set[int]] = [set() for _ in range(servers)]
+        self.states = [ServerState() for _ in range(servers)]  # refreshed from the servers' /metrics
 
-    def choose(self) -> int:
+    def choose(self, prompt: Sequence[int] = ()) -> int:
+        servers = range(len(self.outstanding))
         if self.kind == "round-robin":
             server = self.sent % len(self.outstanding)
+        elif self.kind == "prefix-aware":
+            keys = prompt_block_keys(prompt, self.block_tokens)
+            blocks = max(len(prompt) // self.block_tokens, 1)
+            shares = [next((at for at, key in enumerate(keys) if key not in self.held[n]), len(keys)) / blocks
+                      for n in servers]
+            scores = endpoint_picker_scores(shares, [s.waiting for s in self.states],
+                                            [1.0 - s.kv_usage for s in self.states])
+            server = min(servers, key=lambda n: (-scores[n], self.outstanding[n], self.chosen_at[n], n))
+            self.held[server].update(keys)
         else:
-            server = min(range(len(self.outstanding)), key=lambda n: (self.outstanding[n], self.chosen_at[n], n))
+            server = min(servers, key=lambda n: (self.outstanding[n], self.chosen_at[n], n))
         self.chosen_at[server] = self.sent
         self.outstanding[server] += 1
         self.sent += 1
@@ -105,6 +153,35 @@ class Router:
 
     def finished(self, server: int) -> None:
         self.outstanding[server] -= 1
+
+
+async def read_server_state(session: aiohttp.ClientSession, completions_url: str,
+                            timeout_s: float = 2.0) -> ServerState | None:
+    """A server's queue and KV cache use from its /metrics (beside `completions_url`); None where
+    it gave none in time."""
+    try:
+        async with session.get(completions_url.rsplit("/v1/", 1)[0] + "/metrics",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            if response.status != 200:
+                return None
+            snapshot = Snapshot.parse(await response.text(), only=ROUTER_METRICS)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
+        return None
+    block = snapshot.info_labels("vllm:cache_config_info").get("block_size", "")
+    return ServerState(snapshot.total("vllm:num_requests_waiting"), snapshot.total("vllm:kv_cache_usage_perc"),
+                       int(block) if block.isdigit() else 0)
+
+
+async def _refresh_state(session: aiohttp.ClientSession, url: str, server: int, routing: Router) -> None:
+    """Keep `routing.states[server]` fresh until cancelled (the prefix-aware router over several
+    servers), each server on its own so that a slow one delays no other's. A read that fails keeps
+    the state last read: a server too busy to answer in time must not look idle (the router would
+    send it more)."""
+    while True:
+        state = await read_server_state(session, url)
+        if state is not None:
+            routing.states[server] = state
+        await asyncio.sleep(ROUTER_METRICS_INTERVAL_S)
 
 
 def _urls(url: str | Sequence[str]) -> list[str]:
@@ -185,15 +262,29 @@ async def _load(url: str | Sequence[str], payloads: list[dict], requests: list[S
         origin = time.perf_counter()
 
         async def send(i: int) -> None:
-            server = requests[i].replica = routing.choose()
+            prompt = payloads[i].get("prompt")
+            server = requests[i].replica = routing.choose(prompt if isinstance(prompt, list) else ())
             try:
                 await stream_completion(session, urls[server], payloads[i], requests[i], origin, headers)
             finally:
                 routing.finished(server)
 
+        refreshes = []
+        if routing.kind == "prefix-aware" and len(urls) > 1:
+            # a prompt's blocks as the servers cache them: a shorter unit would score as shared a
+            # part no server can hold (a system prompt within one block), and herd requests on it
+            first = await asyncio.gather(*(read_server_state(session, url, 10.0) for url in urls))
+            routing.states = [state or ServerState() for state in first]
+            routing.block_tokens = max((s.block_tokens for s in routing.states), default=0) or routing.block_tokens
+            refreshes = [asyncio.create_task(_refresh_state(session, url, n, routing)) for n, url in enumerate(urls)]
         cpu = time.thread_time()
-        with _steady_client():
-            await drive(send, origin)
+        try:
+            with _steady_client():
+                await drive(send, origin)
+        finally:
+            for refresh in refreshes:
+                refresh.cancel()
+            await asyncio.gather(*refreshes, return_exceptions=True)
         client_cpu = time.thread_time() - cpu
     ends = [r.sent_s + r.e2e_s for r in requests if r.arrivals_s]
     wall = max(ends) - min(r.sent_s for r in requests) if ends else float("nan")

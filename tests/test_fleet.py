@@ -1527,7 +1527,12 @@ def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
     assert found["--prefix-caching"]["ttft_p50_ms"] < found["--no-prefix-caching"]["ttft_p50_ms"]
     text = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1", "--trace",
                                     str(trace), "--slo", "ttft=1,tpot=0.05,p90"]).output
-    assert "prompt found cached" in text
+    assert "prompt found cached" in text and "tail likely worse" not in text
+    # behind the prefix-aware router the answer says its tail was measured worse than simulated
+    aware = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1", "--trace",
+                                     str(trace), "--slo", "ttft=1,tpot=0.05,p90", "--router", "prefix-aware"])
+    assert aware.exit_code == 0, aware.output
+    assert "(SIMULATED, the prefix-aware router's tail likely worse;" in " ".join(aware.output.split())
 
 
 def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():

@@ -405,6 +405,10 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
 
     caveat = ", EXTRAPOLATED past the batches or prompts its run measured" if head.get("beyond_measured") else ""
+    if ask.router == "prefix-aware" and traffic.prefixes is not None:
+        # measured on two vLLM CPU servers: its routing and cache hits as simulated, the tail of the
+        # herding it does on prompts new to every server priced low (docs/fleet.md)
+        caveat += ", the prefix-aware router's tail likely worse"
     sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
     sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]

@@ -15,8 +15,8 @@ as a serving gateway chooses (llm-d, vLLM's production stack, a Kubernetes servi
   KV cache are read as they are at the arrival (a gateway reads them as vLLM publishes them, once a
   step: not modelled). Checked against two vLLM CPU servers behind specbench's client routing the
   same way (benchmarks/fleet-2026-11-28/prefix_router): where requests went and what their caches
-  found as predicted, prompts new to every server herded onto one a few at a time as predicted, but
-  the tail that herding cost priced low (p90 TTFT 4.4 s measured, 1.3 s predicted).
+  found as predicted, prompts new to every server herded onto one several at a time (here too), but
+  the tail that herding cost priced low (p90 TTFT 5.2 s measured, 2.2 s predicted).
 
 An `SloWatch` stops a fleet early once so many requests have missed the SLO that its percentile
 cannot be met any more: near and past the knee a queue grows without end, and simulating the rest

@@ -259,6 +259,13 @@ async def _load(url: str | Sequence[str], payloads: list[dict], requests: list[S
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        watched = routing.kind == "prefix-aware" and len(urls) > 1
+        if watched:  # before the clock starts: the first request is due at once
+            first = await asyncio.gather(*(read_server_state(session, url, 10.0) for url in urls))
+            routing.states = [state or ServerState() for state in first]
+            # a prompt's blocks as the servers cache them: a shorter unit would score as shared a
+            # part no server can hold (a system prompt within one block), and herd requests on it
+            routing.block_tokens = max((s.block_tokens for s in routing.states), default=0) or routing.block_tokens
         origin = time.perf_counter()
 
         async def send(i: int) -> None:
@@ -269,14 +276,8 @@ async def _load(url: str | Sequence[str], payloads: list[dict], requests: list[S
             finally:
                 routing.finished(server)
 
-        refreshes = []
-        if routing.kind == "prefix-aware" and len(urls) > 1:
-            # a prompt's blocks as the servers cache them: a shorter unit would score as shared a
-            # part no server can hold (a system prompt within one block), and herd requests on it
-            first = await asyncio.gather(*(read_server_state(session, url, 10.0) for url in urls))
-            routing.states = [state or ServerState() for state in first]
-            routing.block_tokens = max((s.block_tokens for s in routing.states), default=0) or routing.block_tokens
-            refreshes = [asyncio.create_task(_refresh_state(session, url, n, routing)) for n, url in enumerate(urls)]
+        refreshes = [asyncio.create_task(_refresh_state(session, url, n, routing)) for n, url in enumerate(urls)] \
+            if watched else []
         cpu = time.thread_time()
         try:
             with _steady_client():

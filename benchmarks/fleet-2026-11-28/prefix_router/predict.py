@@ -11,11 +11,15 @@ and E2E; how many of the 60 later questions went to a server their document had 
 prompt tokens found cached (measured: the servers' prefix-cache counters); and what prefix-aware
 routing did (its figure over least-outstanding's).
 
-    python benchmarks/fleet-2026-11-28/prefix_router/predict.py     # writes predict.md beside it
+    python benchmarks/fleet-2026-11-28/prefix_router/predict.py [--runs DIR]   # writes DIR/predict.md
+
+DIR (default: beside this file) holds a sitting's calibration/, least-outstanding/, prefix-aware/
+and prefix_counts.json, as measure.py writes them; earlier-sitting/ holds the afternoon's first.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -77,17 +81,20 @@ def summary(ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> dict:
 
 
 def main() -> None:
-    calibration = load_run(HERE / "calibration")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=HERE, help="the sitting's runs (default: beside this file)")
+    runs = parser.parse_args().runs.resolve()
+    calibration = load_run(runs / "calibration")
     price = fit_served(calibration.cells, calibration.requests, calibration.meta, str(calibration.path))[0]
     tokenizer = AutoTokenizer.from_pretrained(converted_smollm2_dir())
     trace = [json.loads(line) for line in (HERE / "documents.jsonl").read_text().splitlines() if line.strip()]
     texts = [row["text"] for row in trace]
     tokens = [encode_prompt(PromptRecord(f"q{i}", "trace", [{"role": "user", "content": text}]), tokenizer)
               for i, text in enumerate(texts)]
-    counts = json.loads((HERE / "prefix_counts.json").read_text())
+    counts = json.loads((runs / "prefix_counts.json").read_text())
     found = {}
     for router in ROUTERS:
-        run = load_run(HERE / router)
+        run = load_run(runs / router)
         (load,) = cell_loads(run.cells, run.requests, meta=run.meta)
         assert load.router == router and load.replicas == 2, (load.router, load.replicas)
         assert len(load.prompts) == len(tokens) and all(abs(p - len(t)) <= 8 for p, t in zip(load.prompts, tokens)), \
@@ -165,7 +172,7 @@ def main() -> None:
     lines.append("Measured cached shares are the servers' own counters (vLLM's `prefix_cache_hits` over "
                  "`prefix_cache_queries`, both servers, the warm-up's 4 short prompts included); predicted, the "
                  "replicas' over every request.")
-    (HERE / "predict.md").write_text("\n".join(lines) + "\n")
+    (runs / "predict.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -50,6 +50,17 @@ def stalled_by_machine(machine_stall_s, send_lag_s):
     return machine_stall_s >= send_lag_s / 2
 
 
+def chain_keys(prefix) -> tuple:
+    """A prompt's unit keys made to name everything before them too, as vLLM's block hashes chain
+    (two prompts share a unit only if they agree up to it): the prefix-aware router's keys, simulated
+    (fleet.replica) and served (served.client) alike."""
+    chained, key = [], 0
+    for unit in prefix:
+        key = hash((key, unit))
+        chained.append(key)
+    return tuple(chained)
+
+
 def endpoint_picker_scores(cached_shares: Sequence[float], waiting: Sequence[float],
                            free_shares: Sequence[float]) -> list[float]:
     """The `prefix-aware` router's score of each server, the highest taking the request: 3 × the

@@ -61,6 +61,8 @@ from typing import Protocol
 
 import numpy as np
 
+from specbench.schema import chain_keys
+
 MOST_STEPS_DRAWN = 512  # a speculative decode-only stretch draws its rows' acceptance this many steps at most
 
 
@@ -310,16 +312,6 @@ def running_percentile(timeline: list[tuple[float, int]], p: float) -> float:
 def blocks_for(tokens: int, block_size: int) -> int:
     """KV blocks `tokens` take."""
     return -(-tokens // block_size)
-
-
-def chain_keys(prefix) -> tuple:
-    """A prompt's unit keys made to name everything before them too, as vLLM's block hashes chain
-    (two prompts share a unit only if they agree up to it)."""
-    chained, key = [], 0
-    for unit in prefix:
-        key = hash((key, unit))
-        chained.append(key)
-    return tuple(chained)
 
 
 def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:

@@ -37,7 +37,7 @@ from typing import Awaitable, Callable, Sequence
 import aiohttp
 import numpy as np
 
-from specbench.schema import ROUTERS, endpoint_picker_scores
+from specbench.schema import ROUTERS, chain_keys, endpoint_picker_scores
 from specbench.served.prometheus import Snapshot
 
 # the prefix-aware router's unit of a prompt: the servers' KV cache block (their cache_config_info),
@@ -90,14 +90,11 @@ class LoadRun:
         return [f"request {r.index}: {r.error}" for r in self.requests if r.error]
 
 
-def prompt_block_keys(prompt: Sequence[int], block_tokens: int = PREFIX_BLOCK_TOKENS) -> list[int]:
-    """One key per whole block of a prompt's token ids, chained: a block's key stands for every
-    token up to its end, so equal keys mean equal prefixes (as vLLM's block hashes)."""
-    keys, parent = [], 0
-    for start in range(0, len(prompt) - block_tokens + 1, block_tokens):
-        parent = hash((parent, tuple(prompt[start:start + block_tokens])))
-        keys.append(parent)
-    return keys
+def prompt_block_keys(prompt: Sequence[int], block_tokens: int = PREFIX_BLOCK_TOKENS) -> tuple[int, ...]:
+    """One key per whole block of a prompt's token ids, chained (`schema.chain_keys`): a block's key
+    stands for every token up to its end, so equal keys mean equal prefixes."""
+    return chain_keys(tuple(prompt[start:start + block_tokens])
+                      for start in range(0, len(prompt) - block_tokens + 1, block_tokens))
 
 
 @dataclass

@@ -26,6 +26,16 @@ REQUESTS, APART_S, OUTPUT_TOKENS, HASH_BLOCK = 16, 8.0, 24, 512
 SHARED_TOKENS = 1024  # the shared part reaches at least this far, and at most a block further
 
 
+def mooncake_hash_ids(tokens: list[int]) -> list[int]:
+    """Mooncake's `hash_ids` for a prompt's token ids: one per HASH_BLOCK tokens (the last block
+    partial), chained, so equal ids mean equal blocks after equal prefixes."""
+    hashes, parent = [], 0
+    for start in range(0, len(tokens), HASH_BLOCK):
+        parent = hash((parent, tuple(tokens[start:start + HASH_BLOCK]))) & 0x7FFFFFFF
+        hashes.append(parent)
+    return hashes
+
+
 def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(converted_smollm2_dir())
     questions = [r.messages[-1]["content"] for r in load_workload("chat").records
@@ -52,12 +62,9 @@ def main() -> None:
     system = " ".join(words[1000:1000 + count])
     lines = []
     for i, (question, tokens) in enumerate(zip(questions, ids)):
-        hashes, parent = [], 0
-        for start in range(0, len(tokens), HASH_BLOCK):
-            parent = hash((parent, tuple(tokens[start:start + HASH_BLOCK]))) & 0x7FFFFFFF
-            hashes.append(parent)
         lines.append({"timestamp": int(i * APART_S * 1000), "input_length": len(tokens),
-                      "output_length": OUTPUT_TOKENS, "hash_ids": hashes, "text": f"{system}\n\n{question}"})
+                      "output_length": OUTPUT_TOKENS, "hash_ids": mooncake_hash_ids(tokens),
+                      "text": f"{system}\n\n{question}"})
     (HERE / "shared.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     print(f"{len(lines)} requests, {min(len(t) for t in ids)}-{max(len(t) for t in ids)} tokens in, "
           f"shared {common(ids)}")

@@ -43,21 +43,33 @@ def fitted(paths: list[Path]):
     return fit_served(cells, requests, runs[0].meta, ", ".join(str(run.path) for run in runs))[0]
 
 
+def trace_prompts(path: Path) -> tuple[list[dict], list[list[int]]]:
+    """A Mooncake-format trace's rows, and each row's prompt ids as the sweep sent its text (the
+    target's chat template applied)."""
+    tokenizer = AutoTokenizer.from_pretrained(converted_smollm2_dir())
+    trace = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return trace, [encode_prompt(PromptRecord(f"q{i}", "trace", [{"role": "user", "content": row["text"]}]),
+                                 tokenizer) for i, row in enumerate(trace)]
+
+
+def block_prefixes(load, tokens: list[list[int]], block: int) -> list[tuple]:
+    """Each prompt's whole blocks of `block` token ids (the replica's prefix keys), after checking
+    that `load` replayed these prompts."""
+    assert len(load.prompts) == len(tokens) and all(abs(p - len(t)) <= 8 for p, t in zip(load.prompts, tokens)), \
+        "the replay's prompts are not the trace's"
+    return [tuple(tuple(t[s:s + block]) for s in range(0, len(t) - block + 1, block)) for t in tokens]
+
+
 def main() -> None:
     prices = {name: fitted(paths) for name, paths in CALIBRATIONS.items()}
-    tokenizer = AutoTokenizer.from_pretrained(converted_smollm2_dir())
-    trace = [json.loads(line) for line in (HERE / "shared.jsonl").read_text().splitlines() if line.strip()]
-    tokens = [encode_prompt(PromptRecord(f"q{i}", "trace", [{"role": "user", "content": row["text"]}]), tokenizer)
-              for i, row in enumerate(trace)]
+    trace, tokens = trace_prompts(HERE / "shared.jsonl")
     found: dict = {}
     for name, caching in (("cached", True), ("uncached", False)):
         run = load_run(HERE / name)
         load = cell_loads(run.cells, run.requests, meta=run.meta)[0]
         spec = dataclasses.replace(served_replica(run.meta), prefix_caching=caching)
         block = spec.block_size
-        assert len(load.prompts) == len(tokens) and all(abs(p - len(t)) <= 8 for p, t in zip(load.prompts, tokens)), \
-            "the replay's prompts are not the trace's"
-        by_block = [tuple(tuple(t[s:s + block]) for s in range(0, len(t) - block + 1, block)) for t in tokens]
+        by_block = block_prefixes(load, tokens, block)
         arrivals = load.arrivals_s - load.arrivals_s[0]
         measured = {"ttft": np.median(load.ttft_s), "tpot": np.nanmedian(load.tpot_s), "e2e": np.median(load.e2e_s)}
         row = {"measured": measured, "block": block, "kv_tokens": spec.kv_capacity_tokens}

@@ -27,8 +27,11 @@ from transformers import AutoTokenizer  # noqa: E402
 from specbench.models import converted_smollm2_dir  # noqa: E402
 from specbench.workloads import PromptRecord, encode_prompt, load_workload, long_document  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent / "prefix"))
+from make_trace import mooncake_hash_ids  # noqa: E402  (the prefix-caching check's trace maker)
+
 DOCUMENTS, ROUNDS, FILLERS = 30, 3, 4
-APART_S, OUTPUT_TOKENS, HASH_BLOCK = 1.0, 24, 512
+APART_S, OUTPUT_TOKENS = 1.0, 24
 DOCUMENT_WORDS = 700  # ~1,000 tokens of the prose document
 FILLER_FROM, FILLER_WORDS = 30_000, 60  # the short prompts' excerpts: past every document's words
 SEED = 0
@@ -50,12 +53,8 @@ def main() -> None:
     lines = []
     for i, text in enumerate(texts):
         tokens = encode_prompt(PromptRecord(f"q{i}", "trace", [{"role": "user", "content": text}]), tokenizer)
-        hashes, parent = [], 0
-        for start in range(0, len(tokens), HASH_BLOCK):
-            parent = hash((parent, tuple(tokens[start:start + HASH_BLOCK]))) & 0x7FFFFFFF
-            hashes.append(parent)
         lines.append({"timestamp": int(i * APART_S * 1000), "input_length": len(tokens),
-                      "output_length": OUTPUT_TOKENS, "hash_ids": hashes, "text": text})
+                      "output_length": OUTPUT_TOKENS, "hash_ids": mooncake_hash_ids(tokens), "text": text})
     (HERE / "documents.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     lengths = [line["input_length"] for line in lines[FILLERS:]]
     print(f"{len(lines)} requests ({FILLERS} short first: {[line['input_length'] for line in lines[:FILLERS]]} "

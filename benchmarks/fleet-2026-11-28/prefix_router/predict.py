@@ -30,13 +30,12 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from transformers import AutoTokenizer  # noqa: E402
-
 from specbench.fleet.router import simulate_fleet  # noqa: E402
 from specbench.fleet.served import cell_loads, fit_served, served_replica  # noqa: E402
-from specbench.models import converted_smollm2_dir  # noqa: E402
 from specbench.results import load_run  # noqa: E402
-from specbench.workloads import PromptRecord, encode_prompt  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "prefix"))
+from predict import block_prefixes, trace_prompts  # noqa: E402  (the prefix-caching check's)
 
 ROUTERS = ("least-outstanding", "prefix-aware")  # each run's directory is its router's name
 # the step price made this much dearer: what the simulator says if the two servers' steps ran that much
@@ -86,30 +85,26 @@ def main() -> None:
     runs = parser.parse_args().runs.resolve()
     calibration = load_run(runs / "calibration")
     price = fit_served(calibration.cells, calibration.requests, calibration.meta, str(calibration.path))[0]
-    tokenizer = AutoTokenizer.from_pretrained(converted_smollm2_dir())
-    trace = [json.loads(line) for line in (HERE / "documents.jsonl").read_text().splitlines() if line.strip()]
+    trace, tokens = trace_prompts(HERE / "documents.jsonl")
     texts = [row["text"] for row in trace]
-    tokens = [encode_prompt(PromptRecord(f"q{i}", "trace", [{"role": "user", "content": text}]), tokenizer)
-              for i, text in enumerate(texts)]
+    cost = price.cost(None)
     counts = json.loads((runs / "prefix_counts.json").read_text())
     found = {}
     for router in ROUTERS:
         run = load_run(runs / router)
         (load,) = cell_loads(run.cells, run.requests, meta=run.meta)
         assert load.router == router and load.replicas == 2, (load.router, load.replicas)
-        assert len(load.prompts) == len(tokens) and all(abs(p - len(t)) <= 8 for p, t in zip(load.prompts, tokens)), \
-            "the replay's prompts are not the trace's"
         spec = dataclasses.replace(load.spec or served_replica(run.meta), prefix_caching=True,
                                    request_overhead_s=price.overhead_s)
         block = spec.block_size
-        prefixes = [tuple(tuple(t[s:s + block]) for s in range(0, len(t) - block + 1, block)) for t in tokens]
+        prefixes = block_prefixes(load, tokens, block)
         arrivals = load.arrivals_s - load.arrivals_s[0]
-        fleet = simulate_fleet(load.prompts, load.outputs, arrivals, price.cost(None), spec, 2, router,
+        fleet = simulate_fleet(load.prompts, load.outputs, arrivals, cost, spec, 2, router,
                                prefixes=prefixes)
         out = fleet.outcome
         dearer = {}
         for factor in DEARER:
-            slow = simulate_fleet(load.prompts, load.outputs, arrivals, scaled(price.cost(None), factor), spec, 2,
+            slow = simulate_fleet(load.prompts, load.outputs, arrivals, scaled(cost, factor), spec, 2,
                                   router, prefixes=prefixes)
             dearer[factor] = (summary(slow.outcome.ttft_s[FILLERS:], slow.outcome.tpot_s[FILLERS:],
                                       slow.outcome.e2e_s[FILLERS:]), longest_run(slow.replica_of))

@@ -38,6 +38,9 @@ ROUTERS = ("least-outstanding", "round-robin", "prefix-aware")
 # The default profile of the Gateway API Inference Extension's endpoint picker, on which llm-d's
 # scheduler builds: prefix-cache-scorer 3, queue-scorer 1, kv-cache-utilization-scorer 1
 PREFIX_WEIGHT, QUEUE_WEIGHT, KV_WEIGHT = 3.0, 1.0, 1.0
+# how often the prefix-aware router reads each server's queue and KV cache (its /metrics: the
+# endpoint picker's default refresh), served and simulated alike
+ROUTER_METRICS_INTERVAL_S = 0.05
 # A trace request sent later than this after its arrival time is late (traffic.md)
 SEND_LAG_GOAL_S = 0.005
 

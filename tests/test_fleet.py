@@ -1628,3 +1628,63 @@ def test_the_prefix_len_is_checked_and_shown(tmp_path):
                            (["--prefix-len", "-1"], "from 0 to less than")):
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 2 and message in result.output
+
+
+def test_requests_a_trace_recorded_at_one_instant_are_spread_up_to_its_next():
+    """Mooncake's trace comes in 3 s buckets: the requests of one instant spread evenly until the next
+    (the last instant's over the median gap); a trace without ties unchanged."""
+    from specbench.fleet.sizing import spread_ties
+
+    np.testing.assert_allclose(spread_ties(np.array([0, 0, 0, 0, 3, 3, 6.0])), [0, 0.75, 1.5, 2.25, 3, 4.5, 6])
+    np.testing.assert_allclose(spread_ties(np.array([0, 2, 4, 4.0])), [0, 2, 4, 5])
+    np.testing.assert_array_equal(spread_ties(np.array([0, 0.5, 2.0])), [0, 0.5, 2.0])
+
+
+def test_the_prefix_aware_router_reads_the_servers_reports_so_a_burst_at_one_instant_goes_to_one():
+    """Behind llm-d's default profile the router knows the queues and KV caches only as the servers
+    last reported them (each step's end, read every 50 ms): requests arriving together all see the
+    same reports and go where the KV cache was freest; spread over a second, the reports between
+    them send them apart. Least-outstanding counts its own requests and spreads the burst."""
+    from specbench.fleet.router import simulate_fleet
+
+    def cost(prefill_tokens, decode_rows, k=0):
+        return 0.005 + 1e-5 * prefill_tokens + 1e-4 * decode_rows
+
+    spec = ReplicaSpec(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=100_000)
+    # one long request on a replica (its KV cache fuller), then 6 new prompts at one instant
+    prompts, outputs = np.array([4000] + [3000] * 6), np.array([2000] + [500] * 6)
+    together = np.array([0.0] + [1.0] * 6)
+    aware = simulate_fleet(prompts, outputs, together, cost, spec, 2, "prefix-aware").replica_of
+    assert aware[0] == 0 and (aware[1:] == 1).all()
+    blind = simulate_fleet(prompts, outputs, together, cost, spec, 2, "least-outstanding").replica_of
+    assert set(blind[1:]) == {0, 1}
+    apart = np.array([0.0] + list(1.0 + 0.2 * np.arange(6)))
+    assert set(simulate_fleet(prompts, outputs, apart, cost, spec, 2, "prefix-aware").replica_of[1:]) == {0, 1}
+
+
+def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
+    """Every prompt opens with the same system prompt (half of it): cached on the replica that took
+    the first request, it outscores the others' free KV caches for every later request, so that one
+    replica misses the SLO and more replicas would sit idle too: no number of them, and the answer
+    says how many of how many were used; least-outstanding spreads the same traffic and meets it."""
+    from specbench.fleet.plan import answer
+    from specbench.fleet.sizing import Objective, Traffic, fewest_replicas
+
+    def cost(prefill_tokens, decode_rows, k=0):
+        return 0.01 + 1e-4 * prefill_tokens + 1e-3 * decode_rows
+
+    count = 200
+    traffic = Traffic("system prompt", np.arange(count) * 0.05, np.full(count, 1024), np.full(count, 64),
+                      [("system", ("own", i)) for i in range(count)], 512)
+    spec = ReplicaSpec(max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=200_000, prefix_caching=True)
+    objective = Objective((("ttft", 0.5),), 90)
+    idle: list = []
+    assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "prefix-aware", 0.0, idle=idle) is None
+    assert idle == [(2, 1)]
+    assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "least-outstanding", 0.0) is not None
+    import pandas as pd
+
+    row = {"draft": "autoregressive", "tp": 1, "scale": 1.0, "request_rate": 20.0, "replicas": np.nan,
+           "reachable": True, "idle_at": 2, "used_at": 1}
+    text = answer(pd.DataFrame([row]), "system prompt", "llama3-8b", "H100", "p90 TTFT ≤ 0.5 s", 0.0)
+    assert "no number of replicas behind this router (of 2 it used 1" in text

@@ -245,3 +245,45 @@ def test_random_servers_and_loads_are_scheduled_as_vllm_schedules_them(model_con
             assert ours.e2e_s.mean() == pytest.approx((finish - arrivals).mean(), rel=0.02)
             residual += 1
     assert residual <= 1
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_what_the_replica_reports_each_step_is_what_vllms_scheduler_stats_say(model_config_dir, async_scheduling,
+                                                                              prefix_caching):
+    """The queue and KV cache a prefix-aware router reads (`Replica.published_at`): at every step end
+    the replica reports, the requests waiting and KV blocks in use that vLLM's `make_stats` gives with
+    that step's outputs (arrivals during a step not yet waiting; with async scheduling, after the next
+    step was scheduled), with a queue (and, scheduled synchronously, preemptions); and read at each of vLLM's step ends, the same."""
+    from specbench.fleet.replica import Replica
+
+    rng = np.random.default_rng(5)
+    n = 30
+    spec = ReplicaSpec(max_num_seqs=8, max_num_batched_tokens=1024, kv_capacity_tokens=5000,
+                       async_scheduling=async_scheduling, prefix_caching=prefix_caching, reserve_full_input=False)
+    arrivals, prompts, outputs = np.cumsum(rng.exponential(0.08, n)), rng.integers(100, 2000, n), rng.integers(20, 300, n)
+    prefixes = shared_prefixes(rng, n, 3, prompts) if prefix_caching else [()] * n
+    requests = [(a, p, o, s) if prefix_caching else (a, p, o) for a, p, o, s in zip(arrivals, prompts, outputs, prefixes)]
+    theirs: list = []
+    timed = run_vllm_scheduler(vllm_scheduler(model_config_dir, spec), step_cost, requests, published=theirs)
+    assert max(w for _, w, _ in theirs) > 0
+    assert async_scheduling or sum(t.preemptions for t in timed) > 0
+    reported = {round(t, 9): (waiting, used) for t, waiting, used in theirs}
+
+    replica = Replica(step_cost, spec, publishes=True)
+    for i in range(n):
+        replica.add(i, arrivals[i], prompts[i], outputs[i], prefixes[i])
+    ours = []
+    while replica.pending or replica.waiting or replica.running:  # every report, before a read drops it
+        replica.advance(max(replica.now, replica.pending[0][0] if replica.pending else 0.0) + 1e-3)
+        ours.extend(entry for entry in replica.published if entry not in ours)
+    assert len(ours) > 20
+    for t, waiting, used in ours[1:]:  # (the first: the idle replica before any step)
+        assert reported[round(t, 9)] == (waiting, used), t
+
+    replica = Replica(step_cost, spec, publishes=True)  # read as a router reads it, at vLLM's step ends
+    for i in range(n):
+        replica.add(i, arrivals[i], prompts[i], outputs[i], prefixes[i])
+    for t, waiting, used in theirs:
+        replica.advance(t + 1e-12)
+        assert replica.published_at(t + 1e-12) == (waiting, 1 - used / spec.kv_blocks), t

@@ -308,7 +308,7 @@ def load_traffic(trace: str, window: str, context_limit: int):
     import numpy as np
 
     from specbench import traces
-    from specbench.fleet.sizing import Traffic
+    from specbench.fleet.sizing import Traffic, spread_ties
 
     replay = traces.replay(traces.load_trace(trace), window, 1.0, max_context=context_limit)
     if len(replay.requests) < 2:
@@ -317,7 +317,7 @@ def load_traffic(trace: str, window: str, context_limit: int):
     start, end = replay.window
     name = f"{replay.trace} {start:g}–{end:.0f} s" if window else replay.trace
     shared = replay.hash_block_tokens and any(r.hash_ids for r in requests)
-    traffic = Traffic(name, np.array([r.arrival_s for r in requests]),
+    traffic = Traffic(name, spread_ties(np.array([r.arrival_s for r in requests])),
                       np.array([r.input_tokens for r in requests]), np.array([r.output_tokens for r in requests]),
                       [r.hash_ids for r in requests] if shared else None, replay.hash_block_tokens if shared else 0)
     return traffic, replay
@@ -407,7 +407,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     caveat = ", EXTRAPOLATED past the batches or prompts its run measured" if head.get("beyond_measured") else ""
     if ask.router == "prefix-aware" and traffic.prefixes is not None:
         # measured on two vLLM CPU servers: its routing and cache hits as simulated, the tail of the
-        # herding it does on prompts new to every server priced low (docs/fleet.md)
+        # herding it does on prompts new to every server only at the pace those servers ran, and
+        # at the calibration's in one sitting of two (docs/fleet.md)
         caveat += ", the prefix-aware router's tail likely worse"
     sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
@@ -444,7 +445,9 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             if not row.replicas == row.replicas:
-                shown.add_row(row.configuration, f">{MOST_REPLICAS}" if row.reachable else "none (alone misses)",
+                idle = getattr(row, "idle_at", math.nan)
+                shown.add_row(row.configuration, "none (alone misses)" if not row.reachable else
+                              f"none (uses {int(row.used_at)} of {int(idle)})" if idle == idle else f">{MOST_REPLICAS}",
                               *[""] * (len(columns) - 2))
                 continue
             monthly = row.dollars_per_month if price is not None else row.gpus * HOURS_PER_MONTH

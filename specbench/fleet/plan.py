@@ -386,8 +386,13 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
 
     def fleet(row) -> str:
         if not row["replicas"] == row["replicas"]:
-            return "no number of replicas (a request served alone misses the SLO)" if not row.get("reachable", True) \
-                else f"more than {MOST_REPLICAS} replicas"
+            if not row.get("reachable", True):
+                return "no number of replicas (a request served alone misses the SLO)"
+            if row.get("idle_at", math.nan) == row.get("idle_at", math.nan):
+                return (f"no number of replicas behind this router (of {int(row['idle_at'])} it used "
+                        f"{int(row['used_at'])}: a prefix every prompt opens with, cached on those, outscores "
+                        "the others' idle KV caches)")
+            return f"more than {MOST_REPLICAS} replicas"
         count = int(row["replicas"])
         return f"{count} replica{'s' if count != 1 else ''}"
 
@@ -398,7 +403,10 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     if speculative.empty:
         if (rows["draft"] == AR).all():
             return head + tail
-        unreachable = not rows[rows["draft"] != AR].get("reachable", pd.Series([True])).any()
+        others = rows[rows["draft"] != AR]
+        unreachable = not others.get("reachable", pd.Series([True])).any()
+        if not unreachable and others.get("idle_at", pd.Series([math.nan])).notna().any():
+            return head + f" and {fleet(others[others['idle_at'].notna()].iloc[0])} with speculation" + tail
         return head + (" nor with any speculation" if unreachable
                        else f" and more than {MOST_REPLICAS} with every speculation") + tail
     best = speculative.sort_values(["replicas", "dollars_per_month", "tpot_p50_ms"]).iloc[0]

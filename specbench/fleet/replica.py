@@ -457,7 +457,8 @@ class Replica:
     of a fleet to each arrival, reads `outstanding`, and adds the request where it chooses;
     `simulate` drives one replica alone."""
 
-    def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None) -> None:
+    def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None,
+                 publishes: bool = False) -> None:
         self.cost, self.spec, self.speculation = cost, spec, speculation
         self.uses_context = bool(getattr(cost, "uses_context", False))
         self.uses_prefill_chunks = bool(getattr(cost, "uses_prefill_chunks", False))
@@ -469,6 +470,7 @@ class Replica:
         self.free_blocks = spec.kv_blocks  # with prefix caching: the free cached units' blocks too
         self.cache = PrefixCache(spec.prefix_unit_blocks, spec.prefix_unit_tokens) if spec.prefix_caching else None
         self.now, self.steps, self.preemptions = 0.0, 0, 0
+        self.step_ended = -1.0  # when the latest step that computed something ended
         self.step_started = 0.0  # when the latest step began (async scheduling schedules the next one then)
         # async scheduling: the requests the latest step finished, their slots and KV blocks still
         # held while the next step is scheduled (vLLM learns they finished only after that)
@@ -481,6 +483,10 @@ class Replica:
         self.itl_gap_s: list[float] = []
         self.itl_count: list[int] = []
         self.itl_zeros = 0
+        # what the server reports as each step ends (`publishes`: a router reads it), oldest first:
+        # (time, requests waiting, KV blocks in use) as vLLM's engine core makes its scheduler stats
+        # (`Scheduler.make_stats`, sent with the step's outputs: what /metrics shows until the next)
+        self.published: deque[tuple[float, int, int]] | None = deque([(0.0, 0, 0)]) if publishes else None
 
     def add(self, index: int, arrival_s: float, prompt: int, output: int, prefix: tuple = ()) -> _Request:
         """A request of `prompt` tokens in and `output` out, arriving at `arrival_s`; with prefix
@@ -494,6 +500,29 @@ class Replica:
     def waiting_count(self) -> int:
         """Requests queued and not yet admitted (vLLM's `num_requests_waiting`)."""
         return len(self.pending) + len(self.waiting)
+
+    def _publish(self) -> None:
+        """The scheduler's stats now: those `update_from_output` makes at the end of a step (the
+        requests that arrived during it not among the waiting: they reach the scheduler with the
+        next), with async scheduling after the next step was scheduled."""
+        published = self.published
+        if published is None:
+            return
+        entry = (self.now, len(self.waiting), self.spec.kv_blocks - self.free_blocks)
+        if published[-1][0] >= self.now:
+            published[-1] = entry
+        else:
+            published.append(entry)
+
+    def published_at(self, at_s: float) -> tuple[int, float]:
+        """What the server last reported by `at_s` (needs `publishes`): the requests waiting
+        (`vllm:num_requests_waiting`) and its KV cache's free share (1 - `vllm:kv_cache_usage_perc`).
+        Times asked must not go back."""
+        published = self.published
+        while len(published) > 1 and published[1][0] <= at_s:
+            published.popleft()
+        _, waiting, used = published[0]
+        return waiting, 1.0 - used / self.spec.kv_blocks
 
     def cached_share(self, prompt: int, keys: tuple) -> float:
         """The share of a prompt's units (of `prompt` tokens, `keys` chained: `chain_keys`) whose run
@@ -530,7 +559,9 @@ class Replica:
         if self.spec.async_scheduling and (self.running or self.waiting):
             self._arrive(self.step_started)
         else:
-            self._release_held()
+            if self.held:  # the engine learns the last step's finished requests: it reports them gone
+                self._release_held()
+                self._publish()
             self._arrive(self.now)
 
     def _release_held(self) -> None:
@@ -678,11 +709,15 @@ class Replica:
             if prefills or decodes or not held:
                 break
         preempted = self.preemptions != preempted_before
+        if spec.async_scheduling and self.now == self.step_ended:  # the step before's stats come once
+            self._publish()  # this one is scheduled (after an idle spell there was no step before)
         if not prefills and not decodes:
             if preempted:  # the one running request gave its blocks back (with async scheduling the blocks
                 # the step before finished were still held): vLLM runs the step empty, in no time
                 self.step_started = self.now
                 self.last_finished = []
+                if not spec.async_scheduling:
+                    self._publish()
                 return []
             raise RuntimeError("the replica scheduled nothing although requests are waiting")  # a lone request fits
         # a step that preempted admitted no one; the next may admit what waits (the freed blocks): not stretched
@@ -751,6 +786,7 @@ class Replica:
             self.itl_count.append(len(decodes) * repeat)
         self.step_started = self.now + step_s * (repeat - 1)
         self.now += step_s * repeat
+        self.step_ended = self.now
         self.steps += repeat
         now = self.now
         finished = []
@@ -786,6 +822,8 @@ class Replica:
                 self._release(request)
             request.finish_s = now
         self.last_finished = finished
+        if not spec.async_scheduling:
+            self._publish()
         if finished or len(running) != self.timeline[-1][1]:
             self.timeline.append((now, len(running)))
         return finished

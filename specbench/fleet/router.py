@@ -12,11 +12,15 @@ as a serving gateway chooses (llm-d, vLLM's production stack, a Kubernetes servi
   (requests waiting, min-max normalised across the replicas: the shortest queue 1, the longest 0, all
   equal 1) + 1 × its KV cache's free share, the highest score taking it (ties: as
   least-outstanding). Without prefix caching, the queue and the KV cache alone. The queue and the
-  KV cache are read as they are at the arrival (a gateway reads them as vLLM publishes them, once a
-  step: not modelled). Checked against two vLLM CPU servers behind specbench's client routing the
-  same way (benchmarks/fleet-2026-11-28/prefix_router): where requests went and what their caches
-  found as predicted, prompts new to every server herded onto one several at a time (here too), but
-  the tail that herding cost priced low (p90 TTFT 5.2 s measured, 2.2 s predicted).
+  KV cache are what each server last reported when the router last read them (every
+  `schema.ROUTER_METRICS_INTERVAL_S`): vLLM's scheduler stats as each step ends (`Replica.published_at`,
+  held to vLLM's own `make_stats` in tests/test_replica_vs_vllm_scheduler.py), which do not count
+  the requests that arrived during the step. Requests arriving together therefore see the same
+  reports and go to one server. Checked against two vLLM CPU servers behind specbench's client
+  routing the same way (benchmarks/fleet-2026-11-28/prefix_router): where requests went and what
+  their caches found as predicted; prompts new to every server herd onto one several at a time, and
+  the tail that costs (p90 TTFT 5.2 s measured) is predicted at 5.1 s once the steps are priced at
+  the pace the other router's replay of the same sitting ran at (2.2 s at the calibration's).
 
 An `SloWatch` stops a fleet early once so many requests have missed the SLO that its percentile
 cannot be met any more: near and past the knee a queue grows without end, and simulating the rest
@@ -35,7 +39,7 @@ from specbench.fleet.replica import (
     Outcome, Replica, ReplicaSpec, Speculation, StepCost, cached_tokens_of, chain_keys, pooled_itl, running_percentile,
     share_at_least,
 )
-from specbench.schema import ROUTERS, endpoint_picker_scores
+from specbench.schema import ROUTER_METRICS_INTERVAL_S, ROUTERS, endpoint_picker_scores
 
 CHECK_EVERY = 256  # arrivals between two looks at the SLO's misses
 
@@ -122,10 +126,11 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
     if watch is not None:
         watch.api_server_s = spec.api_server_s
     fleet = [Replica(cost, spec, None if speculation is None else
-                     Speculation(speculation.k, speculation.acceptance, speculation.schedule, speculation.seed + n))
+                     Speculation(speculation.k, speculation.acceptance, speculation.schedule, speculation.seed + n),
+                     publishes=router == "prefix-aware")
              for n in range(replicas)]
     chosen_at = np.full(replicas, -math.inf)  # when each replica was last chosen (the tie-break)
-    replica_of = np.zeros(len(prompts), int)
+    replica_of = np.full(len(prompts), -1)  # (-1: not routed, the fleet stopped before it arrived)
     added = []
     stopped = False
     for i, at in enumerate(arrivals):
@@ -134,15 +139,18 @@ def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndar
         else:
             loads, queues, found, free = [], [], [], []
             keys = chain_keys(prefixes[i]) if prefixes is not None and router == "prefix-aware" else ()
+            # the queues and KV caches as the router's latest read of the servers' reports found them
+            read_s = math.floor(at / ROUTER_METRICS_INTERVAL_S) * ROUTER_METRICS_INTERVAL_S
             for n, replica in enumerate(fleet):
                 finished = replica.advance(at)
                 if watch is not None:
                     watch.finished(finished)
                 loads.append((replica.outstanding(at), chosen_at[n], n))
                 if router == "prefix-aware":
-                    queues.append(replica.waiting_count())
+                    waiting, free_share = replica.published_at(read_s)
+                    queues.append(waiting)
                     found.append(replica.cached_share(int(prompts[i]), keys))
-                    free.append(replica.free_blocks / replica.spec.kv_blocks)
+                    free.append(free_share)
             if router == "prefix-aware":
                 scores = endpoint_picker_scores(found, queues, free)
                 target = min(range(replicas), key=lambda n: (-scores[n], loads[n]))

@@ -23,6 +23,9 @@ from specbench.schema import LARGE_BATCH
 
 HOURS_PER_MONTH = 730  # 365 × 24 / 12
 MOST_REPLICAS = 1024
+# a fleet that missed after routing this many requests a replica and left one without any does not
+# grow: its router would leave the added ones idle too
+IDLE_AFTER = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,23 @@ class Objective:
 
 
 UNSERVED_S = 1e300  # a request never served: later than any bound (finite, so percentiles interpolate)
+
+
+def spread_ties(arrivals_s: np.ndarray) -> np.ndarray:
+    """Arrival times (sorted) with the requests a trace recorded at one instant spread evenly up to
+    its next recorded instant (the last instant's over the median gap between instants): a trace's
+    resolution, not its traffic. Mooncake's conversation trace records its 12,031 requests in 3 s
+    buckets, ten at a time; sent at one instant they would reach a gateway as one burst, which a
+    router reading the servers' published state sends to one server."""
+    arrivals = np.asarray(arrivals_s, float)
+    instants, first, counts = np.unique(arrivals, return_index=True, return_counts=True)
+    if len(instants) == len(arrivals):
+        return arrivals.copy()
+    gaps = np.diff(instants)
+    last_gap = float(np.median(gaps)) if len(gaps) else 0.0
+    spans = np.append(gaps, last_gap)
+    position = np.arange(len(arrivals)) - np.repeat(first, counts)  # each request's place among its instant's
+    return arrivals + position * np.repeat(spans / counts, counts)
 
 
 def slo_verdict(out: Outcome, objective: Objective, mask: np.ndarray | None = None) -> tuple[float, bool]:
@@ -138,19 +158,30 @@ def alone_meets(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation
 
 def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec,
                     speculation: Speculation | None, objective: Objective, router: str, headroom: float,
-                    at_least: int = 1, most: int = MOST_REPLICAS) -> int | None:
+                    at_least: int = 1, most: int = MOST_REPLICAS, idle: list | None = None) -> int | None:
     """The fewest replicas meeting `objective` at `scale × (1 + headroom)` × speed (None: not even
-    `most`). `at_least`: a count known to miss or to be the answer's floor (a lighter traffic's)."""
+    `most`, or the router leaves replicas idle: `idle` then gets how many it had and how many it
+    used). `at_least`: a count known to miss or to be the answer's floor (a lighter traffic's)."""
     heavier = scale * (1 + headroom)
+    unused: list[tuple[int, int]] = []
 
     def meets(replicas: int) -> bool:
-        return judged(fleet_at(traffic, heavier, cost, spec, replicas, speculation, router, objective),
-                      objective)["meets_slo"]
+        fleet = fleet_at(traffic, heavier, cost, spec, replicas, speculation, router, objective)
+        met = judged(fleet, objective)["meets_slo"]
+        routed = fleet.replica_of[fleet.replica_of >= 0]
+        used = len(np.unique(routed))
+        # behind prefix-aware a replica no prompt's prefix is cached on can lose every request to ones
+        # whose KV caches are nearly as free: more of them would sit idle too
+        if not met and router == "prefix-aware" and len(routed) >= IDLE_AFTER * replicas and used < replicas:
+            unused.append((replicas, used))
+        return met
 
     low, high = at_least - 1, max(1, at_least)  # low: misses (0: nothing known); high: to try
     while not meets(high):
         low = high
-        if high >= most:
+        if high >= most or unused:
+            if unused and idle is not None:
+                idle.append(unused[-1])
             return None
         high = min(most, high * 2)
     while high - low > 1:
@@ -193,7 +224,8 @@ def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float
     """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
     the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
     percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
-    output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss, or where
+    output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss, where the
+    router left replicas of a missing fleet idle (`idle_at` replicas, `used_at` used), or where
     `reachable` is false: a request served alone already misses the objective)."""
     rows = []
     floors = {(c.tp, c.label): 1 for c in found}  # a heavier traffic needs no fewer replicas
@@ -204,10 +236,13 @@ def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float
             if key not in reachable:
                 reachable[key] = alone_meets(traffic, configuration.cost, configuration.spec,
                                              configuration.speculation, objective)
+            idle: list[tuple[int, int]] = []
             replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
                                        configuration.speculation, objective, router, headroom,
-                                       at_least=floors[key]) if reachable[key] else None
+                                       at_least=floors[key], idle=idle) if reachable[key] else None
             row = {"tp": tp, "reachable": reachable[key], "scale": scale, "draft": configuration.draft, "k": configuration.k,
+                   # where the router left replicas idle: how many a missing fleet had, and used
+                   "idle_at": idle[0][0] if idle else math.nan, "used_at": idle[0][1] if idle else math.nan,
                    "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
                    "configuration": configuration.label, "request_rate": traffic.rate(scale),
                    "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}

@@ -80,7 +80,7 @@ def prompt_token_ids(index: int, prompt: int, prefix: tuple, block_size: int, id
 
 
 def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int = 0,
-                       accept_all: bool = False) -> list[Timed]:
+                       accept_all: bool = False, published: list | None = None) -> list[Timed]:
     """Each (arrival s, prompt tokens, output tokens[, the keys of its prompt's shared blocks]) through
     `scheduler` (`vllm_scheduler`; with prefix caching, each request's prompt and output token ids as
     `prompt_token_ids` makes them, its output an id of its own), every
@@ -91,7 +91,9 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int 
     one's tokens are known, with the requests that had arrived by then, the engine then waiting for
     the older step, whose tokens count from its end. With `k` > 0 (a synchronous scheduler built with
     the same K) every row that sampled drafts K tokens, and the verify keeps all of them
-    (`accept_all`) or none: the two cases a replica's acceptance draws alike."""
+    (`accept_all`) or none: the two cases a replica's acceptance draws alike. `published` (a list)
+    gets, as each step's outputs come back, what vLLM's scheduler stats then say (`make_stats`: the
+    time, requests waiting, KV blocks in use), as `Replica.published` keeps them."""
     from collections import deque
 
     from vllm.sampling_params import SamplingParams
@@ -169,6 +171,10 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int 
         scheduler.update_from_output(step, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
                                                                                             enumerate(ids)},
                                                              sampled_token_ids=sampled))
+        if published is not None:  # as make_stats counts them
+            pool = scheduler.kv_cache_manager.block_pool
+            published.append((now, scheduler.get_request_counts()[1],
+                              pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()))
         for rid, tokens in zip(ids, sampled):
             index = int(rid)
             if tokens and math.isnan(first[index]):

@@ -37,15 +37,14 @@ from typing import Awaitable, Callable, Sequence
 import aiohttp
 import numpy as np
 
-from specbench.schema import ROUTERS, chain_keys, endpoint_picker_scores
+from specbench.schema import ROUTER_METRICS_INTERVAL_S, ROUTERS, chain_keys, endpoint_picker_scores
 from specbench.served.prometheus import Snapshot
 
 # the prefix-aware router's unit of a prompt: the servers' KV cache block (their cache_config_info),
 # this where they do not say (vLLM's block on a GPU)
 PREFIX_BLOCK_TOKENS = 16
-# what the prefix-aware router reads of each server, and how often (the endpoint picker's default refresh)
+# what the prefix-aware router reads of each server (every schema.ROUTER_METRICS_INTERVAL_S)
 ROUTER_METRICS = ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info")
-ROUTER_METRICS_INTERVAL_S = 0.05
 
 
 @dataclass

@@ -1666,7 +1666,8 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     """Every prompt opens with the same system prompt (half of it): cached on the replica that took
     the first request, it outscores the others' free KV caches for every later request, so that one
     replica misses the SLO and more replicas would sit idle too: no number of them, and the answer
-    says how many of how many were used; least-outstanding spreads the same traffic and meets it."""
+    says how many of how many were used (the fleet doubled and its router used none of the replicas
+    added); least-outstanding spreads the same traffic and meets it."""
     from specbench.fleet.plan import answer
     from specbench.fleet.sizing import Objective, Traffic, fewest_replicas
 
@@ -1680,7 +1681,7 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     objective = Objective((("ttft", 0.5),), 90)
     idle: list = []
     assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "prefix-aware", 0.0, idle=idle) is None
-    assert idle == [(2, 1)]
+    assert idle == [(2, 1)]  # (one replica missed; at 2 the router used only that one)
     assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "least-outstanding", 0.0) is not None
     import pandas as pd
 

@@ -23,8 +23,8 @@ from specbench.schema import LARGE_BATCH
 
 HOURS_PER_MONTH = 730  # 365 × 24 / 12
 MOST_REPLICAS = 1024
-# a fleet that missed after routing this many requests a replica and left one without any does not
-# grow: its router would leave the added ones idle too
+# a fleet that routed fewer requests a replica than this (stopped early) is not asked which replicas
+# its router left idle
 IDLE_AFTER = 4
 
 
@@ -163,25 +163,25 @@ def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: Replic
     `most`, or the router leaves replicas idle: `idle` then gets how many it had and how many it
     used). `at_least`: a count known to miss or to be the answer's floor (a lighter traffic's)."""
     heavier = scale * (1 + headroom)
-    unused: list[tuple[int, int]] = []
+    used: dict[int, int] = {}  # replicas tried: how many of them the router sent a request
 
     def meets(replicas: int) -> bool:
         fleet = fleet_at(traffic, heavier, cost, spec, replicas, speculation, router, objective)
-        met = judged(fleet, objective)["meets_slo"]
         routed = fleet.replica_of[fleet.replica_of >= 0]
-        used = len(np.unique(routed))
-        # behind prefix-aware a replica no prompt's prefix is cached on can lose every request to ones
-        # whose KV caches are nearly as free: more of them would sit idle too
-        if not met and router == "prefix-aware" and len(routed) >= IDLE_AFTER * replicas and used < replicas:
-            unused.append((replicas, used))
-        return met
+        # (a fleet stopped early has routed too few to say which replicas its router leaves idle)
+        used[replicas] = len(np.unique(routed)) if len(routed) >= IDLE_AFTER * replicas else replicas
+        return judged(fleet, objective)["meets_slo"]
 
     low, high = at_least - 1, max(1, at_least)  # low: misses (0: nothing known); high: to try
     while not meets(high):
+        # behind prefix-aware a replica no prompt's prefix is cached on can lose every request to ones
+        # whose KV caches are nearly as free: where the fleet grew and its router used none of the
+        # replicas added, more would sit idle too
+        stuck = router == "prefix-aware" and low >= 1 and used[high] <= low
         low = high
-        if high >= most or unused:
-            if unused and idle is not None:
-                idle.append(unused[-1])
+        if high >= most or stuck:
+            if stuck and idle is not None:
+                idle.append((high, used[high]))
             return None
         high = min(most, high * 2)
     while high - low > 1:

@@ -1668,6 +1668,8 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     replica misses the SLO and more replicas would sit idle too: no number of them, and the answer
     says how many of how many were used (the fleet doubled and its router used none of the replicas
     added); least-outstanding spreads the same traffic and meets it."""
+    import pandas as pd
+
     from specbench.fleet.plan import answer
     from specbench.fleet.sizing import Objective, Traffic, fewest_replicas
 
@@ -1683,8 +1685,6 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "prefix-aware", 0.0, idle=idle) is None
     assert idle == [(2, 1)]  # (one replica missed; at 2 the router used only that one)
     assert fewest_replicas(traffic, 1.0, cost, spec, None, objective, "least-outstanding", 0.0) is not None
-    import pandas as pd
-
     row = {"draft": "autoregressive", "tp": 1, "scale": 1.0, "request_rate": 20.0, "replicas": np.nan,
            "reachable": True, "idle_at": 2, "used_at": 1}
     text = answer(pd.DataFrame([row]), "system prompt", "llama3-8b", "H100", "p90 TTFT ≤ 0.5 s", 0.0)

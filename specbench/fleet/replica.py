@@ -497,10 +497,6 @@ class Replica:
         heapq.heappush(self.pending, (request.arrival_s, index, request))
         return request
 
-    def waiting_count(self) -> int:
-        """Requests queued and not yet admitted (vLLM's `num_requests_waiting`)."""
-        return len(self.pending) + len(self.waiting)
-
     def _publish(self) -> None:
         """The scheduler's stats now: those `update_from_output` makes at the end of a step (the
         requests that arrived during it not among the waiting: they reach the scheduler with the

@@ -45,13 +45,17 @@ DEARER = (1.2, 1.4)
 FILLERS = 4  # the trace's short first requests (make_trace.py), which the sweep's warm-up sent before
 
 
+def document_of(text: str) -> str:
+    """A request's document: its prompt's text before the question."""
+    return text.rsplit("\n\n", 1)[0]
+
+
 def same_document_again(texts: list[str], replica_of: np.ndarray) -> int:
-    """Requests sent to a server that an earlier request of their document went to (a document:
-    the text before the question)."""
+    """Requests sent to a server that an earlier request of their document went to."""
     seen: dict[str, set[int]] = {}
     again = 0
     for text, replica in zip(texts, replica_of):
-        document = text.rsplit("\n\n", 1)[0]
+        document = document_of(text)
         again += int(replica) in seen.get(document, set())
         seen.setdefault(document, set()).add(int(replica))
     return again
@@ -105,7 +109,8 @@ def main() -> None:
     texts = [row["text"] for row in trace]
     cost = price.cost(None)
     counts = json.loads((runs / "prefix_counts.json").read_text())
-    first_round = slice(FILLERS, FILLERS + len({t.rsplit(chr(10) * 2, 1)[0] for t in texts[FILLERS:]}))
+    document_count = len({document_of(text) for text in texts[FILLERS:]})
+    first_round = slice(FILLERS, FILLERS + document_count)  # each document's first question
     found = {}
     pace = None
     for router in ROUTERS:
@@ -142,7 +147,7 @@ def main() -> None:
             "cached measured": sum(c["hits"] for c in counts[router]) / sum(c["queries"] for c in counts[router]),
             "cached predicted": out.prefix_hit_share(),
             "block": block, "kv_tokens": spec.kv_capacity_tokens, "dearer": dearer}
-    later = len(trace) - FILLERS - len({t.rsplit(chr(10) * 2, 1)[0] for t in texts[FILLERS:]})
+    later = len(trace) - FILLERS - document_count
     lines = ["# The prefix-aware router against least-outstanding, measured on two vLLM CPU servers and predicted",
              "", f"documents.jsonl: {len(trace) - FILLERS} requests 1 s apart (30 documents of ~1,000 tokens, each "
              f"asked 3 questions, one round after another), 24 tokens out, after {FILLERS} short ones; two one-core "

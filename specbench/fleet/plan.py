@@ -446,11 +446,16 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
 
 
 
+def _wrapped_title(fig, title: str) -> None:
+    """`title` above the figure in lines as wide as the figure holds (9 pt: about 13 characters an inch)."""
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 13))), fontsize=9)
+
+
 def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU") -> None:
     """Against the clients: tokens/s per GPU (top; per `device`) and TPOT p50 (bottom), one line per
     configuration, one column per TP: where each configuration's throughput stops growing."""
-    import textwrap
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -481,7 +486,7 @@ def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU"
             ax.minorticks_off()
             ax.grid(alpha=0.3)
         axes[0][column].legend(fontsize=7)
-    fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=9)
+    _wrapped_title(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -494,8 +499,6 @@ def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
-
-    import textwrap
 
     tps = sorted(table["tp"].unique())
     fig, axes = plt.subplots(1, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 4.2), squeeze=False)
@@ -511,10 +514,13 @@ def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
         ax.set_xlabel("traffic scale (× the trace's request rate)")
         ax.set_ylabel("replicas needed (simulated)")
         ax.set_title(f"TP{tp}", fontsize=10)
+        most = table.loc[table["tp"] == tp, "replicas"].max()
+        if most == most:  # from 0 (one point alone would otherwise get a span under one replica, in fractions)
+            ax.set_ylim(0, most * 1.15 + 1)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=9)
+    _wrapped_title(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

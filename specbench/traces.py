@@ -5,6 +5,8 @@ replays (`--trace`, `--trace-window`, `--trace-speedup`, `--trace-max-requests`)
 A replay keeps the trace's arrival times (scaled) and lengths exactly; what public traces leave out
 is the text, which the sweep fills with real content of the trace's kind (workloads.trace_records).
 Rows out of time order are sorted, rows the target cannot hold are skipped, and both are counted.
+Rows recorded at one instant are spread evenly to the trace's next instant (`spread_ties`), for
+every reader alike: what a served replay sends is what `plan` simulates.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Trace:
     out_of_order: int = 0  # rows sorted into time order
     dropped: dict[str, int] = field(default_factory=dict)  # rows left out on reading, by reason
     hash_block_tokens: int = 0  # tokens each of its requests' hash ids stands for (0: it has none)
+    spread: int = 0  # rows recorded at an instant an earlier row had, moved towards the next (spread_ties)
 
     @property
     def duration_s(self) -> float:
@@ -88,11 +91,11 @@ class Replay:
     span: tuple[float, float] | None = None  # trace seconds of the first and last request replayed
     cut: bool = False  # --trace-max-requests stopped the replay before the window's end
     hash_block_tokens: int = 0  # tokens each of its requests' hash ids stands for (0: none)
+    spread: int = 0  # the trace's rows recorded at an earlier row's instant, spread to the next (spread_ties)
 
     @property
     def duration_s(self) -> float:
         return self.requests[-1].arrival_s if self.requests else 0.0
-
 
     @property
     def request_count(self) -> int:
@@ -119,18 +122,38 @@ class Replay:
     def notes(self) -> list[str]:
         """What was changed or left out, one phrase each (the report says them)."""
         notes = [f"{self.out_of_order} row(s) out of time order, sorted"] if self.out_of_order else []
+        if self.spread:
+            notes.append(f"{self.spread} of the trace's rows recorded at an earlier row's instant, spread evenly to "
+                         f"its next")
         notes += [f"{count} row(s) skipped: {reason}" for reason, count in self.skipped.items() if count]
         return notes
 
     def to_dict(self) -> dict:
         return {"trace": self.trace, "window": list(self.window), "speedup": self.speedup,
                 "workload": self.workload, "requests": len(self.requests), "duration_s": self.duration_s,
-                "rate": self.rate, "output_tokens_mean": self.output_tokens_mean, "out_of_order": self.out_of_order, "skipped": dict(self.skipped),
+                "rate": self.rate, "output_tokens_mean": self.output_tokens_mean, "out_of_order": self.out_of_order, "spread": self.spread, "skipped": dict(self.skipped),
                 "in_window": self.in_window, "span": list(self.span) if self.span else None, "cut": self.cut,
                 "describe": self.describe()}
 
 
 # --- reading --------------------------------------------------------------------------------------
+
+def spread_ties(arrivals_s: np.ndarray) -> np.ndarray:
+    """Arrival times (sorted) with the requests a trace recorded at one instant spread evenly up to
+    its next recorded instant (the last instant's over the median gap between instants): a trace's
+    resolution, not its traffic. Mooncake's conversation trace records its 12,031 requests in 3 s
+    buckets, ten at a time; sent at one instant they would reach a gateway as one burst, which a
+    router reading the servers' published state sends to one server."""
+    arrivals = np.asarray(arrivals_s, float)
+    instants, first, counts = np.unique(arrivals, return_index=True, return_counts=True)
+    if len(instants) == len(arrivals):
+        return arrivals.copy()
+    gaps = np.diff(instants)
+    last_gap = float(np.median(gaps)) if len(gaps) else 0.0
+    spans = np.append(gaps, last_gap)
+    position = np.arange(len(arrivals)) - np.repeat(first, counts)  # each request's place among its instant's
+    return arrivals + position * np.repeat(spans / counts, counts)
+
 
 def load_trace(spec: str) -> Trace:
     """A shipped trace by name (azure-code, azure-conv, mooncake-conv) or a file: .jsonl (Mooncake;
@@ -190,13 +213,14 @@ def _read(path: Path, name: str) -> Trace:
     out_of_order = int((frame["arrival_s"].diff() < 0).sum())
     frame = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     start = float(frame["arrival_s"].iloc[0])
+    arrivals = spread_ties(frame["arrival_s"].to_numpy() - start)
+    spread = len(arrivals) - len(np.unique(frame["arrival_s"]))
     texts = frame["text"] if "text" in frame else [""] * len(frame)
     hashes = frame["hash_ids"] if "hash_ids" in frame else [()] * len(frame)
-    requests = [TraceRequest(float(t) - start, int(i), int(o), str(x) if isinstance(x, str) else "", h)
-                for t, i, o, x, h in zip(frame["arrival_s"], frame["input_tokens"], frame["output_tokens"], texts,
-                                         hashes)]
+    requests = [TraceRequest(float(t), int(i), int(o), str(x) if isinstance(x, str) else "", h)
+                for t, i, o, x, h in zip(arrivals, frame["input_tokens"], frame["output_tokens"], texts, hashes)]
     return Trace(name, requests, source=str(path), out_of_order=out_of_order, dropped=dropped,
-                 hash_block_tokens=MOONCAKE_HASH_BLOCK if "hash_ids" in frame else 0)
+                 hash_block_tokens=MOONCAKE_HASH_BLOCK if "hash_ids" in frame else 0, spread=spread)
 
 
 def _require(frame: pd.DataFrame, columns: list[str], path: Path, what: str) -> None:
@@ -332,7 +356,7 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
               for r in kept]
     return Replay(trace.name, scaled, (start, end if duration is not None else trace.duration_s), speedup,
                   trace.workload, trace.out_of_order, skipped, len(chosen),
-                  (round(origin, 3), round(kept[-1].arrival_s, 3)), cut, trace.hash_block_tokens)
+                  (round(origin, 3), round(kept[-1].arrival_s, 3)), cut, trace.hash_block_tokens, trace.spread)
 
 
 # --- a sweep's trace -------------------------------------------------------------------------------

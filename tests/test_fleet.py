@@ -1125,7 +1125,7 @@ def test_an_slo_a_request_alone_misses_is_met_by_no_number_of_replicas():
     table = size_fleets(found, traffic, [1.0], Objective((("ttft", 0.5),), 90), 0.2, "least-outstanding")
     row = table.iloc[0]
     assert not row["reachable"] and np.isnan(row["replicas"])  # each first token takes a 1 s step
-    assert "needs no number of replicas (a request served alone misses the SLO)" in answer(
+    assert "needs no number of replicas of t TP1 on h100 (a request served alone misses the SLO)" in answer(
         table, "steady", "t", "h100", "p90 TTFT ≤ 500 ms", 0.2)
     met = size_fleets(found, traffic, [1.0], Objective((("ttft", 1.5),), 90), 0.0, "least-outstanding")
     assert met.iloc[0]["reachable"] and met.iloc[0]["replicas"] == 6  # 3 s a request, 2 arriving a second
@@ -1630,16 +1630,6 @@ def test_the_prefix_len_is_checked_and_shown(tmp_path):
         assert result.exit_code == 2 and message in result.output
 
 
-def test_requests_a_trace_recorded_at_one_instant_are_spread_up_to_its_next():
-    """Mooncake's trace comes in 3 s buckets: the requests of one instant spread evenly until the next
-    (the last instant's over the median gap); a trace without ties unchanged."""
-    from specbench.fleet.sizing import spread_ties
-
-    np.testing.assert_allclose(spread_ties(np.array([0, 0, 0, 0, 3, 3, 6.0])), [0, 0.75, 1.5, 2.25, 3, 4.5, 6])
-    np.testing.assert_allclose(spread_ties(np.array([0, 2, 4, 4.0])), [0, 2, 4, 5])
-    np.testing.assert_array_equal(spread_ties(np.array([0, 0.5, 2.0])), [0, 0.5, 2.0])
-
-
 def test_the_prefix_aware_router_reads_the_servers_reports_so_a_burst_at_one_instant_goes_to_one():
     """Behind llm-d's default profile the router knows the queues and KV caches only as the servers
     last reported them (each step's end, read every 50 ms): requests arriving together all see the
@@ -1688,4 +1678,30 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     row = {"draft": "autoregressive", "tp": 1, "scale": 1.0, "request_rate": 20.0, "replicas": np.nan,
            "reachable": True, "idle_at": 2, "used_at": 1}
     text = answer(pd.DataFrame([row]), "system prompt", "llama3-8b", "H100", "p90 TTFT ≤ 0.5 s", 0.0)
-    assert "no number of replicas behind this router (of 2 it used 1" in text
+    assert "needs no number of replicas of llama3-8b TP1 on H100 behind this router (of 2 it used 1" in text
+
+
+def test_the_replicas_chart_marks_a_scale_no_number_of_replicas_meets(tmp_path, monkeypatch):
+    """A scale a configuration gets no number for is not left out of the chart: a triangle at the
+    top, in its line's colour, and a legend line saying what the triangle means."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from specbench.fleet.plan import replicas_chart
+
+    drawn = []
+    saved = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), saved(fig, *a, **k)))
+    table = pd.DataFrame([
+        {"tp": 4, "configuration": "autoregressive", "draft": "autoregressive", "scale": 1.0, "replicas": 3.0},
+        {"tp": 4, "configuration": "autoregressive", "draft": "autoregressive", "scale": 2.0, "replicas": 6.0},
+        {"tp": 4, "configuration": "1b K=3", "draft": "1b", "scale": 1.0, "replicas": 2.0},
+        {"tp": 4, "configuration": "1b K=3", "draft": "1b", "scale": 2.0, "replicas": np.nan}])
+    replicas_chart(table, tmp_path / "replicas.png", "SIMULATED: a title")
+    ax = drawn[0].axes[0]
+    triangles = [line for line in ax.get_lines() if line.get_marker() == "^"]
+    assert len(triangles) == 1 and list(triangles[0].get_xdata()) == [2.0]
+    assert triangles[0].get_ydata()[0] > 6.0 and ax.get_ylim()[1] > triangles[0].get_ydata()[0]
+    assert any("no number of replicas" in text.get_text() for text in ax.texts)
+    replicas_chart(table.assign(replicas=np.nan), tmp_path / "none.png", "SIMULATED: none met")
+    assert (tmp_path / "none.png").stat().st_size > 5_000 and drawn[1].axes[0].get_ylim() == (0.0, 2.0)

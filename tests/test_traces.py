@@ -47,6 +47,33 @@ def test_the_shipped_mooncake_trace_holds_what_its_readme_says():
     assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in trace.requests[:100])
 
 
+def test_requests_a_trace_recorded_at_one_instant_are_spread_up_to_its_next(tmp_path):
+    """Mooncake's trace comes in 3 s buckets: the requests of one instant spread evenly until the next
+    (the last instant's over the median gap), as the trace is read, so a served replay sends what
+    `plan` simulates; a trace without ties is unchanged, and the replay says how many were moved."""
+    import json
+
+    import numpy as np
+
+    from specbench.traces import spread_ties
+
+    np.testing.assert_allclose(spread_ties(np.array([0, 0, 0, 0, 3, 3, 6.0])), [0, 0.75, 1.5, 2.25, 3, 4.5, 6])
+    np.testing.assert_allclose(spread_ties(np.array([0, 2, 4, 4.0])), [0, 2, 4, 5])
+    np.testing.assert_array_equal(spread_ties(np.array([0, 0.5, 2.0])), [0, 0.5, 2.0])
+    rows = [{"timestamp": t, "input_length": 100 + i, "output_length": 5} for i, t in
+            enumerate([3000, 0, 0, 3000, 6000])]
+    (tmp_path / "bucketed.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+    trace = load_trace(str(tmp_path / "bucketed.jsonl"))
+    assert [(r.arrival_s, r.input_tokens) for r in trace.requests] == [
+        (0.0, 101), (1.5, 102), (3.0, 100), (4.5, 103), (6.0, 104)]  # sorted stably, then spread
+    assert trace.spread == 2 and load_trace(str(FIXTURES / "mooncake.jsonl")).spread == 0
+    replayed = replay(trace, "1:10", speedup=2.0)
+    assert [r.arrival_s for r in replayed.requests] == [0.0, 0.75, 1.5, 2.25]
+    assert "2 of the trace's rows recorded at an earlier row's instant, spread evenly" in " ".join(replayed.notes())
+    assert replayed.to_dict()["spread"] == 2
+    assert load_trace("mooncake-conv").spread == 10851 and load_trace("azure-conv").spread == 0
+
+
 def test_a_gzipped_mooncake_trace_reads_as_the_plain_one(tmp_path):
     import gzip
 

@@ -308,7 +308,7 @@ def load_traffic(trace: str, window: str, context_limit: int):
     import numpy as np
 
     from specbench import traces
-    from specbench.fleet.sizing import Traffic, spread_ties
+    from specbench.fleet.sizing import Traffic
 
     replay = traces.replay(traces.load_trace(trace), window, 1.0, max_context=context_limit)
     if len(replay.requests) < 2:
@@ -317,7 +317,7 @@ def load_traffic(trace: str, window: str, context_limit: int):
     start, end = replay.window
     name = f"{replay.trace} {start:g}–{end:.0f} s" if window else replay.trace
     shared = replay.hash_block_tokens and any(r.hash_ids for r in requests)
-    traffic = Traffic(name, spread_ties(np.array([r.arrival_s for r in requests])),
+    traffic = Traffic(name, np.array([r.arrival_s for r in requests]),
                       np.array([r.input_tokens for r in requests]), np.array([r.output_tokens for r in requests]),
                       [r.hash_ids for r in requests] if shared else None, replay.hash_block_tokens if shared else 0)
     return traffic, replay

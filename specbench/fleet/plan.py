@@ -384,20 +384,21 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     base = rows[rows["draft"] == AR].iloc[0]
     tp, scale = int(base["tp"]), float(base["scale"])
 
-    def fleet(row) -> str:
+    def fleet(row, of: str = "") -> str:
+        """How many replicas `row` needs, `of` (what a replica is) said right after "replicas"."""
         if not row["replicas"] == row["replicas"]:
             if not row.get("reachable", True):
-                return "no number of replicas (a request served alone misses the SLO)"
+                return f"no number of replicas{of} (a request served alone misses the SLO)"
             if row.get("idle_at", math.nan) == row.get("idle_at", math.nan):
-                return (f"no number of replicas behind this router (of {int(row['idle_at'])} it used "
+                return (f"no number of replicas{of} behind this router (of {int(row['idle_at'])} it used "
                         f"{int(row['used_at'])}: a prefix every prompt opens with, cached on those, outscores "
                         "the others' idle KV caches)")
-            return f"more than {MOST_REPLICAS} replicas"
+            return f"more than {MOST_REPLICAS} replicas{of}"
         count = int(row["replicas"])
-        return f"{count} replica{'s' if count != 1 else ''}"
+        return f"{count} replica{'s' if count != 1 else ''}{of}"
 
-    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base)} of "
-            f"{replica or f'{target} TP{tp} on {where}'} without speculation")
+    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs "
+            f"{fleet(base, ' of ' + (replica or f'{target} TP{tp} on {where}'))} without speculation")
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
     tail = f" (SIMULATED{caveat}; {slo}, met at {1 + headroom:g}× the traffic)"
     if speculative.empty:
@@ -493,7 +494,8 @@ def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU"
 
 
 def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
-    """Replicas needed against traffic scale, one line per configuration, one panel per TP."""
+    """Replicas needed against traffic scale, one line per configuration, one panel per TP; a scale
+    no number of replicas meets (or more than the search tried) marked by a triangle at the top."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -504,19 +506,29 @@ def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
     fig, axes = plt.subplots(1, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 4.2), squeeze=False)
     for ax, tp in zip(axes[0], tps):
         groups = list(table[table["tp"] == tp].groupby("configuration", sort=False))
+        most = table.loc[table["tp"] == tp, "replicas"].max()
+        top = most * 1.15 + 1 if most == most else 2.0  # from 0 (one point alone would otherwise get a span
+        # under one replica, in fractions)
+        unmet = False
         for n, (label, group) in enumerate(groups):
             group = group.sort_values("scale")
             baseline = (group["draft"] == AR).all()
             # equal counts overlap: each later line drawn thinner, with smaller markers, over the earlier
-            ax.plot(group["scale"], group["replicas"], marker="o", markersize=max(3.0, 9.0 - 1.5 * n),
-                    linewidth=max(1.0, 3.0 - 0.5 * n), color="black" if baseline else None,
-                    linestyle="--" if baseline else "-", label=label, alpha=0.85)
+            (line,) = ax.plot(group["scale"], group["replicas"], marker="o", markersize=max(3.0, 9.0 - 1.5 * n),
+                              linewidth=max(1.0, 3.0 - 0.5 * n), color="black" if baseline else None,
+                              linestyle="--" if baseline else "-", label=label, alpha=0.85)
+            none = group["replicas"].isna()
+            if none.any():
+                unmet = True
+                ax.plot(group.loc[none, "scale"], [top * (0.97 - 0.03 * n)] * int(none.sum()), marker="^",
+                        linestyle="none", markersize=max(4.0, 9.0 - 1.5 * n), color=line.get_color(), alpha=0.85)
+        if unmet:
+            ax.text(0.01, 0.99, "▲ no number of replicas meets the SLO", transform=ax.transAxes, fontsize=7,
+                    va="top", ha="left")
+        ax.set_ylim(0, top)
         ax.set_xlabel("traffic scale (× the trace's request rate)")
         ax.set_ylabel("replicas needed (simulated)")
         ax.set_title(f"TP{tp}", fontsize=10)
-        most = table.loc[table["tp"] == tp, "replicas"].max()
-        if most == most:  # from 0 (one point alone would otherwise get a span under one replica, in fractions)
-            ax.set_ylim(0, most * 1.15 + 1)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -83,23 +83,6 @@ class Objective:
 UNSERVED_S = 1e300  # a request never served: later than any bound (finite, so percentiles interpolate)
 
 
-def spread_ties(arrivals_s: np.ndarray) -> np.ndarray:
-    """Arrival times (sorted) with the requests a trace recorded at one instant spread evenly up to
-    its next recorded instant (the last instant's over the median gap between instants): a trace's
-    resolution, not its traffic. Mooncake's conversation trace records its 12,031 requests in 3 s
-    buckets, ten at a time; sent at one instant they would reach a gateway as one burst, which a
-    router reading the servers' published state sends to one server."""
-    arrivals = np.asarray(arrivals_s, float)
-    instants, first, counts = np.unique(arrivals, return_index=True, return_counts=True)
-    if len(instants) == len(arrivals):
-        return arrivals.copy()
-    gaps = np.diff(instants)
-    last_gap = float(np.median(gaps)) if len(gaps) else 0.0
-    spans = np.append(gaps, last_gap)
-    position = np.arange(len(arrivals)) - np.repeat(first, counts)  # each request's place among its instant's
-    return arrivals + position * np.repeat(spans / counts, counts)
-
-
 def slo_verdict(out: Outcome, objective: Objective, mask: np.ndarray | None = None) -> tuple[float, bool]:
     """Over the requests in `mask` (every one by default): the share meeting every bound, and
     whether the objective's percentile of each bounded metric is within its bound (a request not

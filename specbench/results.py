@@ -307,6 +307,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The CPU's vector and matrix extensions that decide a CPU run's speed: a 2-core VM named "AMD EPYC"
+# with AVX2 and no AVX-512 ran the offline default's bf16 self-draft at B=16 at 14 tok/s, where an
+# earlier VM of the same name had run it at 121 (benchmarks/cpu-2026-11-23/cpu_default): the name alone
+# does not say which machine a run had
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> list[str]:
+    """Of SIMD_FLAGS, those /proc/cpuinfo lists (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                listed = set(line.split(":", 1)[1].split())
+                return [flag for flag in SIMD_FLAGS if flag in listed]
+    except OSError:
+        pass
+    return []
+
+
 def gpu_info() -> list[dict]:
     try:
         import pynvml
@@ -331,6 +350,8 @@ def hardware_info() -> dict:
 
     return {
         "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels torch dispatches to
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_bytes": psutil.virtual_memory().total,

@@ -21,7 +21,7 @@ from specbench.measuring import (
     CellLoop, SweepEvent, SweepTables, SweepWork, check_engine, close_brackets, pair_with_baseline,
 )
 from specbench.models import load_tokenizer, lookup_alias, parse_draft_spec, resolve_model
-from specbench.results import hardware_info, new_run_dir, now_iso, read_table, versions, write_json
+from specbench.results import cpu_flags, hardware_info, new_run_dir, now_iso, read_table, versions, write_json
 from specbench.schema import BRACKETED
 from specbench.synthetic import shipped_config
 from specbench.traces import Replay
@@ -79,6 +79,26 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
         if spec.kind == "model":
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
     return workloads, replay
+
+
+def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str | None:
+    """One line where the native engine is to run a 16-bit model on a CPU without bf16 instructions
+    (AVX512-BF16 or AMX; `flags`: the CPU's, results.cpu_flags): torch falls back to kernels there
+    that a 2-core AVX2 VM ran at 0.2-1.5 GFLOP/s against fp32's 20-66, so such a draft's cells
+    measure that CPU's bf16, not the draft. None where it does not apply."""
+    if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic:
+        return None
+    sixteen = {"bf16", "bfloat16", "fp16", "float16"}
+    models = [config.target] * ((config.dtype or "").lower() in sixteen)
+    for draft in config.drafts:
+        spec = parse_draft_spec(split_schedule(draft)[0])
+        if spec.kind == "model" and ((spec.dtype or config.dtype or "").lower() in sixteen):
+            models.append(f"{spec.model}@{spec.dtype or config.dtype}")
+    flags = cpu_flags() if flags is None else flags
+    if not models or {"avx512_bf16", "amx_bf16"} & set(flags):
+        return None
+    return (f"note: this CPU has no bf16 instructions (AVX512-BF16 or AMX; it lists {', '.join(flags) or 'neither'}): "
+            f"torch runs 16-bit matmuls there far slower than fp32, and {', '.join(models)} will be timed so")
 
 
 def check_self_drafts(config: SweepConfig, shape: dict | None) -> None:
@@ -202,6 +222,8 @@ def run_sweep(
     workloads, replay = preflight(config, replay)
     executor = open_executor(config)
     executor.preflight()  # an unreachable cluster fails here, before a run directory says "running"
+    if note := slow_bf16_note(config):  # once the sweep is sure to run: bad input stays one line
+        on_event(SweepEvent("stage", message=note))
     run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config, replay), "started": now_iso(), "status": "running",

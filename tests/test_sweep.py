@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,12 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     assert meta["status"] == "complete"
     assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
     assert meta["hardware"]["cpu"] and meta["config"]["seed"] == 0
+    # the vector extensions a CPU run's speed turns on, as /proc/cpuinfo and torch's dispatch say them
+    from specbench.results import SIMD_FLAGS
+
+    assert set(meta["hardware"]["cpu_flags"]) <= set(SIMD_FLAGS) and meta["hardware"]["cpu_capability"]
+    if Path("/proc/cpuinfo").exists():
+        assert "avx2" in meta["hardware"]["cpu_flags"] or "avx2" not in Path("/proc/cpuinfo").read_text()
     # each model's bare forward, measured up to twice the widest step planned (B=3 x K+1=4 rows x positions)
     target = meta["profiles"]["target"]
     assert target["tokens"][0] == 1 and 12 <= target["tokens"][-1] <= 24 and all(s > 0 for s in target["seconds"])
@@ -235,6 +242,43 @@ def test_dry_run_prints_the_plan(tiny_model_dirs, tmp_path):
     rows = [line.split("│") for line in runner.invoke(app, args).output.splitlines() if line.startswith("│ chat")]
     shown = {(cells[2].strip(), cells[5].strip(), cells[6].strip()) for cells in rows}
     assert ("1", "6", "60") in shown and ("4", "8", "80") in shown, shown
+
+
+def test_a_16_bit_model_on_a_cpu_without_bf16_instructions_is_said_before_it_is_timed(tiny_model_dirs, tmp_path,
+                                                                                       monkeypatch):
+    """The offline default's self-draft runs at bf16: on a CPU with AVX2 alone torch's 16-bit matmuls
+    are tens of times slower than fp32's, and the draft's cells measure that. The sweep says so in one
+    line before it runs (the dry run too); a CPU with AVX512-BF16 or AMX, fp32 models, n-grams and
+    served engines are not told."""
+    import specbench.sweep as sweep_module
+    from specbench.grid import SweepConfig
+
+    default = SweepConfig()  # ngram and smollm2-135m@bf16, fp32 target, native, CPU
+    note = sweep_module.slow_bf16_note(default, ["avx2"])
+    assert note.startswith("note: this CPU has no bf16 instructions") and "smollm2-135m@bf16" in note
+    assert "it lists avx2" in note and "smollm2-135m " not in note  # the fp32 target is not named
+    assert sweep_module.slow_bf16_note(default, ["avx2", "avx512f", "avx512_bf16"]) is None
+    assert sweep_module.slow_bf16_note(default, ["avx2", "amx_bf16", "amx_tile"]) is None
+    assert sweep_module.slow_bf16_note(SweepConfig(drafts=["ngram", "smollm2-135m"]), []) is None
+    assert "smollm2-135m, smollm2-135m@bf16" in sweep_module.slow_bf16_note(SweepConfig(dtype="bf16"), [])
+    assert sweep_module.slow_bf16_note(SweepConfig(engine="vllm"), []) is None
+    monkeypatch.setattr(sweep_module, "cpu_flags", lambda: ["avx2"])
+    args = sweep_args(tiny_model_dirs, tmp_path / "x", ["--dry-run"])
+    args[args.index("--drafts") + 1] = f"{tiny_model_dirs['draft']}@bf16,ngram:2"
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"{tiny_model_dirs['draft']}@bf16 will be timed so" in result.output.replace("\n", "")
+    args[args.index("--drafts") + 1] = f"{tiny_model_dirs['draft']},ngram:2"
+    assert "no bf16 instructions" not in runner.invoke(app, args).output
+    # the run itself says it once its input is known good, before the models load
+    monkeypatch.setattr(native_runner, "load_models", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    args = sweep_args(tiny_model_dirs, tmp_path / "run", [])
+    args[args.index("--drafts") + 1] = f"{tiny_model_dirs['draft']}@bf16,ngram:2"
+    assert "no bf16 instructions" in runner.invoke(app, args).output
+    args[args.index("--workloads") + 1] = "nonesuch"
+    args[args.index("--output") + 1] = str(tmp_path / "bad")
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "no bf16" not in bad.output
 
 
 def ctrl_c_at(cell_id: str, monkeypatch) -> None:

@@ -213,7 +213,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
                replay=None) -> None:
     from specbench.grid import describe_plan, plan_cells, requests_per_cell
     from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
-    from specbench.sweep import preflight, resumed_config, run_sweep
+    from specbench.sweep import preflight, resumed_config, run_sweep, slow_bf16_note
 
     quiet_libraries(config.allow_download)
     if dry_run:  # what the real run would refuse, refused first: then the plan
@@ -246,6 +246,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
                       f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
                       f"target {config.target}, drafts {', '.join(config.drafts)}")
+        if note := slow_bf16_note(config):
+            console.print(note, highlight=False, soft_wrap=True)
         if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
             most = plan["requests"] // config.repeats * config.max_repeats
             console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "

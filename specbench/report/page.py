@@ -104,7 +104,8 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
     config = meta.get("config", {})
     hardware = meta.get("hardware", {})
     gpu = ", ".join(g["name"] for g in hardware.get("gpus", []))
-    where = gpu if gpu else f"{hardware.get('cpu', '?')} (CPU only)"
+    flags = ", ".join(hardware.get("cpu_flags") or [])  # runs before cpu_flags was recorded lack it
+    where = gpu if gpu else f"{hardware.get('cpu', '?')} ({flags + '; ' if flags else ''}CPU only)"
     if (meta.get("engine") or {}).get("name") == "endpoint":
         where = f"the endpoint {(meta.get('engine') or {}).get('endpoint', '?')}"
     title = f"specbench: {config.get('target', '?')} on {where}"

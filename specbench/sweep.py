@@ -20,7 +20,7 @@ from specbench.grid import (  # noqa: F401  (SweepConfig and plan_cells are the 
 from specbench.measuring import (
     CellLoop, SweepEvent, SweepTables, SweepWork, check_engine, close_brackets, pair_with_baseline,
 )
-from specbench.models import load_tokenizer, lookup_alias, parse_draft_spec, resolve_model
+from specbench.models import dtype_name, load_tokenizer, lookup_alias, parse_draft_spec, resolve_model
 from specbench.results import cpu_flags, hardware_info, new_run_dir, now_iso, read_table, versions, write_json
 from specbench.schema import BRACKETED
 from specbench.synthetic import shipped_config
@@ -88,11 +88,13 @@ def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str |
     measure that CPU's bf16, not the draft. None where it does not apply."""
     if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic:
         return None
-    sixteen = {"bf16", "bfloat16", "fp16", "float16"}
-    models = [config.target] * ((config.dtype or "").lower() in sixteen)
+    def sixteen_bit(dtype: str | None) -> bool:  # None: the CPU's default, fp32
+        return dtype is not None and dtype_name(dtype) in ("bfloat16", "float16")
+
+    models = [config.target] * sixteen_bit(config.dtype)
     for draft in config.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
-        if spec.kind == "model" and ((spec.dtype or config.dtype or "").lower() in sixteen):
+        if spec.kind == "model" and sixteen_bit(spec.dtype or config.dtype):
             models.append(f"{spec.model}@{spec.dtype or config.dtype}")
     flags = cpu_flags() if flags is None else flags
     if not models or {"avx512_bf16", "amx_bf16"} & set(flags):

@@ -131,7 +131,8 @@ class Replay:
     def to_dict(self) -> dict:
         return {"trace": self.trace, "window": list(self.window), "speedup": self.speedup,
                 "workload": self.workload, "requests": len(self.requests), "duration_s": self.duration_s,
-                "rate": self.rate, "output_tokens_mean": self.output_tokens_mean, "out_of_order": self.out_of_order, "spread": self.spread, "skipped": dict(self.skipped),
+                "rate": self.rate, "output_tokens_mean": self.output_tokens_mean, "out_of_order": self.out_of_order,
+                "spread": self.spread, "skipped": dict(self.skipped),
                 "in_window": self.in_window, "span": list(self.span) if self.span else None, "cut": self.cut,
                 "describe": self.describe()}
 

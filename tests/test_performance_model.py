@@ -183,11 +183,16 @@ def test_expected_longest_prompt():
     assert expected_longest(lengths, 2) == pytest.approx(sum(x * ((i + 1) ** 2 - i ** 2) / 16 for i, x in enumerate(lengths)))
 
 
+# fp32: a 16-bit draft runs far slower on CPUs without bf16 instructions (200 s of this fixture on an
+# AVX2-only VM); a run's 2-byte draft is recorded as such in tests/test_synthetic.py
+DRAFT = "smollm2-135m"
+
+
 @pytest.fixture(scope="module")
 def timing_run(tmp_path_factory):
     """A random-weight run at three batch sizes and two context lengths (held-out needs three sizes)."""
     out = tmp_path_factory.mktemp("perf") / "run"
-    args = ["sweep", "--weights", "random", "--alpha", "0.8", "--drafts", "smollm2-135m@bf16,ngram", "--k", "2",
+    args = ["sweep", "--weights", "random", "--alpha", "0.8", "--drafts", f"{DRAFT},ngram", "--k", "2",
             "--batch-sizes", "1,2,4", "--temperatures", "0", "--workloads", "chat", "--context-lengths", "128,256",
             "--max-new-tokens", "6", "--num-prompts", "2", "--target-layers", "2", "--device", "cpu", "--output", str(out)]
     result = runner.invoke(app, args)
@@ -198,7 +203,7 @@ def timing_run(tmp_path_factory):
 def test_a_timing_run_records_shapes_and_device_roofs(timing_run):
     meta = json.loads((timing_run / "run.json").read_text())
     assert meta["architectures"]["target"]["layers"] == 30  # full depth, though 2 layers were built
-    assert meta["architectures"]["drafts"]["smollm2-135m@bf16"]["bytes_per_parameter"] == 2
+    assert meta["architectures"]["drafts"][DRAFT]["bytes_per_parameter"] == 4
     assert meta["hardware"]["matmul_flops_per_s"] > 1e9 and meta["hardware"]["copy_bandwidth_bytes_per_s"] > 1e8
     cells = pd.read_parquet(timing_run / "cells.parquet")
     assert set(cells["context_length"]) == {128, 256}
@@ -238,7 +243,7 @@ def test_plan_marks_what_it_never_measured(timing_run):
     at_measured = [r for r in speculative if r["batch_size"] == 4 and r["k"] == 2]
     assert at_measured and all(r["speedup_measured"] is not None for r in at_measured)  # shown beside the model
     assert all(r["speedup_measured"] is None for r in speculative if r["batch_size"] != 4)
-    assert {r["draft"] for r in speculative} == {"smollm2-135m@bf16 α=0.8", "ngram α=0.8"}  # its own α profile
+    assert {r["draft"] for r in speculative} == {f"{DRAFT} α=0.8", "ngram α=0.8"}  # its own α profile
     # the α it simulated, as --help says, not the α fitted back from its few draws
     assert {r["alpha_iid"] for r in speculative} == {0.8}
     assert "(the α it simulated: a timing-only run)" in result.output

@@ -103,6 +103,7 @@ def test_random_weight_sweep_of_the_default_pair(tmp_path):
     assert cells["synthetic"].all() and (cells["status"] == "ok").all()
     assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "n/a (synthetic)").all()
     assert run.meta["synthetic"] is True
+    assert run.meta["architectures"]["drafts"]["smollm2-135m@bf16"]["bytes_per_parameter"] == 2
     report = runner.invoke(app, ["report", str(tmp_path / "run")])
     assert report.exit_code == 0, report.output
     from rich.console import Console

@@ -9,6 +9,9 @@ of the N-th completion, once: FAKE_VLLM_MARKER records that a server died), chil
 grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th). FAKE_VLLM_API_KEY makes
 /v1 answer 401 without that bearer token. FAKE_VLLM_DRIFT=EPOCH:RATE slows every server alike as
 time passes (a drifting machine): each step takes 4 ms x (1 + RATE x seconds since EPOCH).
+A speculative step costs FAKE_VLLM_VERIFY_COST (1.2) plain steps, as a real draft and verify do: at the
+same cost its speed-up would sit exactly on what acceptance allows (K + 1), and any noise on a busy
+machine would put it above, where the gate rightly calls it unexplained.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 from aiohttp import web
 
 MODE = os.environ.get("FAKE_VLLM_MODE", "")
+VERIFY_COST = float(os.environ.get("FAKE_VLLM_VERIFY_COST", "1.2"))
 DRIFT = [float(x) for x in os.environ["FAKE_VLLM_DRIFT"].split(":")] if os.environ.get("FAKE_VLLM_DRIFT") else None
 
 
@@ -127,7 +131,7 @@ def main() -> None:
             os._exit(7)
         step = k + 1
         for start in range(0, count, step):
-            await asyncio.sleep(step_s())
+            await asyncio.sleep(step_s() * (VERIFY_COST if spec else 1.0))
             chunk = tokens[start:start + step]
             data = {"choices": [{"index": 0, "text": "t" * len(chunk), "token_ids": chunk,
                                  "finish_reason": None if start + step < count else "length"}]}

@@ -387,8 +387,6 @@ def test_a_report_stopped_half_way_leaves_the_earlier_report_and_no_partial_one(
     shutil.copytree(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3",
                     run_dir)
     shutil.rmtree(run_dir / "report", ignore_errors=True)
-    import json
-
     meta = json.loads((run_dir / "run.json").read_text())
     meta["hardware"]["cpu_flags"] = ["avx2"]  # what a run records since the CPU's extensions were (the title says them)
     (run_dir / "run.json").write_text(json.dumps(meta))

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from specbench.fleet import ReplicaSpec, Speculation, simulate
@@ -877,6 +878,110 @@ def test_speculation_through_a_fleet_keeps_tau_tokens_a_step():
     assert steps_per_request == pytest.approx(300 / tau, rel=0.05)
 
 
+
+def test_one_draw_a_row_step_accepts_a_prefix_of_the_drafts():
+    """P(position i accepted) = 0.8, 0.6, 0.4 and 2 tokens left after the prefill's: the first decode
+    step finishes the request when it accepts one draft at least, P = 0.8 (drafts accepted as a
+    prefix), so 1.2 decode steps a request on average; position by position independently it would
+    be 1 - 0.2 × 0.4 × 0.6 = 0.952 and 1.048 steps."""
+    out = simulate(np.full(3000, 10), np.full(3000, 3), linear_cost(), ReplicaSpec(), concurrency=1,
+                   speculation=Speculation(3, (0.8, 0.6, 0.4), seed=2))
+    assert (out.steps - 3000) / 3000 == pytest.approx(1.2, abs=0.03)
+
+
+@pytest.mark.parametrize("rows,steps", [(3, 5), (40, 30)])
+def test_a_stretch_counts_the_same_tokens_in_python_and_in_numpy(rows, steps):
+    """Few row-steps are added up in plain Python, many with numpy: the same uniforms, the same stretch."""
+    from specbench.fleet.replica import AcceptanceDraws
+
+    rng = np.random.default_rng(rows)
+    for k in (1, 3):
+        python, vectorised = AcceptanceDraws((0.7, 0.5, 0.3), 5), AcceptanceDraws((0.7, 0.5, 0.3), 5)
+        python.PYTHON_MOST, vectorised.PYTHON_MOST = 10 ** 9, 0
+        for _ in range(20):
+            left = rng.integers(1, 60, rows).tolist()
+            asked = min(steps, *left)  # (the replica asks no more steps than a row has tokens left)
+            ran, totals, first = python.stretch(k, left, asked)
+            assert (ran, totals, first) == vectorised.stretch(k, left, asked)
+            assert 1 <= ran <= asked and all(1 <= t <= 1 + k for t in first)
+            assert ran == asked or any(t >= n for t, n in zip(totals, left))
+
+
+def test_configurations_sized_on_two_processes_give_the_one_process_table():
+    """`size_fleets` forks a worker a core (the step prices are closures pickle cannot carry); each
+    simulation draws from its own seeds, so the table is the same on one process and on two."""
+    from specbench.fleet.sizing import Configuration, Objective, Traffic, size_fleets
+
+    rng = np.random.default_rng(4)
+    count = 300
+    traffic = Traffic("poisson", np.cumsum(rng.exponential(0.02, count)), rng.integers(50, 400, count),
+                      rng.integers(20, 200, count))
+    cost = linear_cost(per_step=0.004)
+    found = [Configuration(1, "none", 0, "", cost, ReplicaSpec(max_num_seqs=16), None),
+             *(Configuration(1, "draft", k, "α 0.7", cost, ReplicaSpec(max_num_seqs=16),
+                             Speculation(k, (0.7, 0.49, 0.34)[:k], seed=k)) for k in (1, 3))]
+    objective = Objective((("ttft", 0.5), ("tpot", 0.02)), 90)
+    alone = size_fleets(found, traffic, [1.0, 2.0], objective, 0.1, "least-outstanding", workers=1)
+    side_by_side = size_fleets(found, traffic, [1.0, 2.0], objective, 0.1, "least-outstanding", workers=2)
+    pd.testing.assert_frame_equal(alone, side_by_side)
+    assert list(alone["scale"]) == [1.0] * 3 + [2.0] * 3 and (alone["replicas"] >= 1).all()
+
+
+
+def _fails_on_three(n: int) -> int:
+    if n == 3:
+        raise ValueError("request 3 needs more KV cache than the replica has")
+    return n * n
+
+
+def test_a_worker_s_error_reaches_the_caller_and_workers_die_with_their_parent(tmp_path):
+    """An error in a worker is raised where `in_processes` was called, with its message; a worker
+    whose parent is killed (SIGKILL: no clean-up runs) ends too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specbench.fleet.workers import in_processes
+
+    assert in_processes(_fails_on_three, [0, 1, 2], workers=2) == [0, 1, 4]
+    with pytest.raises(ValueError, match="request 3 needs more KV cache"):
+        in_processes(_fails_on_three, [1, 2, 3, 4], workers=2)
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from specbench.fleet.workers import in_processes\n"
+        "def work(n):\n"
+        f"    open(os.path.join({str(tmp_path)!r}, f'worker-{{os.getpid()}}'), 'w').close()\n"
+        "    time.sleep(120)\n"
+        "in_processes(work, [0, 1], workers=2)\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        assert len(workers) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid: int) -> bool:  # (a zombie no one reaped yet has ended)
+        try:
+            return " Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their parent"
+
+
 def azure_csv(path, count: int = 300, gap_s: float = 0.4) -> str:
     rng = np.random.default_rng(0)
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
@@ -947,6 +1052,8 @@ def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
     from specbench.fit.decisions import format_schedule, schedule_ranges
     from specbench.fit.table_plan import best_k, plan_on_tables
     from specbench.fleet.plan import SCHEDULE_BATCHES, configurations
+    from specbench.fleet.router import simulate_fleet
+    from specbench.fleet.sizing import COMMON_SEED
     from specbench.fleet.tables import ServerFlags
 
     family, name, config, drafters = target_and_drafters("llama3-70b", "1b")
@@ -958,6 +1065,13 @@ def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
     assert scheduled.label.startswith("1b K schedule {1") and scheduled.schedule in scheduled.label
     ks = {scheduled.speculation.k_at(rows) for rows in (1, 8, 64, 256)}
     assert len(ks) > 1 and ks <= {0, 1, 2, 3, 4}  # K follows the running batch
+    # every configuration draws from the same uniforms: a K schedule that stays at one K is that K's fleet
+    assert {c.speculation.seed for c in found[1:]} == {COMMON_SEED}
+    stays = dataclasses.replace(scheduled.speculation, schedule=((1, 3),))
+    arrivals = np.sort(np.random.default_rng(2).uniform(0, 60, 200))
+    three, staying = (simulate_fleet(np.full(200, 900), np.full(200, 200), arrivals, found[3].cost, found[3].spec, 2,
+                                     speculation=speculation).outcome for speculation in (found[3].speculation, stays))
+    assert np.array_equal(three.finish_s, staying.finish_s) and three.steps == staying.steps
     single = configurations(planner, drafters, [Acceptance("1b", "α 0.7", 0.7)], 4, None, [3], 1024, 256,
                             schedules=True)
     assert all(not c.schedule or len({c.speculation.k_at(r) for r in (1, 512)}) > 1 for c in single)

@@ -24,7 +24,8 @@ from specbench.fit import kernel_tables
 from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
-from specbench.fleet.sizing import MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets, slo_verdict
+from specbench.fleet.sizing import (COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets,
+                                    slo_verdict)
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
 from specbench.schema import AR, LARGE_BATCH
 
@@ -154,7 +155,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
         cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling,
                          draft_kind=drafter.kind, **priced)
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
-                                Speculation(k, acceptance.reach_at(k), seed=k)) for k in ks]
+                                Speculation(k, acceptance.reach_at(k), seed=COMMON_SEED)) for k in ks]
         if schedules:
             found += _scheduled(planner, drafter, acceptance, tp, draft_tp, ks, isl, osl, cost, with_draft)
     return found
@@ -186,7 +187,7 @@ def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, 
         return []
     deepest = max(k for _, _, k in ranges)
     speculation = Speculation(0, acceptance.reach_at(max(deepest, 1)), tuple((first, k) for first, _, k in ranges),
-                              seed=100)
+                              seed=COMMON_SEED)
     return [Configuration(tp, drafter.name, deepest, acceptance.key, cost, spec, speculation,
                           schedule=format_schedule(ranges))]
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -451,6 +452,61 @@ class PrefixCache:
         return freed, held
 
 
+class AcceptanceDraws:
+    """Each decoding row's tokens at each speculative step, drawn: one uniform u per row and step,
+    the drafts at positions i with u < P(the first i + 1 drafts accepted) accepted. Accepted drafts
+    are a prefix (rejection sampling stops at the first rejection), so one draw per row-step gives
+    every position its measured share and the counts between them theirs (P(exactly j accepted) =
+    P(j) - P(j + 1)). Uniforms come in blocks from one generator, turned into tokens a block and a K
+    at a time: a stretch of few rows and steps adds them up in plain Python (numpy's calls cost more
+    than the sums there), a large one with numpy; the same tokens either way."""
+
+    BLOCK = 4096  # uniforms drawn at a time
+    PYTHON_MOST = 512  # row-steps a stretch adds up in plain Python
+
+    def __init__(self, acceptance, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        chance = np.minimum.accumulate(np.asarray(acceptance, float)) if len(acceptance) else np.zeros(0)
+        self.ascending = [chance[:k][::-1].copy() for k in range(len(chance) + 1)]  # by K, the last position first
+        self.block = np.zeros(0)
+        self.tokens: dict[int, np.ndarray] = {}  # by K: the block's uniforms as tokens a row-step emits
+        self.listed: dict[int, list[int]] = {}  # the same as lists
+        self.at = 0
+
+    def _take(self, count: int, k: int) -> tuple[np.ndarray, list[int], int]:
+        """The block's tokens at K = `k` (an array and a list), and where the next `count` start."""
+        if self.at + count > len(self.block):
+            self.block = np.concatenate([self.block[self.at:], self.rng.random(max(self.BLOCK, count))])
+            self.tokens, self.listed, self.at = {}, {}, 0
+        if k not in self.tokens:  # 1 + the positions whose chance exceeds u
+            self.tokens[k] = 1 + k - np.searchsorted(self.ascending[k], self.block, side="right")
+            self.listed[k] = self.tokens[k].tolist()
+        start, self.at = self.at, self.at + count
+        return self.tokens[k], self.listed[k], start
+
+    def stretch(self, k: int, left: list[int], steps: int) -> tuple[int, list[int], list[int]]:
+        """Rows that each need `left` more tokens, at K = `k`, for at most `steps` steps: (the steps run,
+        up to and with the first at which a row has all its tokens; each row's tokens over them, not
+        capped at its `left`; each row's tokens in the first step). Every call takes steps × rows
+        uniforms, however many steps run."""
+        rows = len(left)
+        tokens, listed, start = self._take(steps * rows, k)
+        if steps * rows > self.PYTHON_MOST:
+            drawn = tokens[start:start + steps * rows].reshape(steps, rows)
+            running = drawn.cumsum(axis=0)
+            reached = (running >= np.asarray(left)).any(axis=1)
+            ran = int(reached.argmax()) + 1 if reached.any() else steps
+            return ran, running[ran - 1].tolist(), drawn[0].tolist()
+        first = totals = listed[start:start + rows]
+        for step in range(1, steps + 1):
+            if any(map(operator.ge, totals, left)):
+                return step, totals, first
+            if step < steps:
+                at = start + step * rows
+                totals = list(map(operator.add, totals, listed[at:at + rows]))
+        return steps, totals, first
+
+
 class Replica:
     """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
     reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
@@ -462,8 +518,7 @@ class Replica:
         self.cost, self.spec, self.speculation = cost, spec, speculation
         self.uses_context = bool(getattr(cost, "uses_context", False))
         self.uses_prefill_chunks = bool(getattr(cost, "uses_prefill_chunks", False))
-        self.rng = np.random.default_rng(speculation.seed if speculation else 0)
-        self.acceptance = np.asarray(speculation.acceptance if speculation else (), float)
+        self.draws = AcceptanceDraws(speculation.acceptance if speculation else (), speculation.seed if speculation else 0)
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
@@ -566,15 +621,32 @@ class Replica:
         self.held = []
 
     def _take(self, request: _Request, blocks: int) -> None:
-        """`blocks` more KV blocks for `request` (the caller checked they are free); with prefix
-        caching, the cached units they come from are forgotten."""
+        """`blocks` more KV blocks for `request` (the caller checked they are free)."""
+        self._take_free(blocks)
+        request.blocks += blocks
+
+    def _take_each(self, requests: list[_Request], tokens: list[int]) -> None:
+        """The KV blocks each of `requests` needs for `tokens` more (the caller checked they are
+        free), taken at once: the cached units that many blocks evict are those one request after
+        another would."""
+        block_size = self.spec.block_size
+        extras = [-(-(r.computed + t) // block_size) - r.blocks for r, t in zip(requests, tokens)]
+        blocks = sum(e for e in extras if e > 0)
+        if blocks:
+            self._take_free(blocks)
+            for request, extra in zip(requests, extras):
+                if extra > 0:
+                    request.blocks += extra
+
+    def _take_free(self, blocks: int) -> None:
+        """`blocks` of the free blocks taken; with prefix caching, the cached units they come from
+        (after the free blocks that hold nothing cached) are forgotten."""
         cache = self.cache
         if cache is not None:
             plain_free = self.free_blocks - cache.free_units * cache.unit_blocks
             if blocks > plain_free:
                 cache.evict_for(blocks, plain_free)
         self.free_blocks -= blocks
-        request.blocks += blocks
 
     def _release(self, request: _Request) -> None:
         """Free `request`'s KV blocks; with prefix caching its cached units stay cached, free once no
@@ -634,20 +706,26 @@ class Replica:
         # this step's K, by the rows decoding now (a K schedule), 0 without speculation
         k = 0
         if self.speculation is not None:
-            decoding = sum(1 for r in running if r.computed >= r.to_prefill)
-            k = self.speculation.k_at(decoding) if decoding else 0
+            if self.speculation.schedule:
+                decoding = sum(1 for r in running if r.computed >= r.to_prefill)
+                k = self.speculation.k_at(decoding) if decoding else 0
+            elif any(r.computed >= r.to_prefill for r in running):  # (one K: whether any row decodes)
+                k = self.speculation.k
         prefills: dict[_Request, int] = {}  # prompt tokens each prefilling request computes this step
         decodes: list[_Request] = []
         # 1. running requests, in admission order
         preempted_before = self.preemptions
         position = 0
+        decode_need = 1 + k
         while position < len(running) and budget > 0:
             request = running[position]
-            prefilling = request.computed < request.to_prefill
-            need = min(request.to_prefill - request.computed, budget) if prefilling else 1 + k
+            computed = request.computed
+            prefilling = computed < request.to_prefill
+            need = min(request.to_prefill - computed, budget) if prefilling else decode_need
             if need > budget:  # a decode needs its K + 1 slots in the budget
                 break
-            extra = -(-(request.computed + need) // block_size) - request.blocks
+            reach = computed + need
+            extra = -(-reach // block_size) - request.blocks
             if extra > 0:
                 while extra > self.free_blocks and running[-1] is not request:
                     self._preempt_last()
@@ -655,8 +733,8 @@ class Replica:
                     self._preempt_last()
                     break
                 self._take(request, extra)
-            if cache is not None and request.computed + need >= request.commit_at:
-                self._commit(request, request.computed + need)
+            if cache is not None and reach >= request.commit_at:
+                self._commit(request, reach)
             if prefilling:
                 prefills[request] = need
             else:
@@ -727,35 +805,32 @@ class Replica:
         emitted: list[int] = []  # speculation: tokens each decoding row emits this step
         if k > 0 and decodes:  # each row's accepted drafts drawn every step (rows move apart)
             step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
-            left = np.array([r.output - r.generated for r in decodes])
+            left = [r.output - r.generated for r in decodes]
             steps = 1
             if prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival or the first finish
                 next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
-                steps = int(min(left.min(), (next_arrival - self.now) // step_s + lag if math.isfinite(next_arrival)
-                                else left.min(), MOST_STEPS_DRAWN))
-                steps = max(1, steps)
-            tokens = 1 + (self.rng.random((steps, decode_rows, 1)) < self.acceptance[:k]).sum(axis=2)
-            reached = tokens.cumsum(axis=0) >= left  # (step, row): the row has all its output by then
+                most = min(left)
+                if math.isfinite(next_arrival):
+                    most = min(most, int((next_arrival - self.now) // step_s) + lag)
+                steps = max(1, min(most, MOST_STEPS_DRAWN))
+            steps, totals, first = self.draws.stretch(k, left, steps)
             if steps > 1:
-                first_done = np.where(reached.any(axis=0), reached.argmax(axis=0), steps)
-                steps = int(min(first_done.min() + 1, steps))
-                totals = np.minimum(tokens[:steps].sum(axis=0), left)
-                grow = sum(-(-(r.computed + int(t)) // block_size) - r.blocks for r, t in zip(decodes, totals))
+                totals = list(map(min, totals, left))
+                grow = sum(-(-(r.computed + t) // block_size) - r.blocks for r, t in zip(decodes, totals))
                 if grow > self.free_blocks:  # the KV cache would run out within the stretch: one step
                     steps = 1
             if steps == 1:
-                totals = np.minimum(tokens[0], left)
-            if steps > 1:  # the blocks beyond the first step's K + 1 slots, reserved above
-                for request, t in zip(decodes, totals):
-                    extra = -(-(request.computed + int(t)) // block_size) - request.blocks
-                    if extra > 0:
-                        self._take(request, extra)
-            emitted = totals.tolist()
+                totals = list(map(min, first, left))
+            else:  # the blocks beyond the first step's K + 1 slots, reserved above
+                self._take_each(decodes, totals)
+            emitted = totals
             repeat = steps
-            gapped = int(np.minimum(totals, steps).sum())  # one gap per step that gave the row tokens
+            # one gap per step that gave the row tokens: every step gives every row one at least, and no
+            # row finishes before the stretch's last step (steps <= its tokens left)
+            gapped = steps * decode_rows
             self.itl_gap_s.append(step_s)
             self.itl_count.append(gapped)
-            self.itl_zeros += int(totals.sum()) - gapped
+            self.itl_zeros += sum(totals) - gapped
         elif prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival, finish or KV limit
             left = min(r.output - r.generated for r in decodes)
             next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
@@ -771,10 +846,7 @@ class Replica:
                     break
                 repeat //= 2
             if repeat > 1:
-                for request in decodes:
-                    extra = -(-(request.computed + repeat) // block_size) - request.blocks
-                    if extra > 0:
-                        self._take(request, extra)
+                self._take_each(decodes, [repeat] * len(decodes))
         else:
             step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
         if decodes and not emitted:

@@ -37,7 +37,7 @@ import pandas as pd
 from specbench.fit.acceptance import row_step_acceptance
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
 from specbench.fleet.router import simulate_fleet
-from specbench.fleet.sizing import Configuration
+from specbench.fleet.sizing import COMMON_SEED, Configuration
 from specbench.schema import AR
 from specbench.shapes import Architecture
 
@@ -438,5 +438,5 @@ def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dic
         acceptance = _monotone(reach, int(k))
         found.append(Configuration(1, draft, int(k), "measured α", price.cost(draft),
                                    replace(served_replica(meta, draft, int(k)), request_overhead_s=price.overhead_s),
-                                   Speculation(int(k), acceptance, seed=int(k))))
+                                   Speculation(int(k), acceptance, seed=COMMON_SEED)))
     return found, price

@@ -19,9 +19,14 @@ import pandas as pd
 
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost
 from specbench.fleet.router import FleetOutcome, SloWatch, simulate_fleet
+from specbench.fleet.workers import in_processes
 from specbench.schema import LARGE_BATCH
 
 HOURS_PER_MONTH = 730  # 365 × 24 / 12
+# every configuration's acceptance drawn from the same uniforms (common random numbers): two that
+# behave alike (K = 3, and a K schedule that stays at 3) get the same answer, and what differs
+# between configurations near the knee is theirs, not their draws'
+COMMON_SEED = 0
 MOST_REPLICAS = 1024
 # a fleet that routed fewer requests a replica than this (stopped early) is not asked which replicas
 # its router left idle
@@ -203,49 +208,61 @@ class Configuration:
 
 
 def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float], objective: Objective,
-                headroom: float, router: str, price_per_gpu_hour: float | None = None) -> pd.DataFrame:
+                headroom: float, router: str, price_per_gpu_hour: float | None = None,
+                workers: int | None = None) -> pd.DataFrame:
     """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
     the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
     percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
     output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss, where the
     router left replicas of a missing fleet idle (`idle_at` replicas, `used_at` used), or where
-    `reachable` is false: a request served alone already misses the objective)."""
-    rows = []
-    floors = {(c.tp, c.label): 1 for c in found}  # a heavier traffic needs no fewer replicas
-    reachable: dict = {}  # whether any number of replicas can meet the objective (a request alone does)
-    for scale in sorted(scales):
-        for configuration in found:
-            tp, key = configuration.tp, (configuration.tp, configuration.label)
-            if key not in reachable:
-                reachable[key] = alone_meets(traffic, configuration.cost, configuration.spec,
-                                             configuration.speculation, objective)
-            idle: list[tuple[int, int]] = []
-            replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
-                                       configuration.speculation, objective, router, headroom,
-                                       at_least=floors[key], idle=idle) if reachable[key] else None
-            row = {"tp": tp, "reachable": reachable[key], "scale": scale, "draft": configuration.draft, "k": configuration.k,
-                   # where the router left replicas idle: how many a missing fleet had, and used
-                   "idle_at": idle[0][0] if idle else math.nan, "used_at": idle[0][1] if idle else math.nan,
-                   "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
-                   "configuration": configuration.label, "request_rate": traffic.rate(scale),
-                   "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
-            if replicas:
-                floors[key] = replicas
-                fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
-                                 configuration.speculation, router)
-                shares = fleet.share_at_least(LARGE_BATCH)
-                figures = judged(fleet, objective)
-                monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
-                row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
-                            "share_at_large_batch_mean": float(np.mean(shares)),
-                            "share_at_large_batch_max": float(np.max(shares)),
-                            # the batch the busiest replica runs at for 90 % of its time: where a
-                            # price fitted on a run is read (served.beyond_measured)
-                            "running_p90": float(np.max(fleet.running_percentile(90))),
-                            "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
-                            "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
-                            / traffic.output_tokens_per_s(scale) * 1e6})
-            rows.append(row)
+    `reachable` is false: a request served alone already misses the objective). Each configuration
+    is sized on one of `workers` processes (None: one per core; `workers.in_processes`)."""
+
+    def sized(configuration: Configuration) -> list[dict]:
+        return _sized(configuration, traffic, sorted(scales), objective, headroom, router, price_per_gpu_hour)
+
+    by_configuration = in_processes(sized, found, workers)
+    # scale by scale, each in the configurations' order
+    rows = [rows_of[at] for at in range(len(scales)) for rows_of in by_configuration]
     table = pd.DataFrame(rows)
     # the tables' order: per TP, each scale, its configurations
     return table.sort_values(["tp", "scale"], kind="stable").reset_index(drop=True)
+
+
+def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], objective: Objective,
+           headroom: float, router: str, price_per_gpu_hour: float | None) -> list[dict]:
+    """`size_fleets`' rows for one configuration, one per scale (ascending)."""
+    rows = []
+    tp = configuration.tp
+    floor = 1  # a heavier traffic needs no fewer replicas
+    # whether any number of replicas can meet the objective (a request alone does)
+    reachable = alone_meets(traffic, configuration.cost, configuration.spec, configuration.speculation, objective)
+    for scale in scales:
+        idle: list[tuple[int, int]] = []
+        replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,
+                                   configuration.speculation, objective, router, headroom,
+                                   at_least=floor, idle=idle) if reachable else None
+        row = {"tp": tp, "reachable": reachable, "scale": scale, "draft": configuration.draft, "k": configuration.k,
+               # where the router left replicas idle: how many a missing fleet had, and used
+               "idle_at": idle[0][0] if idle else math.nan, "used_at": idle[0][1] if idle else math.nan,
+               "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
+               "configuration": configuration.label, "request_rate": traffic.rate(scale),
+               "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
+        if replicas:
+            floor = replicas
+            fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
+                             configuration.speculation, router)
+            shares = fleet.share_at_least(LARGE_BATCH)
+            figures = judged(fleet, objective)
+            monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
+            row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
+                        "share_at_large_batch_mean": float(np.mean(shares)),
+                        "share_at_large_batch_max": float(np.max(shares)),
+                        # the batch the busiest replica runs at for 90 % of its time: where a
+                        # price fitted on a run is read (served.beyond_measured)
+                        "running_p90": float(np.max(fleet.running_percentile(90))),
+                        "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
+                        "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
+                        / traffic.output_tokens_per_s(scale) * 1e6})
+        rows.append(row)
+    return rows

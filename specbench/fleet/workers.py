@@ -1,0 +1,63 @@
+"""Simulations side by side: one configuration's simulations per worker process, on every core.
+
+A fleet simulation is plain Python on one core, and the configurations a plan compares (the
+baseline, each draft × K, the K schedules) are independent of each other, so they run in forked
+worker processes, each on the configurations it is handed, and come back in the order asked. Forked,
+not spawned: a configuration prices its steps with closures over the kernel tables that pickle
+cannot carry, and a forked worker has them already. Every simulation draws from its own seeds, so
+the results are the same on one process or many (`tests/test_fleet.py` holds them equal).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+_forked: tuple[Callable, Sequence] | None = None  # what the forked workers run: (work, items)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the process that forked it does, however that ends (PR_SET_PDEATHSIG): a
+    process specbench starts never outlives it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def _run(index: int):
+    work, items = _forked
+    return work(items[index])
+
+
+def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers: int | None = None) -> list[Result]:
+    """`work(item)` for every item, in order, on up to `workers` forked processes (None: one per
+    core; 1, a single item, or a system without fork: here, one after another). The results must
+    pickle; the items need not."""
+    global _forked
+    workers = min(cores() if workers is None else workers, len(items))
+    if workers <= 1 or not sys.platform.startswith("linux"):  # (fork is safe on Linux only)
+        return [work(item) for item in items]
+    _forked = (work, items)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_die_with_parent) as pool:
+            # one item a task, handed out as workers free up: simulations differ in length
+            return pool.map(_run, range(len(items)), chunksize=1)
+    finally:
+        _forked = None

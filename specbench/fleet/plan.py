@@ -27,6 +27,7 @@ from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost,
 from specbench.fleet.sizing import (COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets,
                                     slo_verdict)
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
+from specbench.fleet.workers import in_processes
 from specbench.schema import AR, LARGE_BATCH
 
 REQUESTS_PER_CLIENT = 12  # each client's first and last request are left out (warm-up, drain)
@@ -225,12 +226,19 @@ def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: 
     """`closed_loop_table`'s rows for configurations `found` (the baseline first), at each
     concurrency: on the kernel tables one TP's, or the steps fitted on a served run
     (`fleet.served.served_configurations`, a replica one server: "GPU" reads "server" there)."""
+    asked = [(concurrency, configuration) for concurrency in concurrencies for configuration in found]
+
+    def simulated(pair: tuple[int, Configuration]) -> tuple[Outcome, np.ndarray]:
+        concurrency, configuration = pair
+        return closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl, configuration.speculation,
+                           clients, prefix_len)
+
+    outcomes = iter(in_processes(simulated, asked))  # side by side, a worker process a core
     rows = []
     for concurrency in concurrencies:
         base = None
         for configuration in found:
-            out, keep = closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl,
-                                    configuration.speculation, clients, prefix_len)
+            out, keep = next(outcomes)
             row = _row(out, keep, configuration.tp)
             if objective is not None:
                 good_share, meets = slo_verdict(out, objective, keep)

@@ -48,11 +48,12 @@ def _run(index: int):
 
 def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers: int | None = None) -> list[Result]:
     """`work(item)` for every item, in order, on up to `workers` forked processes (None: one per
-    core; 1, a single item, or a system without fork: here, one after another). The results must
-    pickle; the items need not."""
+    core; 1, a single item, a system without fork, or a call from a worker: here, one after
+    another). The results must pickle; the items need not."""
     global _forked
     workers = min(cores() if workers is None else workers, len(items))
-    if workers <= 1 or not sys.platform.startswith("linux"):  # (fork is safe on Linux only)
+    # (fork is safe on Linux only; a worker, itself daemonic, may start no workers of its own)
+    if workers <= 1 or not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
         return [work(item) for item in items]
     _forked = (work, items)
     try:

@@ -934,29 +934,42 @@ def _fails_on_three(n: int) -> int:
     return n * n
 
 
-def test_a_worker_s_error_reaches_the_caller_and_workers_die_with_their_parent(tmp_path):
-    """An error in a worker is raised where `in_processes` was called, with its message; a worker
-    whose parent is killed (SIGKILL: no clean-up runs) ends too."""
+def test_a_worker_s_error_reaches_the_caller():
+    from specbench.fleet.workers import in_processes
+
+    assert in_processes(_fails_on_three, [0, 1, 2], workers=2) == [0, 1, 4]
+    with pytest.raises(ValueError, match="request 3 needs more KV cache"):
+        in_processes(_fails_on_three, [1, 2, 3, 4], workers=2)
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_workers_end_with_their_parent_and_quietly(tmp_path, stop):
+    """A worker whose parent is killed (SIGKILL: no clean-up runs) ends too; a parent stopped as
+    the CLI stops (SIGTERM or Ctrl-C raise in it: `cli.common.on_stop_signal`, which the fork copies
+    into the workers) stops its workers without a traceback from any of them, and exits as stopped."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    from specbench.fleet.workers import in_processes
-
-    assert in_processes(_fails_on_three, [0, 1, 2], workers=2) == [0, 1, 4]
-    with pytest.raises(ValueError, match="request 3 needs more KV cache"):
-        in_processes(_fails_on_three, [1, 2, 3, 4], workers=2)
     script = tmp_path / "parent.py"
     script.write_text(
-        "import os, sys, time\n"
+        "import os, signal, sys, time\n"
+        "from specbench.cli.common import on_stop_signal\n"
         "from specbench.fleet.workers import in_processes\n"
+        "signal.signal(signal.SIGTERM, on_stop_signal)\n"
+        "signal.signal(signal.SIGINT, on_stop_signal)\n"
         "def work(n):\n"
         f"    open(os.path.join({str(tmp_path)!r}, f'worker-{{os.getpid()}}'), 'w').close()\n"
         "    time.sleep(120)\n"
-        "in_processes(work, [0, 1], workers=2)\n")
-    parent = subprocess.Popen([sys.executable, str(script)])
+        "try:\n"
+        "    in_processes(work, [0, 1], workers=2)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    # its own process group, as a shell runs a command: Ctrl-C reaches every process in it
+    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
@@ -964,8 +977,11 @@ def test_a_worker_s_error_reaches_the_caller_and_workers_die_with_their_parent(t
         workers = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
         assert len(workers) == 2
     finally:
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
+        if stop == "SIGINT":
+            os.killpg(parent.pid, signal.SIGINT)
+        else:
+            parent.send_signal(getattr(signal, stop))
+        _, stderr = parent.communicate(timeout=30)
 
     def alive(pid: int) -> bool:  # (a zombie no one reaped yet has ended)
         try:
@@ -980,6 +996,8 @@ def test_a_worker_s_error_reaches_the_caller_and_workers_die_with_their_parent(t
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"workers {left} outlived their parent"
+    if stop != "SIGKILL":
+        assert parent.returncode == 130 and "Traceback" not in stderr, stderr
 
 
 def azure_csv(path, count: int = 300, gap_s: float = 0.4) -> str:

@@ -32,9 +32,13 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _die_with_parent() -> None:
+def _worker_signals() -> None:
     """A worker ends when the process that forked it does, however that ends (PR_SET_PDEATHSIG): a
-    process specbench starts never outlives it."""
+    process specbench starts never outlives it. Ctrl-C is the parent's to handle (it stops the pool),
+    and the SIGTERM that stops the pool ends a worker quietly: the handlers the CLI installed, which
+    the fork copied, would print a stopped worker's traceback instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except OSError:
@@ -57,7 +61,7 @@ def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers:
         return [work(item) for item in items]
     _forked = (work, items)
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_die_with_parent) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
             # one item a task, handed out as workers free up: simulations differ in length
             return pool.map(_run, range(len(items)), chunksize=1)
     finally:

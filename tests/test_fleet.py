@@ -348,6 +348,9 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--concurrency", "0", "--alpha", "0.7"], "must be >= 1"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--dtype", "int3"], "--dtype on the tables"),
+    # a request past the model's context: vLLM would refuse every one, so nothing is simulated
+    (["--target", "llama3-8b", "--concurrency", "4", "--input-len", "131000", "--output-len", "100"],
+     "--input-len 131000 + --output-len 100: 131100 tokens a request, past llama3-8b's 131072-token context"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--trace-speedup", "2"],
      "size a fleet with --trace"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--chart", "x.svg"], "write a .png file"),

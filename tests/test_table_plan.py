@@ -143,6 +143,8 @@ def test_70b_on_one_h100_does_not_fit_and_is_never_priced():
     (["--slo", "ttft=1"], "--slo on the tables takes a TPOT target only"),
     (["--alpha", "1.0"], "--alpha needs values in [0, 1)"),
     (["--gpus", "4"], "--gpus: with --target, a replica's GPUs are its --tp"),
+    (["--context-lengths", "128k"], "--context-lengths 131072 + --max-new-tokens 128: 131200 tokens a request, past "
+                                    "llama3-70b's 131072-token context"),
 ])
 def test_bad_table_plan_input_is_one_line(args, message):
     base = {"--alpha": "0.7", "--tp": "4"}
@@ -151,6 +153,13 @@ def test_bad_table_plan_input_is_one_line(args, message):
     result = runner.invoke(app, ["plan", "--target", "llama3-70b", *[x for kv in base.items() for x in kv]])
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1, \
         result.output
+
+
+def test_a_size_the_targets_family_lacks_names_the_sizes_it_has():
+    """The default --drafts (1b,8b) are llama3's sizes: another family's target says which it has."""
+    result = runner.invoke(app, ["plan", "--target", "qwen2.5-32b", "--tp", "2", "--alpha", "0.7"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "draft '1b': qwen2.5 has no 1b model (its sizes: 0.5b, 1.5b, 3b, 7b, 14b, 32b, 72b)" in result.output
 
 
 def test_without_the_extra_one_line_says_how_to_install(monkeypatch):

@@ -90,7 +90,7 @@ class FleetAsk:
 
 
 def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
-    from specbench.cli.plan_tables import gather_acceptance, parse_tp, target_and_drafters
+    from specbench.cli.plan_tables import check_fits_context, gather_acceptance, parse_tp, target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, VLLM_API_SERVER_REQUEST, described
@@ -100,6 +100,9 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     tp_sizes, draft_tp_size = parse_tp(ask.tps, ask.draft_tp)
     system = kernel_tables.check_device(ask.device, ask.backend)
     family, target_name, target_config, drafters = target_and_drafters(ask.target, ask.drafts)
+    if ask.traffic is None:  # (a trace's rows past the context are left out, and counted, as it is read)
+        check_fits_context(target_name, target_config, ask.input_len, ask.output_len,
+                           f"--input-len {ask.input_len} + --output-len {ask.output_len}")
     if ask.alpha is None and ask.acceptance is None:  # the baseline alone: speculation needs an acceptance
         left_out = [f"{', '.join(d.name for d in drafters)}: no acceptance to simulate speculation with (--alpha "
                     f"0.6,0.7,0.8 or --acceptance RUN): the baseline alone"]

@@ -48,6 +48,8 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
         tpot = bounds["tpot"] * 1000
     system = kernel_tables.check_device(device, backend)
     family, target_name, target_config, drafters = target_and_drafters(target, drafts)
+    check_fits_context(target_name, target_config, max(contexts), output_tokens,
+                       f"--context-lengths {max(contexts)} + --max-new-tokens {output_tokens}")
     drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(drafters, alpha, acceptance, target_name,
                                                                               family)
     corrections, measured_models, corrected = _corrections(calibrate, system, backend) \
@@ -144,6 +146,17 @@ def parse_tp(tps: str, draft_tp: str | None) -> tuple[list[int], int | None]:
         raise UsageError(f"--draft-tp must be 1 or the target's TP (vLLM's rule), got {draft_tp_size} with "
                          f"--tp {bad[0]}")
     return tp_sizes, draft_tp_size
+
+
+def check_fits_context(target_name: str, target_config: dict, prompt_tokens: int, output_tokens: int,
+                       asked: str) -> None:
+    """One line where a request of `prompt_tokens` in and `output_tokens` out is longer than the
+    target's context: vLLM refuses it (a prompt plus max_tokens past max_model_len, which defaults
+    to the model's max_position_embeddings), so no figure the tables give for it means anything."""
+    limit = int(target_config.get("max_position_embeddings") or 0)
+    if limit and prompt_tokens + output_tokens > limit:
+        raise UsageError(f"{asked}: {prompt_tokens + output_tokens} tokens a request, past {target_name}'s "
+                         f"{limit}-token context (vLLM refuses such requests)")
 
 
 def target_and_drafters(target: str, drafts: str) -> tuple[str | None, str, dict, list]:

@@ -532,8 +532,12 @@ def parse_drafters(names: list[str], target_name: str, target: dict, family: str
                 raise ValueError(f"draft {name!r}: MTP needs at least 1 layer (mtp:N)")
             drafters.append(Drafter(name, "mtp", label=f"MTP: {layers} layer(s) of {target_name}", layers=layers))
         else:
-
-            label, config = model_config(name.partition("@")[0], family)
+            base = name.partition("@")[0]
+            if family is not None and re.fullmatch(r"\d+(\.\d+)?[bm]", base.lower()) and lookup_alias(base, family) is None:
+                sizes = ", ".join(spec.size for spec in REGISTRY.values() if spec.family == family)
+                raise ValueError(f"draft {name!r}: {family} has no {base} model (its sizes: {sizes}); --drafts "
+                                 f"names the drafts (its default, 1b,8b, is llama3's)")
+            label, config = model_config(base, family)
             spec = lookup_alias(name.partition("@")[0], family)
             same_family = spec is not None and family is not None and spec.family == family  # one tokenizer,
             # whatever the padding of its embedding (Qwen2.5's 0.5B has 151936 rows, its 72B 152064)

@@ -868,6 +868,29 @@ def test_the_fewest_replicas_meet_the_slo_with_the_headroom_asked(router):
         is None
 
 
+def test_a_traffic_scaled_into_a_burst_is_sized_but_called_a_burst():
+    """400 requests 0.5 s apart, 1 s each, one at a time: at 1× they span 199.5 s, a rate 2 replicas
+    keep up with (3 with 20 % headroom). At 100× they span 2 s: 200 requests a second that a handful
+    of replicas absorb in their queues within a 15 s TTFT bound and then sit idle, which says nothing
+    of serving 200 a second. The row is sized, and the answer calls it a burst."""
+    from specbench.fleet.plan import answer
+    from specbench.fleet.sizing import Configuration, Objective, Traffic, size_fleets
+
+    count = 400
+    traffic = Traffic("steady", np.arange(count) * 0.5, np.ones(count, int), np.ones(count, int))
+    found = [Configuration(1, "autoregressive", 0, "", one_second_steps, ONE_AT_A_TIME, None)]
+    objective = Objective((("ttft", 15.0),), 99)
+    table = size_fleets(found, traffic, [1.0, 100.0], objective, 0.2, "least-outstanding", workers=1)
+    steady, burst = table.iloc[0], table.iloc[1]
+    assert steady["span_s"] == pytest.approx(199.5) and not steady["burst"] and steady["replicas"] == 3
+    # a rate of 200 a second needs 240 one-second servers with the headroom; the burst is met by far fewer
+    assert burst["span_s"] == pytest.approx(1.995) and burst["burst"] and burst["replicas"] < 100
+    said = [answer(table[table["scale"] == scale], "steady", "m", "CPU", "p99 TTFT ≤ 15 s", 0.2)
+            for scale in (1.0, 100.0)]
+    assert "BURST" not in said[0]
+    assert "a BURST, not a rate: at 100× the traffic lasts 2 s, under 10 times" in said[1]
+
+
 def test_speculation_through_a_fleet_keeps_tau_tokens_a_step():
     from specbench.fleet.router import simulate_fleet
 

@@ -31,6 +31,11 @@ MOST_REPLICAS = 1024
 # a fleet that routed fewer requests a replica than this (stopped early) is not asked which replicas
 # its router left idle
 IDLE_AFTER = 4
+# a traffic whose scaled span is shorter than this many of its time scale (its requests' p50 E2E,
+# or the SLO's TTFT or E2E bound where longer) is a burst: its fleet's queues absorb it whole, and
+# meeting the SLO says nothing of the rate it is scaled to (a fleet 20 % short of that rate takes
+# several bounds' time to fall behind by one)
+BURST_LIFETIMES = 10
 
 
 @dataclass(frozen=True)
@@ -248,12 +253,16 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
                "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
                "configuration": configuration.label, "request_rate": traffic.rate(scale),
                "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
+        span_s = traffic.duration_s / scale
+        bounds = [bound for name, bound in objective.bounds if name in ("ttft", "e2e")]
+        row.update({"span_s": span_s, "burst": span_s < BURST_LIFETIMES * max(bounds, default=0.0)})
         if replicas:
             floor = replicas
             fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
                              configuration.speculation, router)
             shares = fleet.share_at_least(LARGE_BATCH)
             figures = judged(fleet, objective)
+            row["burst"] = row["burst"] or span_s < BURST_LIFETIMES * figures["e2e_p50_ms"] / 1e3
             monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
             row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
                         "share_at_large_batch_mean": float(np.mean(shares)),

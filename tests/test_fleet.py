@@ -469,6 +469,29 @@ def test_the_replicas_vllm_flags_are_the_ones_given():
     assert "1024 tokens a step, 2 sequences" in " ".join(shown.output.split()), shown.output
 
 
+def test_what_a_plan_says_of_its_check_on_nvidias_rows_is_the_committed_checks():
+    """The line a plan on the tables prints (how far it was from NVIDIA's measured rows on that GPU)
+    holds the medians of the committed benchmarks/fleet-2026-11-25/silicon.csv, to the tenth of a
+    per cent; a GPU or backend with no rows is said to be unchecked."""
+    from pathlib import Path
+
+    from specbench.fleet.tables import SILICON_CHECKS, silicon_check
+
+    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-25" / "silicon.csv")
+    done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
+    assert set(SILICON_CHECKS) == set(done["system"])
+    for system, rows in done.groupby("system"):
+        check = SILICON_CHECKS[system]
+        assert check.rows == len(rows)
+        for metric in ("tpot", "ttft"):
+            errors = rows[f"sim_{metric}_error"]
+            assert getattr(check, f"{metric}_median_abs") == pytest.approx(errors.abs().median(), abs=5e-4)
+            assert getattr(check, f"{metric}_median") == pytest.approx(errors.median(), abs=5e-4)
+    assert silicon_check("h200_sxm").startswith("checked on 81 of NVIDIA's measured vLLM rows on h200_sxm")
+    assert silicon_check("a100_sxm").startswith("UNCHECKED on a100_sxm's vllm tables")
+    assert silicon_check("h100_sxm", "trtllm").startswith("UNCHECKED")
+
+
 def test_nvidias_measured_h100_rows_are_simulated_as_their_benchmark_ran_them():
     """NVIDIA's 15 measured vLLM rows of Llama-3.1-70B fp8 at TP4 on H100 (1k/1k, 1k/8k, 8k/1k at
     4-64 clients), nothing fitted to them: with the clients as InferenceMAX's benchmark runs them, on

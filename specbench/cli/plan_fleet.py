@@ -94,6 +94,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, VLLM_API_SERVER_REQUEST, described
+    from specbench.fleet.tables import silicon_check
 
     started = time.perf_counter()
     _check(ask)
@@ -122,7 +123,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
                              "measured": PIECEWISE_SOURCE}, "api_server": described(VLLM_API_SERVER_REQUEST),
             "alpha_from": alpha_from,
-            "acceptance_transferred": transferred or None}
+            "acceptance_transferred": transferred or None, "checked": silicon_check(system, ask.backend)}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                      json_output, started)
@@ -161,7 +162,8 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
                   f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
                   soft_wrap=True)
-    for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+    for line in ([head["checked"]] if head.get("checked") else []) + \
+            ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
             [f"BEYOND THE RUN: {why}" for why in head.get("beyond_measured", [])] + \
             [f"left out: {why}" for why in left_out]:
         console.print(line, highlight=False, soft_wrap=True)

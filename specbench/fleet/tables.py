@@ -32,6 +32,41 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
+class SiliconCheck:
+    """How far this simulator's mean TPOT and TTFT were from NVIDIA's measured vLLM serving rows on
+    one GPU (`benchmarks/fleet-2026-11-25/silicon.md`, every row simulated, nothing fitted to them;
+    `tests/test_fleet.py` holds these figures to the committed silicon.csv)."""
+
+    rows: int
+    tpot_median_abs: float
+    tpot_median: float
+    ttft_median_abs: float
+    ttft_median: float
+
+    def described(self, system: str) -> str:
+        return (f"checked on {self.rows} of NVIDIA's measured vLLM rows on {system}: median |error| TPOT "
+                f"{self.tpot_median_abs:.1%}, TTFT {self.ttft_median_abs:.1%}; signed medians "
+                f"{self.tpot_median:+.1%} and {self.ttft_median:+.1%} (below zero: simulated faster than measured; "
+                f"docs/fleet-validation.md)")
+
+
+SILICON_CHECKS = {
+    "b200_sxm": SiliconCheck(120, 0.073, -0.032, 0.180, -0.179),
+    "h100_sxm": SiliconCheck(138, 0.041, -0.029, 0.258, -0.250),
+    "h200_sxm": SiliconCheck(81, 0.066, 0.066, 0.100, -0.007),
+}
+
+
+def silicon_check(system: str, backend: str = "vllm") -> str:
+    """One line on how far to trust a simulation on `system`'s `backend` tables: its check against
+    NVIDIA's measured vLLM rows, or that it has none."""
+    found = SILICON_CHECKS.get(system) if backend == "vllm" else None
+    return found.described(system) if found else (f"UNCHECKED on {system}'s {backend} tables: the simulator was "
+                                                  f"checked on NVIDIA's measured vLLM rows on "
+                                                  f"{', '.join(SILICON_CHECKS)} alone")
+
+
+@dataclass(frozen=True)
 class ServerFlags:
     """The `vllm serve` flags of the same names a simulated replica runs with; None keeps vLLM's
     default on that GPU (`vllm_defaults`'s budget and sequence limit, blocks of 16, async scheduling

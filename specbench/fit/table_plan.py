@@ -533,12 +533,12 @@ def parse_drafters(names: list[str], target_name: str, target: dict, family: str
             drafters.append(Drafter(name, "mtp", label=f"MTP: {layers} layer(s) of {target_name}", layers=layers))
         else:
             base = name.partition("@")[0]
-            if family is not None and re.fullmatch(r"\d+(\.\d+)?[bm]", base.lower()) and lookup_alias(base, family) is None:
-                sizes = ", ".join(spec.size for spec in REGISTRY.values() if spec.family == family)
+            spec = lookup_alias(base, family)
+            if spec is None and family is not None and re.fullmatch(r"\d+(\.\d+)?[bm]", base.lower()):
+                sizes = ", ".join(known.size for known in REGISTRY.values() if known.family == family)
                 raise ValueError(f"draft {name!r}: {family} has no {base} model (its sizes: {sizes}); --drafts "
                                  f"names the drafts (its default, 1b,8b, is llama3's)")
             label, config = model_config(base, family)
-            spec = lookup_alias(name.partition("@")[0], family)
             same_family = spec is not None and family is not None and spec.family == family  # one tokenizer,
             # whatever the padding of its embedding (Qwen2.5's 0.5B has 151936 rows, its 72B 152064)
             if not same_family and config.get("vocab_size") != target.get("vocab_size"):

@@ -24,8 +24,8 @@ from specbench.fit import kernel_tables
 from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
-from specbench.fleet.sizing import (BURST_LIFETIMES, COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Traffic, size_fleets,
-                                    slo_verdict)
+from specbench.fleet.sizing import (BURST_LIFETIMES, COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Traffic,
+                                    size_fleets, slo_verdict)
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
 from specbench.fleet.workers import in_processes
 from specbench.schema import AR, LARGE_BATCH
@@ -410,7 +410,7 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
             f"{fleet(base, ' of ' + (replica or f'{target} TP{tp} on {where}'))} without speculation")
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
     tail = f" (SIMULATED{caveat}; {slo}, met at {1 + headroom:g}× the traffic)"
-    if rows.get("burst", pd.Series([False])).fillna(False).astype(bool).any():
+    if "burst" in rows and rows["burst"].any():  # (rows sized by size_fleets carry it)
         tail += (f"; a BURST, not a rate: at {scale:g}× the traffic lasts {base['span_s']:.3g} s, under "
                  f"{BURST_LIFETIMES} times its requests' p50 E2E or the SLO's bound, so the replicas' queues absorb "
                  f"it whole (a longer --trace-window or a smaller --trace-speedup sizes a sustained rate)")

@@ -253,16 +253,12 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
                "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
                "configuration": configuration.label, "request_rate": traffic.rate(scale),
                "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
-        span_s = traffic.duration_s / scale
-        bounds = [bound for name, bound in objective.bounds if name in ("ttft", "e2e")]
-        row.update({"span_s": span_s, "burst": span_s < BURST_LIFETIMES * max(bounds, default=0.0)})
         if replicas:
             floor = replicas
             fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
                              configuration.speculation, router)
             shares = fleet.share_at_least(LARGE_BATCH)
             figures = judged(fleet, objective)
-            row["burst"] = row["burst"] or span_s < BURST_LIFETIMES * figures["e2e_p50_ms"] / 1e3
             monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
             row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
                         "share_at_large_batch_mean": float(np.mean(shares)),
@@ -273,5 +269,10 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
                         "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
                         "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
                         / traffic.output_tokens_per_s(scale) * 1e6})
+        # the traffic's time scale: the SLO's TTFT and E2E bounds, and its requests' p50 E2E where sized
+        lifetimes = [bound for name, bound in objective.bounds if name in ("ttft", "e2e")]
+        lifetimes += [row["e2e_p50_ms"] / 1e3] if replicas else []
+        span_s = traffic.duration_s / scale
+        row.update({"span_s": span_s, "burst": span_s < BURST_LIFETIMES * max(lifetimes, default=0.0)})
         rows.append(row)
     return rows

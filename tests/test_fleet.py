@@ -364,6 +364,9 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
      "--trace-speedup must be positive"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--trace-window", "9999999:10"],
      "no request of azure-conv arrives"),
+    # ":100:" is rich's emoji code for a picture: the window prints as typed
+    (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--trace-window", "9999999:100"],
+     "--trace-window 9999999:100: no request of azure-conv arrives"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--headroom", "-1"],
      "--headroom must be"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--router", "random"],
@@ -379,6 +382,10 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     (["--target", "llama3-8b", "--concurrency", "4", "--kv-cache-dtype", "int4"], "--kv-cache-dtype must be auto or fp8"),
     (["--max-num-seqs", "8", "--no-async-scheduling"],
      "--max-num-seqs, --async-scheduling: the vLLM flags of replicas"),
+    # what does not fit, by how much, and what would
+    (["--target", "llama3-70b", "--tp", "1", "--concurrency", "4"],
+     "the weights do not fit h100_sxm at TP1: 131.4 GiB a GPU and the runtime's 3.5 GiB leave no KV cache in the "
+     "72.0 GiB vLLM uses of each GPU (a larger --tp, or --dtype fp8)"),
     (["--target", "llama3-8b", "--concurrency", "4", "--max-num-batched-tokens", "0"],
      "--max-num-batched-tokens must be >= 1"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--clients", "inferencemax"],
@@ -1306,8 +1313,9 @@ def test_an_slo_a_request_alone_misses_is_met_by_no_number_of_replicas():
     table = size_fleets(found, traffic, [1.0], Objective((("ttft", 0.5),), 90), 0.2, "least-outstanding")
     row = table.iloc[0]
     assert not row["reachable"] and np.isnan(row["replicas"])  # each first token takes a 1 s step
-    assert "needs no number of replicas of t TP1 on h100 (a request served alone misses the SLO)" in answer(
-        table, "steady", "t", "h100", "p90 TTFT ≤ 500 ms", 0.2)
+    assert row["alone_misses"] == "p90 TTFT 1 s against 500 ms"
+    assert "needs no number of replicas of t TP1 on h100 (a request served alone misses the SLO: p90 TTFT 1 s " \
+           "against 500 ms)" in answer(table, "steady", "t", "h100", "p90 TTFT ≤ 500 ms", 0.2)
     met = size_fleets(found, traffic, [1.0], Objective((("ttft", 1.5),), 90), 0.0, "least-outstanding")
     assert met.iloc[0]["reachable"] and met.iloc[0]["replicas"] == 6  # 3 s a request, 2 arriving a second
 

@@ -21,7 +21,7 @@ measured on a vLLM from before `scheduler_reserve_full_isl` (vLLM PR #37307, Mar
 Llama-3.1-70B rows in October 2025, the others on vLLM 0.12), which admitted a waiting request when
 its first chunk fitted the KV cache, not its whole prompt.
 
-    python benchmarks/fleet-2026-11-25/silicon.py [--limit N] [--out DIR]
+    python benchmarks/fleet-2026-11-25/silicon.py [--limit N] [--out DIR] [--fp8-static]
 
 Writes silicon.csv (every row: measured, simulated, errors, or why it was not simulated) and
 silicon.md (median |error| per GPU, length pair, model and precision, beside aiconfigurator's own
@@ -95,13 +95,32 @@ def attention_kv_quant(row: dict, server: ServerFlags) -> str | None:
     return None if server.kv_cache_dtype == "auto" else server.kv_cache_dtype
 
 
+# The rows whose checkpoints carry static per-tensor activation scales: InferenceMAX served the 70B fp8 rows
+# from nvidia/Llama-3.3-70B-Instruct-FP8, and the 8B rows name nvidia/Llama-3.1-8B-Instruct-FP8, both ModelOpt
+# FP8 (quant_algo FP8), which vLLM runs with kFp8StaticTensorSym activations (ModelOptFp8LinearMethod). The
+# tables' fp8 GEMMs were timed with dynamic activations (aiconfigurator's collector: Fp8Config
+# activation_scheme="dynamic"); aiconfigurator prices such a checkpoint as fp8_static, the same GEMM less its
+# separately measured cost of computing the scale. Only with --fp8-static (see main).
+STATIC_FP8_CHECKPOINTS = ("meta-llama/Llama-3.1-70B", "nvidia/Llama-3.1-8B-Instruct-FP8")
+
+
+def gemm_quant(row: dict, fp8_static: bool = False) -> str | None:
+    """The tables' GEMM mode the row is priced at: the csv's, or fp8_static for a static-scale checkpoint's fp8
+    rows where `fp8_static` asks for it."""
+    quant = row["gemm_quant_mode"] or None
+    if fp8_static and quant == "fp8" and row["model_path"] in STATIC_FP8_CHECKPOINTS:
+        return "fp8_static"
+    return quant
+
+
 def priced_row(row: dict, forwards: dict, server: ServerFlags, host: HostCost | None = VLLM_HOST_STEP,
-               launch: LaunchCost | None = COMPILED_LAUNCH):
+               launch: LaunchCost | None = COMPILED_LAUNCH, fp8_static: bool = False):
     """The row's step cost and replica at its model, GPU, TP and precision, its server's flags as
     `server` says, the host's time per step `host` and to launch a step outside CUDA graphs `launch`
-    (None: the kernels' alone); `forwards` caches the priced forwards across rows."""
+    (None: the kernels' alone), its GEMMs at `gemm_quant(row, fp8_static)`; `forwards` caches the priced
+    forwards across rows."""
     system, tp = row["system"], int(row["tp_size"])
-    quant = row["gemm_quant_mode"] or None
+    quant = gemm_quant(row, fp8_static)
     config = kernel_tables.shipped_model_config(MODELS[row["model_path"]])
     kv_quant = attention_kv_quant(row, server)
     key = (row["model_path"], system, tp, quant, kv_quant)
@@ -124,8 +143,8 @@ def mean_latencies(row: dict, cost, spec, clients) -> dict:
             "preemptions": out.preemptions}
 
 
-def simulate_row(row: dict, forwards: dict) -> dict:
-    cost, spec = priced_row(row, forwards, served_as(row))
+def simulate_row(row: dict, forwards: dict, fp8_static: bool = False) -> dict:
+    cost, spec = priced_row(row, forwards, served_as(row), fp8_static=fp8_static)
     found = {"kv_tokens": spec.kv_capacity_tokens}
     for clients, prefix in ((INFERENCEMAX, "sim"), (STEADY, "steady")):
         found |= {f"{prefix}_{name}": value for name, value in mean_latencies(row, cost, spec, clients).items()}
@@ -157,6 +176,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=0, help="only the first N rows (a quick look)")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--fp8-static", action="store_true",
+                        help="price the static-scale FP8 checkpoints' rows (STATIC_FP8_CHECKPOINTS) at aiconfigurator's "
+                             "fp8_static GEMMs, not the tables' dynamic fp8 (a check, not the headline: "
+                             "docs/fleet-validation.md)")
     args = parser.parse_args()
     rows = dense_vllm_rows()[:args.limit or None]
     forwards: dict = {}
@@ -168,7 +191,7 @@ def main() -> None:
                 "lengths": f"{row['isl']}/{row['osl']}", "silicon_ttft_ms": float(row["silicon_ttft_ms"]),
                 "silicon_tpot_ms": float(row["silicon_tpot_ms"]), "prefill_peak_share": prefill_peak_share(row)}
         try:
-            base |= simulate_row(row, forwards)
+            base |= simulate_row(row, forwards, args.fp8_static)
             for prefix in ("sim", "steady"):
                 base[f"{prefix}_tpot_error"] = base[f"{prefix}_tpot_ms"] / base["silicon_tpot_ms"] - 1
                 base[f"{prefix}_ttft_error"] = base[f"{prefix}_ttft_ms"] / base["silicon_ttft_ms"] - 1

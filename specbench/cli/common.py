@@ -15,8 +15,9 @@ from rich.markup import escape
 # Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
 # wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
 _LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000
-console = Console(width=_LOG_WIDTH)
-errors = Console(stderr=True, width=_LOG_WIDTH)
+# Emoji codes off: "--trace-window 5000:100: no request ..." printed ":100:" as an emoji.
+console = Console(width=_LOG_WIDTH, emoji=False)
+errors = Console(stderr=True, width=_LOG_WIDTH, emoji=False)
 
 
 class UsageError(Exception):

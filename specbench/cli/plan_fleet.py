@@ -107,7 +107,7 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
     if ask.alpha is None and ask.acceptance is None:  # the baseline alone: speculation needs an acceptance
         left_out = [f"{', '.join(d.name for d in drafters)}: no acceptance to simulate speculation with (--alpha "
                     f"0.6,0.7,0.8 or --acceptance RUN): the baseline alone"]
-        drafters, accepted, transferred, alpha_from = [], [], "", "nowhere (no speculation simulated)"
+        drafters, accepted, transferred, alpha_from = [], [], "", None  # the head says: no speculation simulated
     else:
         drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
             drafters, ask.alpha, ask.acceptance, target_name, family)
@@ -159,8 +159,9 @@ def _server_note(head: dict) -> str:
 def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
     kv = _server_note(head) + (f", draft models {head['draft_dtype']}" if head.get("draft_dtype", "bf16") != "bf16"
                                else "")
+    alpha = f"α from {head['alpha_from']}" if head.get("alpha_from") else "no speculation simulated"
     console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
-                  f"({head['dtype']}{kv}), {what}; α from {head['alpha_from']}; not measurements", highlight=False,
+                  f"({head['dtype']}{kv}), {what}; {alpha}; not measurements", highlight=False,
                   soft_wrap=True)
     for line in ([head["checked"]] if head.get("checked") else []) + \
             ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \

@@ -397,7 +397,8 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
         """How many replicas `row` needs, `of` (what a replica is) said right after "replicas"."""
         if not row["replicas"] == row["replicas"]:
             if not row.get("reachable", True):
-                return f"no number of replicas{of} (a request served alone misses the SLO)"
+                missed = row.get("alone_misses") or ""
+                return f"no number of replicas{of} (a request served alone misses the SLO{': ' + missed if missed else ''})"
             if row.get("idle_at", math.nan) == row.get("idle_at", math.nan):
                 return (f"no number of replicas{of} behind this router (of {int(row['idle_at'])} it used "
                         f"{int(row['used_at'])}: a prefix every prompt opens with, cached on those, outscores "

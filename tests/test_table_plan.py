@@ -682,6 +682,9 @@ def test_an_fp8_target_is_planned_on_the_fp8_tables_with_its_weights_and_cache_i
     (["--dtype", "int3"], "--dtype on the tables must be one of bf16, fp16, fp8, fp4"),
     (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype must be auto or fp8"),
     (["--dtype", "fp8", "--calibrate", CPU_RUN], "--calibrate corrects the tables' 16-bit forwards"),
+    # the tables' own words were 'missing system flops: quant mode ... or the system YAML is missing the entry'
+    (["--dtype", "fp8", "--device", "a100"], "a100_sxm has no fp8 tensor cores (its system file gives no "
+                                             "fp8_tc_flops; vLLM runs such weights there as weight-only Marlin"),
 ])
 def test_bad_precision_on_the_tables_is_one_line(args, message):
     result = runner.invoke(app, ["plan", "--target", "llama3-70b", "--tp", "4", "--alpha", "0.7", *args])

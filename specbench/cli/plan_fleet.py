@@ -220,9 +220,10 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     """`plan RUN --concurrency C --input-len N --output-len M`: C closed-loop clients on one server
     as a vLLM run measured it (the step price fitted on the run, `fleet.served`), its baseline and
     every draft × K it measured, each with its measured acceptance."""
+    from specbench.cli.plan_tables import check_fits_context
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
-    from specbench.fleet.served import beyond_measured, measured_reach
+    from specbench.fleet.served import beyond_measured, measured_reach, served_context
     from specbench.fleet.sizing import Objective
 
     import numpy as np
@@ -231,6 +232,9 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     started = time.perf_counter()
     loop.check()
     run, found, _, head = _served_run(run_dir, prefix_caching)
+    context = served_context(run.meta)
+    check_fits_context(head["target"], {"max_position_embeddings": context}, loop.input_len, loop.output_len,
+                       f"--input-len {loop.input_len} + --output-len {loop.output_len}")
     slo = parse_slo(loop.slo) if loop.slo is not None else None
 
     table = pd.DataFrame(closed_loop_rows(found, loop.concurrencies, loop.input_len, loop.output_len,
@@ -386,14 +390,16 @@ def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
     `prefix_caching` says so (None: as specbench's servers run, not caching; the fitted price
     prices a chunk's attention over a cached prefix per (query, key) pair)."""
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.served import beyond_measured, measured_reach
+    from specbench.fleet.served import beyond_measured, measured_reach, served_context
     from specbench.fleet.sizing import Objective, size_fleets
 
     started = time.perf_counter()
     ask.check()
     slo = parse_slo(ask.slo)
     run, found, _, head = _served_run(run_dir, prefix_caching)
-    traffic, replay = load_traffic(ask.trace, ask.window, min(c.spec.kv_capacity_tokens for c in found))
+    # rows past the servers' context (vLLM refuses them) or past a server's whole KV cache are left out
+    limit = min(c.spec.kv_capacity_tokens for c in found)
+    traffic, replay = load_traffic(ask.trace, ask.window, min(limit, served_context(run.meta) or limit))
     table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
                         ask.router, ask.gpu_price)
     head["beyond_measured"] = beyond_measured(table, measured_reach(run.cells, run.requests), traffic.prompts,

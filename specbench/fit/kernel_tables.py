@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,6 +271,12 @@ class Forward:
 
     def _unavailable(self, error: Exception) -> TablesUnavailable:
         """A kernel the tables did not measure (a head size, a quantisation): one line naming it."""
+        flops = re.search(r"missing system flops: quant mode '([^']+)' needs '([^']+)'", str(error))
+        if flops:  # an fp8 or fp4 GEMM on a GPU without such tensor cores (fp8 on an A100)
+            return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
+                                     f"{self._where.split()[0]} has no {flops.group(1)} tensor cores (its system file "
+                                     f"gives no {flops.group(2)}; vLLM runs such weights there as weight-only Marlin GEMMs, "
+                                     f"which the tables did not time): plan it at bf16")
         return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
                                  f"{str(error).splitlines()[0].split(': tried lane_order')[0]}")
 

@@ -284,6 +284,15 @@ def _configurations(rows: pd.DataFrame, acceptances: bool, drafts: bool = True) 
     return ", ".join(names)
 
 
+# simulated throughputs within 1 % of each other are a tie: no step price is known that well
+SERVES_TIE = 0.01
+
+
+def _rate(tokens_per_s: float) -> str:
+    """Tokens/s to the unit above 100, to three digits below (a CPU server's 1.00, not 1)."""
+    return f"{tokens_per_s:.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:#.3g}"
+
+
 def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -> str:
     """One sentence for one TP × concurrency of `closed_loop_table`: the speculative configuration
     that serves the most tokens/s per GPU against the baseline, and, where speculation runs fewer
@@ -313,12 +322,15 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -
     price = best.get("dollars_per_million_tokens", math.nan)
     dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
                if math.isfinite(price) else "")
-    figures = (f"{best['tokens_per_s_per_gpu']:.0f} against {base['tokens_per_s_per_gpu']:.0f} tokens/s per {device} "
+    figures = (f"{_rate(best['tokens_per_s_per_gpu'])} against {_rate(base['tokens_per_s_per_gpu'])} tokens/s per {device} "
                f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
-    if best["throughput_speedup"] > 1:
+    if best["throughput_speedup"] >= 1 + SERVES_TIE:
         text = f"{where}: speculation serves the most with {row_label(best, several)}: {figures}"
+    elif best["throughput_speedup"] > 1 - SERVES_TIE:
+        text = (f"{where}: speculation serves as much as autoregressive (within {SERVES_TIE:.0%}), at best "
+                f"{row_label(best, several)}: {figures}")
     else:
         text = (f"{where}: no speculation serves more than autoregressive; the closest, {row_label(best, several)}: "
                 f"{figures}")

@@ -40,6 +40,7 @@ from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import COMMON_SEED, Configuration
 from specbench.schema import AR
 from specbench.shapes import Architecture
+from specbench.synthetic import shipped_config
 
 # vLLM 0.32's defaults for an OpenAI API server on a CPU (engine/arg_utils.py: 2048 batched tokens,
 # 128 sequences per worker); the KV cache is what the server logged
@@ -135,6 +136,20 @@ def head_share(meta: dict) -> float:
         return 0.0
     shape = Architecture.from_dict(recorded)
     return shape.vocab * shape.hidden / (shape.layers * shape.layer_parameters)
+
+
+def served_context(meta: dict) -> int:
+    """The longest request (prompt + output tokens) a run's vLLM servers took: their --max-model-len,
+    else the target's max_position_embeddings (vLLM's default) where the target is a registry model;
+    0 where neither is known (an endpoint's model, a local path)."""
+    config = meta.get("config") or {}
+    limit = (config.get("vllm") or {}).get("max_model_len")
+    if limit:
+        return int(limit)
+    try:
+        return int(shipped_config(str(config.get("target")))[1].get("max_position_embeddings") or 0)
+    except Exception:  # noqa: BLE001 - not a registry alias: its context is not known here
+        return 0
 
 
 def served_replica(meta: dict, draft: str = AR, k: int = 0) -> ReplicaSpec:

@@ -1347,6 +1347,38 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                                        "prefill and attention past it are extrapolated"]
 
 
+def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
+    """vLLM refuses a request past --max-model-len (by default the model's context, 8192 tokens for
+    smollm2-135m): a closed loop of such requests is one line, and a trace's rows past it are left
+    out and counted, though the servers' KV cache (46k tokens) would hold them."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.fleet.served import served_context
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    assert served_context(json.loads((run / "run.json").read_text())) == 8192
+    assert served_context({"config": {"target": "smollm2-135m", "vllm": {"max_model_len": 4096}}}) == 4096
+    assert served_context({"config": {"target": "/a/local/model"}}) == 0  # not known: the KV cache alone bounds
+    result = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "4", "--input-len", "9000",
+                                      "--output-len", "64"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        "error: --input-len 9000 + --output-len 64: 9064 tokens a request, past smollm2-135m's 8192-token "
+        "context (vLLM refuses such requests)"), result.output
+    trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
+    rows = (tmp_path / "azure.csv").read_text().splitlines()
+    rows[5] = ",".join(rows[5].split(",")[:-2] + ["9000", "10"])  # one request past the context
+    (tmp_path / "azure.csv").write_text("\n".join(rows) + "\n")
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["requests"] == 39 and any("beyond the target's context (8192 tokens)" in note
+                                          for note in plan["skipped"]), plan["skipped"]
+
+
 def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengths(tmp_path):
     """`plan RUN --concurrency C --input-len N --output-len M`: closed-loop clients on the steps fitted
     on a committed vLLM CPU run, its baseline and each draft × K with the acceptance it measured. At

@@ -177,9 +177,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N rows (a quick look)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--fp8-static", action="store_true",
-                        help="price the static-scale FP8 checkpoints' rows (STATIC_FP8_CHECKPOINTS) at aiconfigurator's "
-                             "fp8_static GEMMs, not the tables' dynamic fp8 (a check, not the headline: "
-                             "docs/fleet-validation.md)")
+                        help="price the static-scale FP8 checkpoints' rows (STATIC_FP8_CHECKPOINTS) at "
+                             "aiconfigurator's fp8_static GEMMs, not the tables' dynamic fp8 (a check, not the "
+                             "headline: docs/fleet-validation.md)")
     args = parser.parse_args()
     rows = dense_vllm_rows()[:args.limit or None]
     forwards: dict = {}

@@ -274,9 +274,9 @@ class Forward:
         flops = re.search(r"missing system flops: quant mode '([^']+)' needs '([^']+)'", str(error))
         if flops:  # an fp8 or fp4 GEMM on a GPU without such tensor cores (fp8 on an A100)
             return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
-                                     f"{self._where.split()[0]} has no {flops.group(1)} tensor cores (its system file "
-                                     f"gives no {flops.group(2)}; vLLM runs such weights there as weight-only Marlin GEMMs, "
-                                     f"which the tables did not time): plan it at bf16")
+                                     f"{self._where.split()[0]} has no {flops.group(1)} tensor cores (its system "
+                                     f"file gives no {flops.group(2)}; vLLM runs such weights there as weight-only "
+                                     f"Marlin GEMMs, which the tables did not time): plan it at bf16")
         return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
                                  f"{str(error).splitlines()[0].split(': tried lane_order')[0]}")
 

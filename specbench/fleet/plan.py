@@ -322,7 +322,8 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -
     price = best.get("dollars_per_million_tokens", math.nan)
     dollars = (f"; ${price:.2f} against ${base['dollars_per_million_tokens']:.2f} per 1M tokens"
                if math.isfinite(price) else "")
-    figures = (f"{_rate(best['tokens_per_s_per_gpu'])} against {_rate(base['tokens_per_s_per_gpu'])} tokens/s per {device} "
+    figures = (f"{_rate(best['tokens_per_s_per_gpu'])} against {_rate(base['tokens_per_s_per_gpu'])} tokens/s "
+               f"per {device} "
                f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
@@ -409,8 +410,8 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
         """How many replicas `row` needs, `of` (what a replica is) said right after "replicas"."""
         if not row["replicas"] == row["replicas"]:
             if not row.get("reachable", True):
-                missed = row.get("alone_misses") or ""
-                return f"no number of replicas{of} (a request served alone misses the SLO{': ' + missed if missed else ''})"
+                missed = f": {row['alone_misses']}" if row.get("alone_misses") else ""
+                return f"no number of replicas{of} (a request served alone misses the SLO{missed})"
             if row.get("idle_at", math.nan) == row.get("idle_at", math.nan):
                 return (f"no number of replicas{of} behind this router (of {int(row['idle_at'])} it used "
                         f"{int(row['used_at'])}: a prefix every prompt opens with, cached on those, outscores "

@@ -247,10 +247,11 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     need = memory(config, drafter, tp, draft_tp or tp, 1, kernel_tables.device(system), gemm_quant, kv_cache_dtype,
                   draft_gemm_quant)
     if need.usable - need.weights - need.reserved <= 0:
-        draft_part = " with the draft's" if drafter is not None else ""
-        raise ValueError(f"the weights do not fit {system} at TP{tp}: {need.weights / GIB:.1f} GiB a GPU{draft_part} and "
-                         f"the runtime's {need.reserved / GIB:.1f} GiB leave no KV cache in the {need.usable / GIB:.1f} "
-                         f"GiB vLLM uses of each GPU (a larger --tp{', or --dtype fp8' if gemm_quant is None else ''})")
+        with_draft = " with the draft's" if drafter is not None else ""
+        fp8 = ", or --dtype fp8" if gemm_quant is None else ""
+        raise ValueError(f"the weights do not fit {system} at TP{tp}: {need.weights / GIB:.1f} GiB a GPU{with_draft} "
+                         f"and the runtime's {need.reserved / GIB:.1f} GiB leave no KV cache in the "
+                         f"{need.usable / GIB:.1f} GiB vLLM uses of each GPU (a larger --tp{fp8})")
     budget, seqs = vllm_defaults(system)
     api = api_server or ApiServerCost(0.0, 0.0)
     return ReplicaSpec(max_num_seqs=seqs, max_num_batched_tokens=budget, kv_capacity_tokens=need.largest_batch(),

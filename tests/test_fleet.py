@@ -1758,6 +1758,13 @@ def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
                                      str(trace), "--slo", "ttft=1,tpot=0.05,p90", "--router", "prefix-aware"])
     assert aware.exit_code == 0, aware.output
     assert "(SIMULATED, the prefix-aware router's tail likely worse;" in " ".join(aware.output.split())
+    assert "no prefixes in it" not in aware.output
+    # a trace without hash ids (Azure's) gives the router nothing but load to route by: the head says so
+    blind = CliRunner().invoke(app, ["plan", "--target", "llama3-8b", "--device", "h100", "--tp", "1", "--trace",
+                                     azure_csv(tmp_path / "azure.csv", count=40, gap_s=2.0), "--slo", "ttft=1",
+                                     "--router", "prefix-aware"])
+    assert blind.exit_code == 0 and "no prefixes in it, so the router weighs the servers' queues and free KV " \
+                                   "cache alone" in " ".join(blind.output.split()), blind.output
 
 
 def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():

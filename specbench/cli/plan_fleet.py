@@ -442,6 +442,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     cached = (table["prefix_hit_share"] > 0).any() if "prefix_hit_share" in table else False
     shares = (f"; its prompts share prefixes as its hash ids say ({traffic.prefix_unit_tokens}-token blocks)"
               + (", found in each replica's prefix cache" if cached else "") if traffic.prefixes is not None else "")
+    if ask.router == "prefix-aware" and traffic.prefixes is None:  # (an Azure trace carries no hash ids)
+        shares = "; no prefixes in it, so the router weighs the servers' queues and free KV cache alone"
     _print_head(head, f"replicas behind a {ask.router} router serving {traffic.name} ({len(traffic.prompts)} "
                       f"requests, {traffic.rate():.2f} req/s at 1×{shares}); sized to {slo.describe()} at "
                       f"{1 + ask.headroom:g}× each traffic; prices {price_note}", left_out + replay.notes(), transferred)

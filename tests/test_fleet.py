@@ -1511,6 +1511,25 @@ def test_the_closed_loop_simulates_the_k_schedule_too(tmp_path):
     assert "At p90 TPOT ≤ 28 ms: met by 8b K=1 and K schedule {1-32: 3, 33+: 1};" in answers[1]
 
 
+def test_a_k_schedule_off_at_every_batch_is_not_simulated_as_speculation():
+    """At α 0 no K pays anywhere: the schedule would be {1+: off}, the baseline with a draft loaded.
+    It is not one more speculative configuration (it was, and the answer read 'speculation serves as
+    much as autoregressive, at best 1b K schedule {1+: off}')."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "1b", "--tp", "4", "--alpha", "0",
+                                      "--k", "2,3", "--concurrency", "1", "--input-len", "1024", "--output-len", "128",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert [row["k_schedule"] for row in plan["rows"]] == ["", "", ""]  # the baseline, K=2, K=3
+    assert "no speculation serves more than autoregressive" in plan["answers"][0]
+
+
 def test_the_closed_loop_answer_says_when_no_speculation_serves_more():
     import pandas as pd
 

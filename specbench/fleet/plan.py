@@ -186,6 +186,8 @@ def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, 
                              [int(k) if s >= 1 else None for k, s in zip(best["k"], best["highest_speedup"])])
     if len(ranges) == 1 and ranges[0][2]:  # one K at every batch: that K's configuration already
         return []
+    if not any(k for _, _, k in ranges):  # off at every batch: the baseline with a draft loaded, not speculation
+        return []
     deepest = max(k for _, _, k in ranges)
     speculation = Speculation(0, acceptance.reach_at(max(deepest, 1)), tuple((first, k) for first, _, k in ranges),
                               seed=COMMON_SEED)

@@ -476,6 +476,28 @@ def test_the_replicas_vllm_flags_are_the_ones_given():
     assert "1024 tokens a step, 2 sequences" in " ".join(shown.output.split()), shown.output
 
 
+def test_what_a_plan_on_a_run_says_of_its_check_on_cpu_replays_is_the_committed_check():
+    """A plan on a vLLM run's fitted steps says how far the same simulation was from the CPU replays
+    it never saw: the committed full sitting's medians and signs, to the tenth of a per cent; a GPU
+    server's run, or an endpoint's, is said to be unchecked."""
+    from pathlib import Path
+
+    from specbench.fleet.served import REPLAY_CHECK, replay_check
+
+    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks/fleet-2026-11-27/full-sitting/cpu_replays.csv")
+    assert REPLAY_CHECK.cells == len(table)
+    for metric in ("ttft", "tpot", "e2e"):
+        assert getattr(REPLAY_CHECK, f"{metric}_median_abs") == pytest.approx(
+            table[f"{metric}_error_calibration"].abs().median(), abs=5e-4)
+    signs = table[[f"{m}_sign_right_calibration" for m in ("ttft", "tpot", "e2e")]]
+    assert (REPLAY_CHECK.signs_right, REPLAY_CHECK.signs) == (int(signs.sum().sum()), int(signs.notna().sum().sum()))
+    cpu = {"engine": {"name": "vllm"}, "hardware": {"gpus": []}}
+    assert replay_check(cpu).startswith("checked on 12 vLLM CPU replays it never saw")
+    assert replay_check({"engine": {"name": "vllm"}, "hardware": {"gpus": ["H100"]}}).startswith(
+        "UNCHECKED on a GPU's vLLM servers")
+    assert replay_check({"engine": {"name": "endpoint"}}).startswith("UNCHECKED on an endpoint's servers")
+
+
 def test_what_a_plan_says_of_its_check_on_nvidias_rows_is_the_committed_checks():
     """The line a plan on the tables prints (how far it was from NVIDIA's measured rows on that GPU)
     holds the medians of the committed benchmarks/fleet-2026-11-25/silicon.csv, to the tenth of a

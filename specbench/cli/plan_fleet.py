@@ -357,7 +357,7 @@ def _served_run(run_dir: Path | None, prefix_caching: bool | None):
     """A vLLM run's servers for the simulator: the run, its configurations (the step price fitted on
     it; caching prefixes if `prefix_caching` says so, None: as specbench's servers run, not caching),
     the price, and the head --json and the header print."""
-    from specbench.fleet.served import served_configurations
+    from specbench.fleet.served import replay_check, served_configurations
     from specbench.results import load_run
 
     run = load_run(run_dir)
@@ -379,7 +379,7 @@ def _served_run(run_dir: Path | None, prefix_caching: bool | None):
                 "head_share")}, "reread_cached_tokens": (None if math.isinf(price.reread_cached_tokens)
                                                          else float(price.reread_cached_tokens))},
             "server_flags": "" if prefix_caching is None else "prefix caching" if prefix_caching
-            else "no prefix caching"}
+            else "no prefix caching", "checked": replay_check(run.meta)}
     return run, found, price, head
 
 

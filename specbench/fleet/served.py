@@ -138,6 +138,39 @@ def head_share(meta: dict) -> float:
     return shape.vocab * shape.hidden / (shape.layers * shape.layer_parameters)
 
 
+@dataclass(frozen=True)
+class ReplayCheck:
+    """How far the simulator on a served run's fitted steps was from vLLM CPU replays it never saw
+    (`benchmarks/fleet-2026-11-27/full-sitting/cpu_replays.csv`: one sitting, azure-conv and
+    azure-code each below and past the knee, the baseline, ngram K=2 and the self draft, priced on
+    that sitting's closed-loop calibration; `tests/test_fleet.py` holds these figures to the csv)."""
+
+    cells: int
+    ttft_median_abs: float
+    tpot_median_abs: float
+    e2e_median_abs: float
+    signs_right: int  # speculation's effect on p50 TTFT, TPOT and E2E: its direction predicted right
+    signs: int
+
+
+REPLAY_CHECK = ReplayCheck(12, 0.031, 0.070, 0.024, 20, 24)
+
+
+def replay_check(meta: dict) -> str:
+    """One line on how far to trust a simulation on a run's fitted steps: its check on vLLM CPU
+    replays, or that a GPU's or an endpoint's servers were never checked so."""
+    engine = (meta.get("engine") or {}).get("name")
+    if engine != "vllm" or (meta.get("hardware") or {}).get("gpus"):
+        where = "a GPU's vLLM servers" if engine == "vllm" else "an endpoint's servers"
+        return (f"UNCHECKED on {where}: the simulator on a run's fitted steps was checked on vLLM CPU replays "
+                f"alone (docs/fleet-validation.md)")
+    check = REPLAY_CHECK
+    return (f"checked on {check.cells} vLLM CPU replays it never saw (one sitting: azure-conv and azure-code below "
+            f"and past the knee; the baseline, ngram K=2 and the self draft): median |error| of p50 TTFT "
+            f"{check.ttft_median_abs:.1%}, TPOT {check.tpot_median_abs:.1%}, E2E {check.e2e_median_abs:.1%}; "
+            f"speculation's direction right in {check.signs_right} of {check.signs} (docs/fleet-validation.md)")
+
+
 def served_context(meta: dict) -> int:
     """The longest request (prompt + output tokens) a run's vLLM servers took: their --max-model-len,
     else the target's max_position_embeddings (vLLM's default) where the target is a registry model;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -491,8 +492,20 @@ def test_what_a_plan_on_a_run_says_of_its_check_on_cpu_replays_is_the_committed_
             table[f"{metric}_error_calibration"].abs().median(), abs=5e-4)
     signs = table[[f"{m}_sign_right_calibration" for m in ("ttft", "tpot", "e2e")]]
     assert (REPLAY_CHECK.signs_right, REPLAY_CHECK.signs) == (int(signs.sum().sum()), int(signs.notna().sum().sum()))
+    # what every sitting's predictions say of a direction, by the predicted effect's size (decided_signs.md)
+    from specbench.fleet.served import DIRECTION_BY_EFFECT, direction_note
+
+    text = (Path(__file__).parents[1] / "benchmarks/fleet-2026-11-27/decided_signs.md").read_text()
+    bands = [tuple(int(n) for n in found) for found in
+             re.findall(r"^\| (?:under 10%|10% to 20%|20% or more) \| (\d+) \| (\d+) \|", text, re.M)]
+    assert [(band.predictions, band.right) for band in DIRECTION_BY_EFFECT] == bands
+    assert direction_note(-0.04).startswith("an effect under 10% had the measured direction in 27 of the CPU "
+                                            "replays' 52 predictions")
+    assert direction_note(0.15).startswith("an effect 10% to 20% had the measured direction in 8 of")
+    assert direction_note(0.4) == ""
     cpu = {"engine": {"name": "vllm"}, "hardware": {"gpus": []}}
     assert replay_check(cpu).startswith("checked on 12 vLLM CPU replays it never saw")
+    assert "where the predicted effect was under 10% in 27 of 52, where 20% or more in 86 of 87" in replay_check(cpu)
     assert replay_check({"engine": {"name": "vllm"}, "hardware": {"gpus": ["H100"]}}).startswith(
         "UNCHECKED on a GPU's vLLM servers")
     assert replay_check({"engine": {"name": "endpoint"}}).startswith("UNCHECKED on an endpoint's servers")
@@ -1570,6 +1583,9 @@ def test_the_closed_loop_answer_says_when_no_speculation_serves_more():
     assert closed_loop_answer(level).startswith(
         "TP1, 8 clients: speculation serves as much as autoregressive (within 1%), at best 1b K=2: 100 against 100 ")
     assert closed_loop_answer(rows.iloc[:1]) == ""
+    # a served run's plan adds what its check says of an effect that size
+    told = closed_loop_answer(rows, device="server", evidence=lambda change: f"change {change:+.2f}")
+    assert "per server (0.90×), TPOT p50 11.0 against 10.0 ms, TTFT p50 0.05 against 0.05 s (change -0.10)" in told
     alone = rows.iloc[:1].assign(meets_slo=True)
     assert closed_loop_answer(alone, "p90 TPOT ≤ 10 ms") == \
         "TP1, 8 clients: at p90 TPOT ≤ 10 ms: met by autoregressive (SIMULATED)"

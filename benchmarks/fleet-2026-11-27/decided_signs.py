@@ -80,6 +80,21 @@ def cells(spread: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+EFFECT_BANDS = (0.10, 0.20, float("inf"))  # the upper bounds of |predicted change|, as fleet.served names them
+
+
+def by_effect(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """`table`'s rows by the size of the predicted change: under 10 %, 10-20 %, 20 % or more."""
+    size = table["predicted_change"].abs()
+    bands, low = [], 0.0
+    for high in EFFECT_BANDS:
+        name = f"under {high:.0%}" if low == 0 else f"{low:.0%} or more" if high == float("inf") \
+            else f"{low:.0%} to {high:.0%}"
+        bands.append((name, table[(size >= low) & (size < high)]))
+        low = high
+    return bands
+
+
 def main() -> None:
     spread = instance_spread()
     table = cells(spread)
@@ -111,6 +126,13 @@ def main() -> None:
               f"| {r.predicted_change:+.1%} | {r.paired_speedup:.3f} ({r.low:.3f}–{r.high:.3f}) | "
               f"{'yes' if r.decided else 'no'} | {'yes' if r.clear else 'no'} |"
               for r in table[~table["sign_right"]].itertuples()]
+    lines += ["", "By the size of the predicted effect (|predicted p50 change|, speculation against the baseline): "
+              "what a plan on a run's fitted steps can claim of a direction (`fleet.served.DIRECTION_BY_EFFECT`, "
+              "which a test holds to this table):", "",
+              "| predicted effect | predictions | direction right | decided by the replay | right where decided |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {band} | {len(group)} | {int(group['sign_right'].sum())} | {int(group['decided'].sum())} | "
+              f"{int(group[group['decided']]['sign_right'].sum())} |" for band, group in by_effect(table)]
     (HERE / "decided_signs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -223,7 +223,7 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     from specbench.cli.plan_tables import check_fits_context
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
-    from specbench.fleet.served import beyond_measured, measured_reach, served_context
+    from specbench.fleet.served import beyond_measured, direction_note, measured_reach, served_context
     from specbench.fleet.sizing import Objective
 
     import numpy as np
@@ -247,11 +247,12 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
                                               "their mean running batch", who="the closed loops")
     _show_closed_loop(table, loop, head, [], "", gpu_price,
                       "given" if gpu_price is not None else "none (server-hours)", json_output, started,
-                      where="", replica=f"one server as measured in {run.path}", device="server")
+                      where="", replica=f"one server as measured in {run.path}", device="server",
+                      evidence=direction_note if head["checked"].startswith("checked") else None)
 
 
 def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, price, price_note, json_output,
-                      started, where: str, replica: str, device: str = "GPU") -> None:
+                      started, where: str, replica: str, device: str = "GPU", evidence=None) -> None:
     """The closed loop's table per TP × concurrency, its sentences and chart (or JSON); `device`: what
     one replica's devices are called (GPUs on the kernel tables, a server for a measured run's)."""
     from specbench.fit.slo import parse_slo
@@ -266,7 +267,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
     slo_words = slo.describe() if slo else ""
-    answers = [closed_loop_answer(group, slo_words, device) for _, group in groups]
+    answers = [closed_loop_answer(group, slo_words, device, evidence) for _, group in groups]
     capacity = closed_loop_capacity(table, slo_words, device) if len(loop.concurrencies) > 1 else []
     if json_output:
         print(json.dumps({**head, "input_len": loop.input_len, "output_len": loop.output_len, "clients": loop.clients,

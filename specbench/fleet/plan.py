@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -295,13 +296,15 @@ def _rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:#.3g}"
 
 
-def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -> str:
+def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU",
+                       evidence: Callable[[float], str] | None = None) -> str:
     """One sentence for one TP × concurrency of `closed_loop_table`: the speculative configuration
     that serves the most tokens/s per GPU against the baseline, and, where speculation runs fewer
     requests at once than the baseline (a draft's weights and KV cache leave less room), that its
     lower TPOT is partly a smaller batch's, paid for in queueing; with an objective (`slo` its
     words), which configurations meet it and which of those serves the most. Every figure simulated.
-    `device`: what one replica's devices are called (a served run's replica is one "server")."""
+    `device`: what one replica's devices are called (a served run's replica is one "server");
+    `evidence`: what the checks say of a predicted change of tokens/s that size ("" where nothing)."""
     base = rows[rows["draft"] == AR].iloc[0]
     where = (f"TP{int(base['tp'])}, " if device == "GPU" else "") + f"{int(base['concurrency'])} clients"
     speculative = rows[rows["draft"] != AR]
@@ -329,6 +332,8 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU") -
                f"({best['throughput_speedup']:.2f}×{dollars}), TPOT p50 {best['tpot_p50_ms']:.1f} against "
                f"{base['tpot_p50_ms']:.1f} ms, TTFT p50 {best['ttft_p50_ms'] / 1e3:.2f} against "
                f"{base['ttft_p50_ms'] / 1e3:.2f} s")
+    told = evidence(best["throughput_speedup"] - 1) if evidence is not None else ""
+    figures += f" ({told})" if told else ""
     if best["throughput_speedup"] >= 1 + SERVES_TIE:
         text = f"{where}: speculation serves the most with {row_label(best, several)}: {figures}"
     elif best["throughput_speedup"] > 1 - SERVES_TIE:

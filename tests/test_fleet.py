@@ -1970,6 +1970,24 @@ def test_a_fleet_the_prefix_aware_router_leaves_idle_is_not_grown_and_says_so():
     assert "needs no number of replicas of llama3-8b TP1 on H100 behind this router (of 2 it used 1" in text
 
 
+def test_a_replica_count_speculation_changes_carries_what_the_checks_say_of_that_change():
+    """On a run's fitted steps, 9 replicas without speculation and 10 with it: the sentence adds what
+    the CPU replays said of an effect that size (11 %); the same counts on the tables add nothing."""
+    import pandas as pd
+
+    from specbench.fleet.plan import answer
+    from specbench.fleet.served import direction_note
+
+    base = {"tp": 1, "scale": 1.0, "request_rate": 1.0, "reachable": True, "dollars_per_month": np.nan,
+            "tpot_p50_ms": 100.0}
+    rows = pd.DataFrame([{**base, "draft": "autoregressive", "replicas": 9, "configuration": "without speculation"},
+                         {**base, "draft": "ngram", "replicas": 10, "configuration": "ngram K=2 (measured α)"}])
+    on_run = answer(rows, "azure-conv", "t", "", "p90 TTFT ≤ 30 s", 0.2, "servers", evidence=direction_note)
+    assert "every speculation needs more: 10 replicas with ngram K=2 (measured α) (an effect 10% to 20% had the " \
+           "measured direction in 8 of the CPU replays' 11 predictions: measure it)" in on_run
+    assert "CPU replays" not in answer(rows, "azure-conv", "t", "H100", "p90 TTFT ≤ 30 s", 0.2)
+
+
 def test_the_replicas_chart_marks_a_scale_no_number_of_replicas_meets(tmp_path, monkeypatch):
     """A scale a configuration gets no number for is not left out of the chart: a triangle at the
     top, in its line's colour, and a legend line saying what the triangle means."""

@@ -416,6 +416,7 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     """The sized fleets as tables and sentences (or JSON); `device`: what one replica's devices
     are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
+    from specbench.fleet.served import direction_note
 
     caveat = ", EXTRAPOLATED past the batches or prompts its run measured" if head.get("beyond_measured") else ""
     if ask.router == "prefix-aware" and traffic.prefixes is not None:
@@ -423,7 +424,9 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
         # herding it does on prompts new to every server only at the pace those servers ran, and
         # at the calibration's in one sitting of two (docs/fleet.md)
         caveat += ", the prefix-aware router's tail likely worse"
-    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat)
+    evidence = direction_note if device == "server" and head.get("checked", "").startswith("checked") else None
+    sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat,
+                        evidence)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]
     sentences += [text for text in (fewest_gpus(table, scale) for scale in sorted(set(ask.scales))) if text]
     if ask.chart is not None:

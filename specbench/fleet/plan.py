@@ -406,10 +406,11 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
 
 
 def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float,
-           replica: str = "", caveat: str = "") -> str:
+           replica: str = "", caveat: str = "", evidence: Callable[[float], str] | None = None) -> str:
     """One sentence for one TP × scale of `traffic_table`: the replicas needed without speculation
     and with the configuration that needs fewest (then costs least, then has the lowest p50 TPOT),
-    and the dollars between them. Every figure simulated; `caveat` follows SIMULATED in its label."""
+    and the dollars between them. Every figure simulated; `caveat` follows SIMULATED in its label;
+    `evidence`: what the checks say of a change of the replica count that size ("" where nothing)."""
     base = rows[rows["draft"] == AR].iloc[0]
     tp, scale = int(base["tp"]), float(base["scale"])
 
@@ -450,6 +451,8 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     saved = int(base["replicas"]) - int(best["replicas"])
     money = base["dollars_per_month"] - best["dollars_per_month"]
     dollars = f": ${abs(money):,.0f} a month {'less' if money > 0 else 'more'}" if money == money and money else ""
+    told = evidence(int(best["replicas"]) / int(base["replicas"]) - 1) if evidence is not None and saved else ""
+    dollars += f" ({told})" if told else ""
     if saved > 0:
         middle = f" and {fleet(best)} with {best['configuration']}{dollars}"
     elif saved == 0:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from beyond_calibration import SITTINGS  # noqa: E402  (the committed part-3 sittings)
 from specbench.fit.replay import paired_speedup  # noqa: E402
+from specbench.fleet.served import effect_bands  # noqa: E402
 from specbench.results import load_run  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
@@ -80,19 +81,11 @@ def cells(spread: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-EFFECT_BANDS = (0.10, 0.20, float("inf"))  # the upper bounds of |predicted change|, as fleet.served names them
-
-
 def by_effect(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """`table`'s rows by the size of the predicted change: under 10 %, 10-20 %, 20 % or more."""
+    """`table`'s rows by the size of the predicted change, in the bands a plan names
+    (`fleet.served.effect_bands`: under 10 %, 10-20 %, 20 % or more)."""
     size = table["predicted_change"].abs()
-    bands, low = [], 0.0
-    for high in EFFECT_BANDS:
-        name = f"under {high:.0%}" if low == 0 else f"{low:.0%} or more" if high == float("inf") \
-            else f"{low:.0%} to {high:.0%}"
-        bands.append((name, table[(size >= low) & (size < high)]))
-        low = high
-    return bands
+    return [(name, table[(size >= low) & (size < band.below)]) for name, low, band in effect_bands()]
 
 
 def main() -> None:

@@ -223,7 +223,7 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
     from specbench.cli.plan_tables import check_fits_context
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
-    from specbench.fleet.served import beyond_measured, direction_note, measured_reach, served_context
+    from specbench.fleet.served import beyond_measured, measured_reach, served_context
     from specbench.fleet.sizing import Objective
 
     import numpy as np
@@ -247,12 +247,19 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
                                               "their mean running batch", who="the closed loops")
     _show_closed_loop(table, loop, head, [], "", gpu_price,
                       "given" if gpu_price is not None else "none (server-hours)", json_output, started,
-                      where="", replica=f"one server as measured in {run.path}", device="server",
-                      evidence=direction_note if head["checked"].startswith("checked") else None)
+                      where="", replica=f"one server as measured in {run.path}", device="server")
+
+
+def _replay_evidence(head: dict, device: str):
+    """`fleet.served.direction_note` for a plan on a run whose servers the CPU replays checked (the
+    sentences then say what those replays said of an effect that size), else None."""
+    from specbench.fleet.served import direction_note
+
+    return direction_note if device == "server" and head.get("checked", "").startswith("checked") else None
 
 
 def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, price, price_note, json_output,
-                      started, where: str, replica: str, device: str = "GPU", evidence=None) -> None:
+                      started, where: str, replica: str, device: str = "GPU") -> None:
     """The closed loop's table per TP × concurrency, its sentences and chart (or JSON); `device`: what
     one replica's devices are called (GPUs on the kernel tables, a server for a measured run's)."""
     from specbench.fit.slo import parse_slo
@@ -267,7 +274,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
     seconds = time.perf_counter() - started
     groups = list(table.groupby(["tp", "concurrency"], sort=False))
     slo_words = slo.describe() if slo else ""
-    answers = [closed_loop_answer(group, slo_words, device, evidence) for _, group in groups]
+    answers = [closed_loop_answer(group, slo_words, device, _replay_evidence(head, device)) for _, group in groups]
     capacity = closed_loop_capacity(table, slo_words, device) if len(loop.concurrencies) > 1 else []
     if json_output:
         print(json.dumps({**head, "input_len": loop.input_len, "output_len": loop.output_len, "clients": loop.clients,
@@ -416,7 +423,6 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
     """The sized fleets as tables and sentences (or JSON); `device`: what one replica's devices
     are called (GPUs on the kernel tables, servers for a measured run's: one server a replica)."""
     from specbench.fleet.plan import answer, fewest_gpus, replicas_chart
-    from specbench.fleet.served import direction_note
 
     caveat = ", EXTRAPOLATED past the batches or prompts its run measured" if head.get("beyond_measured") else ""
     if ask.router == "prefix-aware" and traffic.prefixes is not None:
@@ -424,7 +430,7 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
         # herding it does on prompts new to every server only at the pace those servers ran, and
         # at the calibration's in one sitting of two (docs/fleet.md)
         caveat += ", the prefix-aware router's tail likely worse"
-    evidence = direction_note if device == "server" and head.get("checked", "").startswith("checked") else None
+    evidence = _replay_evidence(head, device)
     sentences = [answer(group, traffic.name, head["target"], where, slo.describe(), ask.headroom, replica, caveat,
                         evidence)
                  for _, group in table.groupby(["tp", "scale"], sort=False)]

@@ -170,19 +170,23 @@ class EffectBand:
 DIRECTION_BY_EFFECT = (EffectBand(0.10, 27, 52), EffectBand(0.20, 8, 11), EffectBand(math.inf, 86, 87))
 
 
+def effect_bands(bands: tuple[EffectBand, ...] = DIRECTION_BY_EFFECT):
+    """(name, low, band) for each band of |predicted change|: "under 10%", "10% to 20%", "20% or more"."""
+    low = 0.0
+    for band in bands:
+        name = (f"under {band.below:.0%}" if low == 0 else f"{low:.0%} or more" if band.below == math.inf
+                else f"{low:.0%} to {band.below:.0%}")
+        yield name, low, band
+        low = band.below
+
+
 def direction_note(change: float) -> str:
     """What the CPU replays say of a predicted change this size (speculation against the baseline):
     "" where such effects had the measured direction nearly always (20 % or more)."""
-    size = abs(change)
-    low = 0.0
-    for band in DIRECTION_BY_EFFECT:
-        if size < band.below:
-            if band.below == math.inf:
-                return ""
-            span = f"under {band.below:.0%}" if low == 0 else f"{low:.0%} to {band.below:.0%}"
-            return (f"an effect {span} had the measured direction in {band.right} of the CPU replays' "
+    for name, low, band in effect_bands():
+        if low <= abs(change) < band.below and band.below != math.inf:
+            return (f"an effect {name} had the measured direction in {band.right} of the CPU replays' "
                     f"{band.predictions} predictions: measure it")
-        low = band.below
     return ""
 
 
@@ -194,14 +198,14 @@ def replay_check(meta: dict) -> str:
         where = "a GPU's vLLM servers" if engine == "vllm" else "an endpoint's servers"
         return (f"UNCHECKED on {where}: the simulator on a run's fitted steps was checked on vLLM CPU replays "
                 f"alone (docs/fleet-validation.md)")
-    check, small, large = REPLAY_CHECK, DIRECTION_BY_EFFECT[0], DIRECTION_BY_EFFECT[-1]
+    check, bands = REPLAY_CHECK, list(effect_bands())
+    (small_name, _, small), (large_name, _, large) = bands[0], bands[-1]
     return (f"checked on {check.cells} vLLM CPU replays it never saw (one sitting: azure-conv and azure-code below "
             f"and past the knee; the baseline, ngram K=2 and the self draft): median |error| of p50 TTFT "
             f"{check.ttft_median_abs:.1%}, TPOT {check.tpot_median_abs:.1%}, E2E {check.e2e_median_abs:.1%}; "
             f"speculation's direction right in {check.signs_right} of {check.signs}; over every sitting, where the "
-            f"predicted effect was under {small.below:.0%} in {small.right} of {small.predictions}, where "
-            f"{DIRECTION_BY_EFFECT[-2].below:.0%} or more in {large.right} of {large.predictions} "
-            f"(docs/fleet-validation.md)")
+            f"predicted effect was {small_name} in {small.right} of {small.predictions}, where {large_name} in "
+            f"{large.right} of {large.predictions} (docs/fleet-validation.md)")
 
 
 def served_context(meta: dict) -> int:

@@ -97,16 +97,22 @@ def slo_verdict(out: Outcome, objective: Objective, mask: np.ndarray | None = No
     """Over the requests in `mask` (every one by default): the share meeting every bound, and
     whether the objective's percentile of each bounded metric is within its bound (a request not
     served misses every bound; a one-token output has no TPOT and misses no TPOT bound)."""
-    metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
     chosen = np.ones(len(out.finish_s), bool) if mask is None else mask
-    served = ~np.isnan(out.finish_s[chosen])
-    good, meets = served.copy(), True
-    for name, bound in objective.bounds:
-        values = np.nan_to_num(metrics[name][chosen], nan=0.0 if name == "tpot" else np.inf)
-        values = np.where(served, values, UNSERVED_S)
+    good, meets = ~np.isnan(out.finish_s[chosen]), True
+    for _, bound, values in _bounded(out, objective, chosen):
         good &= values <= bound
         meets = meets and float(np.percentile(values, objective.percentile)) <= bound
     return float(good.mean()), meets
+
+
+def _bounded(out: Outcome, objective: Objective, chosen: np.ndarray):
+    """(metric, bound, each chosen request's value) for every bound of `objective`, as the SLO judges
+    them: a request not served at `UNSERVED_S`, a one-token output's TPOT at 0."""
+    metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
+    served = ~np.isnan(out.finish_s[chosen])
+    for name, bound in objective.bounds:
+        values = np.nan_to_num(metrics[name][chosen], nan=0.0 if name == "tpot" else np.inf)
+        yield name, bound, np.where(served, values, UNSERVED_S)
 
 
 def judged(fleet: FleetOutcome, objective: Objective) -> dict:
@@ -140,37 +146,25 @@ def fleet_at(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec, 
                           traffic.prefixes)
 
 
-def _alone(traffic: Traffic) -> Traffic:
-    """`traffic`'s requests far enough apart that none overlaps another."""
-    apart = np.arange(len(traffic.prompts)) * 1e7
-    return Traffic(traffic.name, apart, traffic.prompts, traffic.outputs, traffic.prefixes, traffic.prefix_unit_tokens)
-
-
-def alone_meets(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
-                objective: Objective) -> bool:
-    """Whether the SLO holds with every request served alone (no queue, no neighbours): if not, no
-    number of replicas meets it (each request's own prefill and decode are too slow)."""
-    fleet = fleet_at(_alone(traffic), 1.0, cost, spec, 1, speculation, "round-robin", objective)
-    return judged(fleet, objective)["meets_slo"]
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
-def alone_misses(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
-                 objective: Objective) -> str:
-    """The bounds of `objective` that its requests miss served alone, with what they reach there
-    ("p90 TTFT 1.02 s against 500 ms"; "" where none is missed)."""
-    out = fleet_at(_alone(traffic), 1.0, cost, spec, 1, speculation, "round-robin").outcome
-    metrics = {"ttft": out.ttft_s, "tpot": out.tpot_s, "e2e": out.e2e_s}
-    missed = []
-    for name, bound in objective.bounds:
-        values = metrics[name][~np.isnan(metrics[name])]
-        reached = float(np.percentile(values, objective.percentile)) if len(values) else math.nan
-        if not reached <= bound:
-            missed.append(f"p{objective.percentile} {name.upper()} {_duration(reached)} against {_duration(bound)}")
-    return ", ".join(missed)
+def alone(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
+          objective: Objective) -> tuple[bool, str]:
+    """Whether the SLO holds with every request served alone (no queue, no neighbours; if not, no
+    number of replicas meets it: each request's own prefill and decode are too slow), and the bounds
+    it misses there with what the requests reach ("p90 TTFT 1.02 s against 500 ms"; "" where none)."""
+    apart = np.arange(len(traffic.prompts)) * 1e7  # far enough apart that none overlaps another
+    lonely = Traffic(traffic.name, apart, traffic.prompts, traffic.outputs, traffic.prefixes, traffic.prefix_unit_tokens)
+    fleet = fleet_at(lonely, 1.0, cost, spec, 1, speculation, "round-robin")
+    if judged(fleet, objective)["meets_slo"]:
+        return True, ""
+    out = fleet.outcome
+    reached = [(name, bound, float(np.percentile(values, objective.percentile)))
+               for name, bound, values in _bounded(out, objective, np.ones(len(out.finish_s), bool))]
+    return False, ", ".join(f"p{objective.percentile} {name.upper()} {_duration(value)} against {_duration(bound)}"
+                            for name, bound, value in reached if value > bound)
 
 
 def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec,
@@ -265,9 +259,8 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
     tp = configuration.tp
     floor = 1  # a heavier traffic needs no fewer replicas
     # whether any number of replicas can meet the objective (a request alone does)
-    reachable = alone_meets(traffic, configuration.cost, configuration.spec, configuration.speculation, objective)
-    alone_missed = "" if reachable else alone_misses(traffic, configuration.cost, configuration.spec,
-                                                     configuration.speculation, objective)
+    reachable, alone_missed = alone(traffic, configuration.cost, configuration.spec, configuration.speculation,
+                                    objective)
     for scale in scales:
         idle: list[tuple[int, int]] = []
         replicas = fewest_replicas(traffic, scale, configuration.cost, configuration.spec,

@@ -428,8 +428,8 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
         count = int(row["replicas"])
         return f"{count} replica{'s' if count != 1 else ''}{of}"
 
-    head = (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs "
-            f"{fleet(base, ' of ' + (replica or f'{target} TP{tp} on {where}'))} without speculation")
+    of = " of " + (replica or f"{target} TP{tp} on {where}")
+    head = f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base, of)} without speculation"
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
     tail = f" (SIMULATED{caveat}; {slo}, met at {1 + headroom:g}× the traffic)"
     if "burst" in rows and rows["burst"].any():  # (rows sized by size_fleets carry it)
@@ -437,10 +437,15 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
                  f"{BURST_LIFETIMES} times its requests' p50 E2E or the SLO's bound, so the replicas' queues absorb "
                  f"it whole (a longer --trace-window or a smaller --trace-speedup sizes a sustained rate)")
     if speculative.empty:
-        if (rows["draft"] == AR).all():
-            return head + tail
         others = rows[rows["draft"] != AR]
         unreachable = not others.get("reachable", pd.Series([True])).any()
+        if not base.get("reachable", True) and (others.empty or unreachable):  # one clause: "no number … meets"
+            missed = f": {base['alone_misses']}" if base.get("alone_misses") else ""
+            which = "without speculation" if others.empty else "with speculation or without"
+            return (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s): no number of replicas{of} meets "
+                    f"the SLO {which} (a request served alone misses it{missed})" + tail)
+        if others.empty:
+            return head + tail
         if not unreachable and others.get("idle_at", pd.Series([math.nan])).notna().any():
             return head + f" and {fleet(others[others['idle_at'].notna()].iloc[0])} with speculation" + tail
         return head + (" nor with any speculation" if unreachable

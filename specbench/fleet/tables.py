@@ -92,14 +92,22 @@ class ServerFlags:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
     def applied(self, spec: ReplicaSpec, ngram: bool = False) -> ReplicaSpec:
-        """`spec` (the replica vLLM's defaults give, `replica_spec`) with these flags set."""
-        return dataclasses.replace(
+        """`spec` (the replica vLLM's defaults give, `replica_spec`) with these flags set; a ValueError
+        where vLLM would refuse them (fewer tokens a step than sequences)."""
+        applied = dataclasses.replace(
             spec, max_num_seqs=self.max_num_seqs or spec.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or spec.max_num_batched_tokens,
             block_size=self.block_size or spec.block_size,
             async_scheduling=False if ngram else spec.async_scheduling if self.async_scheduling is None
             else self.async_scheduling,
             prefix_caching=spec.prefix_caching if self.prefix_caching is None else self.prefix_caching)
+        if applied.max_num_batched_tokens < applied.max_num_seqs:  # vLLM's SchedulerConfig refuses it
+            seqs = "--max-num-seqs" if self.max_num_seqs else "vLLM's default --max-num-seqs on this GPU"
+            budget = "--max-num-batched-tokens" if self.max_num_batched_tokens else "vLLM's default budget"
+            raise ValueError(f"{budget} {applied.max_num_batched_tokens} is below {seqs} ({applied.max_num_seqs}): "
+                             "vLLM refuses to start with fewer tokens a step than sequences (raise the first or "
+                             "lower the second)")
+        return applied
 
     def described(self) -> str:
         """The flags set, as a header says them ("" for vLLM's defaults and a 16-bit KV cache)."""

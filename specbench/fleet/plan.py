@@ -443,7 +443,7 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
             missed = f": {base['alone_misses']}" if base.get("alone_misses") else ""
             which = "without speculation" if others.empty else "with speculation or without"
             return (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s): no number of replicas{of} meets "
-                    f"the SLO {which} (a request served alone misses it{missed})" + tail)
+                    f"the SLO {which} (a request served alone misses it{missed}) (SIMULATED{caveat}; {slo})")
         if others.empty:
             return head + tail
         if not unreachable and others.get("idle_at", pd.Series([math.nan])).notna().any():

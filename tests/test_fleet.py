@@ -522,7 +522,7 @@ def test_what_a_plan_says_of_its_check_on_nvidias_rows_is_the_committed_checks()
     per cent; a GPU or backend with no rows is said to be unchecked."""
     from pathlib import Path
 
-    from specbench.fleet.tables import SILICON_CHECKS, silicon_check
+    from specbench.fleet.tables import SILICON_CHECKS, SILICON_CHECKS_BY_TP, silicon_check
 
     table = pd.read_csv(Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-25" / "silicon.csv")
     done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
@@ -534,7 +534,19 @@ def test_what_a_plan_says_of_its_check_on_nvidias_rows_is_the_committed_checks()
             errors = rows[f"sim_{metric}_error"]
             assert getattr(check, f"{metric}_median_abs") == pytest.approx(errors.abs().median(), abs=5e-4)
             assert getattr(check, f"{metric}_median") == pytest.approx(errors.median(), abs=5e-4)
+    assert set(SILICON_CHECKS_BY_TP) == set(done.groupby(["system", "tp"]).groups)
+    for (system, tp), rows in done.groupby(["system", "tp"]):
+        check = SILICON_CHECKS_BY_TP[(system, tp)]
+        assert check.rows == len(rows)
+        for metric in ("tpot", "ttft"):
+            errors = rows[f"sim_{metric}_error"]
+            assert getattr(check, f"{metric}_median_abs") == pytest.approx(errors.abs().median(), abs=5e-4)
+            assert getattr(check, f"{metric}_median") == pytest.approx(errors.median(), abs=5e-4)
     assert silicon_check("h200_sxm").startswith("checked on 81 of NVIDIA's measured vLLM rows on h200_sxm")
+    assert silicon_check("b200_sxm", tps=(4, 8, 16)).endswith(
+        "; at TP4: TPOT 5.9% (-2.0%), TTFT 22.1% (-22.1%) (30 rows), TP8: TPOT 9.3% (+2.9%), TTFT 27.2% (-27.2%) "
+        "(30 rows), TP16: unchecked (0 rows)")
+    assert silicon_check("h100_sxm", tps=(1,)).endswith("; at TP1: unchecked (1 row)")
     assert silicon_check("a100_sxm").startswith("UNCHECKED on a100_sxm's vllm tables")
     assert silicon_check("h100_sxm", "trtllm").startswith("UNCHECKED")
 

@@ -172,6 +172,45 @@ def _median_abs(errors: pd.Series) -> float:
     return errors.abs().median()
 
 
+# GPUs whose rows share a model, precision, TP, concurrency and lengths (InferenceMAX measured the
+# Llama-3.1-70B ones with one image, checkpoint, server flags and client on each GPU)
+GPU_PAIRS = (("h200_sxm", "h100_sxm"), ("b200_sxm", "h200_sxm"), ("b200_sxm", "h100_sxm"))
+SAME_ROW = ["model", "precision", "tp", "concurrency", "lengths"]
+
+
+def gpu_pair_lines(done: pd.DataFrame) -> list[str]:
+    """The same row on two GPUs: how much faster one measured than the other, and how much faster the
+    simulator and aiconfigurator say, their medians, and the simulator's ratio against the measured one
+    by length pair and TP. What a GPU's own constant (its tables, its host) would fix shows here apart
+    from what the model, the client or the server would."""
+    lines = ["The same row on two GPUs (the model, precision, TP, concurrency and lengths alike): the median "
+             "ratio of their mean TPOT and TTFT, measured, simulated and aiconfigurator's; then the simulated "
+             "ratio against the measured one (median, %) by length pair and TP, below zero where the simulator "
+             "makes the first GPU the faster by more than it measured.", "",
+             "| GPUs | rows | TPOT measured | simulated | aiconfigurator | TTFT measured | simulated | aiconfigurator |",
+             "|---|---|---|---|---|---|---|---|"]
+    gaps = []
+    for first, second in GPU_PAIRS:
+        pair = done[done["system"] == first].merge(done[done["system"] == second], on=SAME_ROW, suffixes=("_a", "_b"))
+        if pair.empty:
+            continue
+        ratio = {f"{who}_{metric}": pair[f"{who}_{metric}_ms_a"] / pair[f"{who}_{metric}_ms_b"]
+                 for who in ("silicon", "sim", "aic") for metric in ("tpot", "ttft")}
+        lines.append(f"| {first} / {second} | {len(pair)} | " + " | ".join(
+            f"{ratio[f'{who}_{metric}'].median():.3f}" for metric in ("tpot", "ttft") for who in ("silicon", "sim", "aic"))
+            + " |")
+        for metric in ("tpot", "ttft"):
+            gap = pair.assign(gap=(ratio[f"sim_{metric}"] / ratio[f"silicon_{metric}"] - 1) * 100)
+            grid = gap.pivot_table(index="lengths", columns="tp", values="gap", aggfunc="median")
+            gaps += [f"{first} / {second}, {metric.upper()}: simulated ratio against measured, % (rows: lengths; "
+                     "columns: TP)", "", "| lengths | " + " | ".join(f"TP{tp}" for tp in grid.columns) + " |",
+                     "|---|" + "---|" * len(grid.columns)]
+            gaps += [f"| {lengths} | " + " | ".join("" if value != value else f"{value:+.0f}" for value in values) + " |"
+                     for lengths, values in grid.iterrows()]
+            gaps.append("")
+    return lines + [""] + gaps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=0, help="only the first N rows (a quick look)")
@@ -257,6 +296,7 @@ def main() -> None:
         if len(missing):
             lines += [f"aiconfigurator gave no estimate for {len(missing)} rows"] + [
                 f"- {n} × {why}" for why, n in missing["aic_error"].value_counts().items()] + [""]
+    lines += gpu_pair_lines(done)
     skipped = table[table["not_simulated"] != ""]
     if len(skipped):
         lines += [f"Not simulated: {len(skipped)} rows"] + [f"- {n} × {why}" for why, n in

@@ -123,7 +123,8 @@ def plan_fleet(ask: FleetAsk, json_output: bool) -> None:
             "graph_pieces": {"per_layer_ms": PIECEWISE_LAYER_MS, "cudagraph_mode": server.cudagraph_mode,
                              "measured": PIECEWISE_SOURCE}, "api_server": described(VLLM_API_SERVER_REQUEST),
             "alpha_from": alpha_from,
-            "acceptance_transferred": transferred or None, "checked": silicon_check(system, ask.backend)}
+            "acceptance_transferred": transferred or None,
+            "checked": silicon_check(system, ask.backend, tuple(tp_sizes))}
     if ask.traffic is None:
         _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, left_out, transferred,
                      json_output, started)

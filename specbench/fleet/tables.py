@@ -49,6 +49,11 @@ class SiliconCheck:
                 f"{self.tpot_median:+.1%} and {self.ttft_median:+.1%} (below zero: simulated faster than measured; "
                 f"docs/fleet-validation.md)")
 
+    def brief(self) -> str:
+        """The same at one TP, as the line's tail says it."""
+        return (f"TPOT {self.tpot_median_abs:.1%} ({self.tpot_median:+.1%}), "
+                f"TTFT {self.ttft_median_abs:.1%} ({self.ttft_median:+.1%})")
+
 
 SILICON_CHECKS = {
     "b200_sxm": SiliconCheck(120, 0.073, -0.032, 0.180, -0.179),
@@ -57,13 +62,40 @@ SILICON_CHECKS = {
 }
 
 
-def silicon_check(system: str, backend: str = "vllm") -> str:
+# The same per GPU and TP: the errors differ by TP more than by anything else on a GPU (B200's TTFT:
+# -14 % signed at TP1, -27 % at TP8, where an eager prefill step's launches outlast its kernels;
+# docs/fleet-validation.md), so a plan at a TP says that TP's
+SILICON_CHECKS_BY_TP = {
+    ("b200_sxm", 1): SiliconCheck(30, 0.084, -0.084, 0.136, -0.136),
+    ("b200_sxm", 2): SiliconCheck(30, 0.070, -0.042, 0.155, -0.130),
+    ("b200_sxm", 4): SiliconCheck(30, 0.059, -0.020, 0.221, -0.221),
+    ("b200_sxm", 8): SiliconCheck(30, 0.093, 0.029, 0.272, -0.272),
+    ("h100_sxm", 1): SiliconCheck(1, 0.977, 0.977, 1.160, 1.160),
+    ("h100_sxm", 2): SiliconCheck(46, 0.046, -0.014, 0.283, -0.272),
+    ("h100_sxm", 4): SiliconCheck(45, 0.032, -0.032, 0.275, -0.275),
+    ("h100_sxm", 8): SiliconCheck(46, 0.050, -0.042, 0.241, -0.215),
+    ("h200_sxm", 1): SiliconCheck(25, 0.109, 0.109, 0.212, -0.045),
+    ("h200_sxm", 2): SiliconCheck(20, 0.080, 0.080, 0.092, -0.037),
+    ("h200_sxm", 4): SiliconCheck(19, 0.053, 0.050, 0.051, -0.035),
+    ("h200_sxm", 8): SiliconCheck(17, 0.034, 0.034, 0.048, 0.044),
+}
+TP_CHECK_MIN_ROWS = 5  # fewer rows at a TP say nothing of it (H100 has one TP1 row)
+
+
+def silicon_check(system: str, backend: str = "vllm", tps: tuple[int, ...] = ()) -> str:
     """One line on how far to trust a simulation on `system`'s `backend` tables: its check against
-    NVIDIA's measured vLLM rows, or that it has none."""
+    NVIDIA's measured vLLM rows, or that it has none; then the same at each of `tps`."""
     found = SILICON_CHECKS.get(system) if backend == "vllm" else None
-    return found.described(system) if found else (f"UNCHECKED on {system}'s {backend} tables: the simulator was "
-                                                  f"checked on NVIDIA's measured vLLM rows on "
-                                                  f"{', '.join(SILICON_CHECKS)} alone")
+    if not found:
+        return (f"UNCHECKED on {system}'s {backend} tables: the simulator was checked on NVIDIA's measured vLLM "
+                f"rows on {', '.join(SILICON_CHECKS)} alone")
+    per_tp = []
+    for tp in tps:
+        at = SILICON_CHECKS_BY_TP.get((system, tp))
+        rows = at.rows if at else 0
+        per_tp.append(f"TP{tp}: {at.brief()} ({rows} rows)" if rows >= TP_CHECK_MIN_ROWS else
+                      f"TP{tp}: unchecked ({rows} row{'s' if rows != 1 else ''})")
+    return found.described(system) + (f"; at {', '.join(per_tp)}" if per_tp else "")
 
 
 @dataclass(frozen=True)

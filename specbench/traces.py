@@ -42,6 +42,10 @@ def _seconds(value: float) -> str:
     return f"{round(value, 3):.12g}"
 
 
+def _span(start: float, end: float) -> str:
+    return f"{_seconds(start)}–{_seconds(end)}"
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     arrival_s: float  # seconds from the trace's first request (scaled, in a replay: from the window's start)
@@ -120,9 +124,9 @@ class Replay:
         start, end = self.window
         if self.cut and self.span is not None:  # what was replayed, not the whole window it came from
             first, last = self.span
-            return (f"{self.trace} {_seconds(first)}–{_seconds(last)} s (the first {len(self.requests)} of the {self.in_window} "
-                    f"requests in {_seconds(start)}–{_seconds(end)} s, --trace-max-requests) at {self.speedup:g}× speed")
-        return f"{self.trace} {_seconds(start)}–{_seconds(end)} s at {self.speedup:g}× speed"
+            return (f"{self.trace} {_span(first, last)} s (the first {len(self.requests)} of the {self.in_window} "
+                    f"requests in {_span(start, end)} s, --trace-max-requests) at {self.speedup:g}× speed")
+        return f"{self.trace} {_span(start, end)} s at {self.speedup:g}× speed"
 
     def notes(self) -> list[str]:
         """What was changed or left out, one phrase each (the report says them)."""
@@ -335,8 +339,8 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
     end = start + duration if duration is not None else trace.duration_s
     chosen = [r for r in trace.requests if start <= r.arrival_s <= end]
     if not chosen:
-        raise TraceError(f"--trace-window {window}: no request of {trace.name} arrives in {_seconds(start)}–{_seconds(end)} s (the "
-                         f"trace spans 0–{_seconds(trace.duration_s)} s)")
+        raise TraceError(f"--trace-window {window}: no request of {trace.name} arrives in {_span(start, end)} s (the "
+                         f"trace spans {_span(0, trace.duration_s)} s)")
     skipped = dict(trace.dropped)
     too_long, too_short, kept = [], [], []
     cut = False
@@ -355,7 +359,7 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
     if too_short:
         skipped[f"input shorter than the chat template alone ({min_input} tokens)"] = len(too_short)
     if not kept:
-        raise TraceError(f"--trace {trace.name}: none of the {len(chosen)} request(s) in {_seconds(start)}–{_seconds(end)} s fits the "
+        raise TraceError(f"--trace {trace.name}: none of the {len(chosen)} request(s) in {_span(start, end)} s fits the "
                          f"target ({'; '.join(f'{n} {why}' for why, n in skipped.items())})")
     origin = kept[0].arrival_s
     scaled = [TraceRequest((r.arrival_s - origin) / speedup, r.input_tokens, r.output_tokens, r.text, r.hash_ids)

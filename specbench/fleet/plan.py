@@ -414,12 +414,15 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
     base = rows[rows["draft"] == AR].iloc[0]
     tp, scale = int(base["tp"]), float(base["scale"])
 
+    def missed(row) -> str:
+        """What a request `row`'s configuration serves alone misses the SLO by (": p90 TTFT …"), or ""."""
+        return f": {row['alone_misses']}" if row.get("alone_misses") else ""
+
     def fleet(row, of: str = "") -> str:
         """How many replicas `row` needs, `of` (what a replica is) said right after "replicas"."""
         if not row["replicas"] == row["replicas"]:
             if not row.get("reachable", True):
-                missed = f": {row['alone_misses']}" if row.get("alone_misses") else ""
-                return f"no number of replicas{of} (a request served alone misses the SLO{missed})"
+                return f"no number of replicas{of} (a request served alone misses the SLO{missed(row)})"
             if row.get("idle_at", math.nan) == row.get("idle_at", math.nan):
                 return (f"no number of replicas{of} behind this router (of {int(row['idle_at'])} it used "
                         f"{int(row['used_at'])}: a prefix every prompt opens with, cached on those, outscores "
@@ -429,7 +432,8 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
         return f"{count} replica{'s' if count != 1 else ''}{of}"
 
     of = " of " + (replica or f"{target} TP{tp} on {where}")
-    head = f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s) needs {fleet(base, of)} without speculation"
+    at = f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s)"
+    head = f"{at} needs {fleet(base, of)} without speculation"
     speculative = rows[(rows["draft"] != AR) & rows["replicas"].notna()]
     tail = f" (SIMULATED{caveat}; {slo}, met at {1 + headroom:g}× the traffic)"
     if "burst" in rows and rows["burst"].any():  # (rows sized by size_fleets carry it)
@@ -440,10 +444,9 @@ def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, 
         others = rows[rows["draft"] != AR]
         unreachable = not others.get("reachable", pd.Series([True])).any()
         if not base.get("reachable", True) and (others.empty or unreachable):  # one clause: "no number … meets"
-            missed = f": {base['alone_misses']}" if base.get("alone_misses") else ""
             which = "without speculation" if others.empty else "with speculation or without"
-            return (f"{traffic} at {scale:g}× ({base['request_rate']:.2f} req/s): no number of replicas{of} meets "
-                    f"the SLO {which} (a request served alone misses it{missed}) (SIMULATED{caveat}; {slo})")
+            return (f"{at}: no number of replicas{of} meets the SLO {which} (a request served alone misses "
+                    f"it{missed(base)}) (SIMULATED{caveat}; {slo})")
         if others.empty:
             return head + tail
         if not unreachable and others.get("idle_at", pd.Series([math.nan])).notna().any():

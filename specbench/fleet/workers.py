@@ -22,6 +22,11 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 _forked: tuple[Callable, Sequence] | None = None  # what the forked workers run: (work, items)
+# Held back from a worker until _worker_signals has set its handlers: a fork copies the parent's
+# Python handlers (the CLI's raise), and a SIGTERM that Pool.terminate sends a worker before its
+# initializer ran was caught by the copy and lost, leaving the worker waiting on the task queue's
+# lock the terminating parent holds, and the parent joining it for ever (seen once in CI).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def cores() -> int:
@@ -43,6 +48,7 @@ def _worker_signals() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent since the fork arrives now, as set above
 
 
 def _run(index: int):
@@ -61,7 +67,12 @@ def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers:
         return [work(item) for item in items]
     _forked = (work, items)
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_signals) as pool:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the workers fork with them held
+        try:
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_signals)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with pool:
             # one item a task, handed out as workers free up: simulations differ in length
             return pool.map(_run, range(len(items)), chunksize=1)
     finally:

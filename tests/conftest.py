@@ -2,74 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment, which the CLI
-# reads as an 80-column terminal's (specbench.cli.common): its tables would fold as on one
-if "PYTEST_XDIST_WORKER" in os.environ:
-    os.environ.pop("COLUMNS", None)
-    os.environ.pop("LINES", None)
-
-
-# The README's test command runs the suite on two pytest-xdist workers (`-n 2`). The tests that
-# start real vLLM servers or a Ray cluster run one after another on one of them, first, as they take
-# longest: two at once would hold four CPU vLLM servers (about 6 GB each) and two clusters on this
-# 2-core machine. A module whose module-scoped fixture measures something runs whole on one worker,
-# so that the fixture is measured once. Every other test is sent to whichever worker is free.
-# test_evidence's stand-in servers slow down with the wall clock (a drifting machine): slowed by
-# the other worker's load, its sweeps would see a far steeper drift than they were written for. It
-# runs last on the servers' worker: by then the other worker, whose share is the shorter, is done.
-SERVERS_GROUP = "real servers"
-GROUPS = {"test_ray_executor": SERVERS_GROUP, "test_vllm": SERVERS_GROUP, "test_evidence": SERVERS_GROUP,
-          **{name: name for name in ("test_performance_model", "test_sweep", "test_replica_vs_vllm_scheduler",
-                                     "test_sampling_distribution")}}
-ORDER = list(GROUPS)  # the order the workers run them in, before every other test
-
-
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    # xdist's own `--dist loadgroup` reads its marks into test ids that pytest 9.2 no longer lets a
-    # plugin change, so the groups are the scopes of a LoadScope scheduler, in collection order
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return GROUPS.get(_module(nodeid), nodeid)
-
-    config.option.loadscopereorder = False
-    return GroupScheduling(config, log)
-
-
-def pytest_collection_modifyitems(items) -> None:
-    if "PYTEST_XDIST_WORKER" in os.environ:  # each worker alike: the real servers first, then the groups
-        items.sort(key=lambda item: ORDER.index(_module(item.nodeid)) if _module(item.nodeid) in GROUPS
-                   else len(ORDER))
-
-
-def this_worker(process) -> bool:
-    """Whether `process` may be this pytest-xdist worker's: anything but a process the other worker
-    started (its name in the environment, which a child inherits and keeps once orphaned), so that
-    a check for servers left behind does not see the other worker's and still sees those started
-    where the worker's name is not passed on (a Ray task's); every process on one worker."""
-    import psutil
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        return True
-    try:
-        return process.environ().get("PYTEST_XDIST_WORKER", worker) == worker
-    except psutil.AccessDenied:
-        return True
-    except psutil.Error:  # gone, or a zombie: nothing left running
-        return False
 
 
 def tiny_model(

@@ -23,7 +23,7 @@ from specbench.served.client import run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
 from specbench.served.server import ServerProcess, free_port
 from specbench.grid import speculative_config, synthetic_rates
-from tests.conftest import as_if_idle, assert_in_contract, this_worker
+from tests.conftest import as_if_idle, assert_in_contract
 
 runner = CliRunner()
 FAKE = Path(__file__).parent / "fake_vllm"
@@ -31,11 +31,11 @@ SERVER_MARK = "vllm.entrypoints.openai.api_server"
 
 
 def server_processes() -> list[psutil.Process]:
-    """Every process this test worker started that runs a (fake or real) vLLM server, or its sleeping child."""
+    """Every process on the machine running a (fake or real) vLLM server, or its sleeping child."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         line = " ".join(process.info["cmdline"] or [])
-        if (SERVER_MARK in line or "time.sleep(600)" in line) and this_worker(process):
+        if SERVER_MARK in line or "time.sleep(600)" in line:
             found.append(process)
     return found
 

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.results import load_run
-from tests.conftest import as_if_idle, this_worker
+from tests.conftest import as_if_idle
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SPECBENCH_REQUIRE_VLLM") == "1":
@@ -42,8 +42,7 @@ GRID = ["--engine", "vllm", "--drafts", "ngram", "--k", "2", "--batch-sizes", "1
 def server_processes() -> list:
     import psutil
 
-    return [p for p in psutil.process_iter(["cmdline"])
-            if SERVER_MARK in " ".join(p.info["cmdline"] or []) and this_worker(p)]
+    return [p for p in psutil.process_iter(["cmdline"]) if SERVER_MARK in " ".join(p.info["cmdline"] or [])]
 
 
 def raw_counters(url: str) -> dict[str, float]:

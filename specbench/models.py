@@ -278,12 +278,14 @@ def _convert_smollm2_gguf(gguf: Path) -> Path:
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    if target.exists():  # another process converted it meanwhile
+    try:
+        staging.replace(target)
+    except OSError:  # another process converted it meanwhile (a directory is not replaced)
+        if not target.exists():
+            raise
         import shutil
 
-        shutil.rmtree(staging)
-    else:
-        staging.replace(target)
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

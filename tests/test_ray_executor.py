@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.results import load_run
+from tests.conftest import as_if_idle
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'specbench[ray]')")
 
@@ -299,26 +300,82 @@ def test_a_bracket_closed_on_a_node_reaches_the_run(tiny_model_dirs, tmp_path, o
             list(own["tokens_per_s_runs"])
 
 
+# vLLM's own server argument parser and engine config: what `vllm serve ... --speculative-config X`
+# does with each X before it loads a model, without the minute a server takes to start (and with
+# one import of vLLM for all of them).
+VLLM_CONFIG_CHECK = """
+import sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+for config in sys.argv[2:]:
+    try:
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            ["--model", sys.argv[1], "--dtype", "float32", "--enforce-eager", "--speculative-config", config])
+        speculative = AsyncEngineArgs.from_cli_args(args).create_engine_config().speculative_config
+        print("built", speculative.method, speculative.num_speculative_tokens,
+              speculative.num_speculative_tokens_per_batch_size)
+    except Exception as error:
+        print("rejected", type(error).__name__, " ".join(str(error).split()))
+"""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None and os.environ.get("SPECBENCH_REQUIRE_VLLM") != "1",
                     reason="vLLM is not installed")
-def test_the_vllm_engine_under_ray(tmp_path, on_cluster):
+def test_the_vllm_engine_under_ray_runs_a_k_schedule_as_the_counters_say_and_check_pastes_a_config_vllm_accepts(
+        tmp_path, on_cluster):
+    """Real vLLM servers on a Ray node: the target drafting for itself under a K schedule (one sweep
+    for both, as two cost four server starts, three minutes of CI)."""
     import psutil
 
+    from specbench.grid import SweepConfig
+    from specbench.served.vllm_engine import model_path
+
     output = tmp_path / "run"
-    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", "smollm2-135m", "--k", "2",
-                                 "--batch-sizes", "1", "--temperatures", "0", "--workloads", "chat",
-                                 "--max-new-tokens", "16", "--num-prompts", "2", "--dtype", "fp32", "--enforce-eager",
-                                 "--executor", "ray", "--output", str(output)])
+    draft = "smollm2-135m@schedule:{1: 3, 2+: 1}"
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", draft, "--batch-sizes", "1,4",
+                                 "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "16",
+                                 "--num-prompts", "4", "--dtype", "fp32", "--enforce-eager", "--executor", "ray",
+                                 "--output", str(output)])
     assert result.exit_code == 0, result.output
     run = load_run(output)
-    cells = run.cells.set_index("mode")
     assert (run.cells["status"] == "ok").all()
-    speculative = cells.loc["speculative"]
-    assert speculative["lossless"] == "exact" and speculative["alpha"] >= 0.99  # the target drafting for itself
+    cells = run.cells.set_index("cell_id")
+    one, four = cells.loc[f"chat|B1|T0|{draft}|K3"], cells.loc[f"chat|B4|T0|{draft}|K1"]
+    assert one["lossless"] == "exact" and four["lossless"] == "exact"
+    # drafted tokens per draft: 3 with one request in flight; 1 with four (but for the last steps of
+    # requests that finish apart, which run with fewer in flight and draft 3)
+    assert one["k_drafted_mean"] == pytest.approx(3.0)
+    assert 1.0 <= four["k_drafted_mean"] < 1.5, four["k_drafted_mean"]
+    assert one["alpha"] >= 0.99 and four["alpha"] >= 0.99  # the target drafting for itself
     # the draft's weights and KV cache come out of the server's pool: fewer tokens fit
-    assert speculative["kv_cache_tokens"] < cells.loc["autoregressive"]["kv_cache_tokens"]
+    assert one["kv_cache_tokens"] < cells.loc["chat|B1|T0|autoregressive"]["kv_cache_tokens"]
     assert run.cells["engine_version"].str.startswith("0.").all()
     meta = json.loads((output / "run.json").read_text())
     assert meta["engine"]["servers"] and meta["executor"]["groups"][0]["cores"]
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])]
+    # one repeat on a busy machine is undecidable (exit 3) and pastes no config: judged as if idle, the
+    # path from a passed K schedule to a server that starts is what this part is about
+    as_if_idle(output)
+    checked = runner.invoke(app, ["check", str(output), "--min-speedup", "0.01"])
+    assert checked.exit_code == 0 or (checked.exit_code == 3 and "above what acceptance allows" in checked.output), \
+        checked.output
+    pasted = checked.output.split("--speculative-config '")[1].split("'")[0]
+    config = json.loads(pasted)
+    schedule = config["num_speculative_tokens_per_batch_size"]
+    assert config["method"] == "draft_model" and schedule[0][:2] == [1, 1]
+    # the ranges tile the batch sizes from 1 up, each K at most the config's (vLLM checks neither)
+    assert all(later[0] == earlier[1] + 1 for earlier, later in zip(schedule, schedule[1:]))
+    assert all(1 <= k <= config["num_speculative_tokens"] for _, _, k in schedule)
+    # vLLM's server parses the pasted JSON and builds its speculative config from it (the sweep above
+    # already served the same draft under a schedule; a server start here cost a minute of CI)
+    broken = pasted.replace("per_batch_size", "per_batch_sizes")  # the check can fail
+    checked = subprocess.run([sys.executable, "-c", VLLM_CONFIG_CHECK, model_path("smollm2-135m", SweepConfig()),
+                              pasted, broken], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    verdicts = [line for line in checked.stdout.splitlines() if line.startswith(("built ", "rejected "))]
+    assert len(verdicts) == 2, checked.stdout[-3000:]
+    assert verdicts[0].startswith(f"built draft_model {config['num_speculative_tokens']}"), verdicts
+    assert verdicts[1].startswith("rejected") and "unexpected_keyword_argument" in verdicts[1], verdicts

@@ -1089,6 +1089,41 @@ def test_a_stop_signal_a_worker_gets_before_its_initializer_is_not_caught_by_the
     assert (tmp_path / "signalled").exists() and not list(tmp_path.glob("caught-in-*"))
 
 
+def test_a_worker_outlives_the_thread_that_forked_it_while_its_parent_process_runs(monkeypatch):
+    """The pool forks the workers that replace dead ones from its worker-handler thread, which ends
+    as the pool terminates. Linux's PR_SET_PDEATHSIG, which ended the workers before, fires when
+    the forking *thread* ends: such a worker was killed waiting on the task queue, holding its lock,
+    and the terminating pool waited for that lock for ever (the test above hung so). A worker ends
+    with its parent process (the test below), not with a thread of it."""
+    import multiprocessing
+    import os
+    import threading
+    import time
+
+    from specbench.fleet import workers
+
+    monkeypatch.setattr(workers, "_parent", os.getpid())
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    forked = []
+
+    def child():
+        workers._worker_signals()
+        ready.set()  # its end-with-the-parent set up while the thread that forked it still runs
+        time.sleep(1.0)
+
+    def fork_and_end():
+        forked.append(context.Process(target=child))
+        forked[0].start()
+        assert ready.wait(60)
+
+    thread = threading.Thread(target=fork_and_end)
+    thread.start()
+    thread.join()
+    forked[0].join(timeout=60)
+    assert forked[0].exitcode == 0  # -15 (SIGTERM) when it ended with the thread
+
+
 @pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM", "SIGINT"])
 def test_workers_end_with_their_parent_and_quietly(tmp_path, stop):
     """A worker whose parent is killed (SIGKILL: no clean-up runs) ends too; a parent stopped as

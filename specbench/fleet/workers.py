@@ -10,11 +10,12 @@ the results are the same on one process or many (`tests/test_fleet.py` holds the
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -22,6 +23,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 _forked: tuple[Callable, Sequence] | None = None  # what the forked workers run: (work, items)
+_parent = 0  # the process that forks them
 # Held back from a worker until _worker_signals has set its handlers: a fork copies the parent's
 # Python handlers (the CLI's raise), and a SIGTERM that Pool.terminate sends a worker before its
 # initializer ran was caught by the copy and lost, leaving the worker waiting on the task queue's
@@ -38,17 +40,31 @@ def cores() -> int:
 
 
 def _worker_signals() -> None:
-    """A worker ends when the process that forked it does, however that ends (PR_SET_PDEATHSIG): a
-    process specbench starts never outlives it. Ctrl-C is the parent's to handle (it stops the pool),
-    and the SIGTERM that stops the pool ends a worker quietly: the handlers the CLI installed, which
-    the fork copied, would print a stopped worker's traceback instead."""
+    """A worker ends when the process that forked it does, however that ends (_end_with_the_parent):
+    a process specbench starts never outlives it. Ctrl-C is the parent's to handle (it stops the
+    pool), and the SIGTERM that stops the pool ends a worker quietly: the handlers the CLI installed,
+    which the fork copied, would print a stopped worker's traceback instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
+    _end_with_the_parent()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent since the fork arrives now, as set above
+
+
+def _end_with_the_parent() -> None:
+    """SIGTERM to this worker once its parent process has gone (it is then another's child). Not
+    Linux's PR_SET_PDEATHSIG, which fires when the *thread* that forked a worker ends: the pool forks
+    the workers that replace dead ones from its own worker-handler thread, which ends as the pool
+    terminates; such a worker was killed while it waited on the task queue, holding the queue's lock,
+    and the terminating parent waited for that lock for ever (the pool's exit hung so in two runs
+    of tests/test_fleet.py in a row here). Polled every 0.1 s by a thread of the worker's own."""
+    parent = _parent
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="specbench-parent-watch", daemon=True).start()
 
 
 def _run(index: int):
@@ -60,12 +76,12 @@ def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers:
     """`work(item)` for every item, in order, on up to `workers` forked processes (None: one per
     core; 1, a single item, a system without fork, or a call from a worker: here, one after
     another). The results must pickle; the items need not."""
-    global _forked
+    global _forked, _parent
     workers = min(cores() if workers is None else workers, len(items))
     # (fork is safe on Linux only; a worker, itself daemonic, may start no workers of its own)
     if workers <= 1 or not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
         return [work(item) for item in items]
-    _forked = (work, items)
+    _forked, _parent = (work, items), os.getpid()
     try:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the workers fork with them held
         try:

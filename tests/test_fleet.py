@@ -343,6 +343,35 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     assert speculative["e2e_p50_ms"] - speculative["ttft_p50_ms"] == pytest.approx(255 / tau * step_ms, rel=0.1)
 
 
+def test_an_80_column_terminal_gets_the_closed_loop_table_in_column_blocks_none_folded():
+    """16 columns folded to two characters a line were unreadable at 80 columns: split into blocks
+    that fit, each opening with the configuration's draft, K and acceptance (a K schedule's text
+    folded in its K column, which keeps the blocks at two columns or more)."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "specbench.cli", "plan", "--target", "llama3-8b", "--drafts", "1b", "--tp", "1",
+               "--concurrency", "2", "--input-len", "512", "--output-len", "64", "--k", "3", "--alpha", "0.7"]
+    shown = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    table_lines = [line for line in shown.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table_lines and max(len(line) for line in table_lines) <= 80, shown.stdout
+    titles = [line.strip() for line in shown.stdout.splitlines() if line.startswith("TP1, 2 clients (")]
+    assert len(titles) >= 2 and titles[-1].endswith(f"({len(titles)}/{len(titles)})"), shown.stdout
+    headers = [line for line in table_lines if line.startswith("┃")]
+    assert len(headers) == len(titles)  # one header line a block: nothing folded
+    assert all([cell.strip() for cell in line.split("┃")[1:4]] == ["draft", "K", "acceptance"] for line in headers)
+    named = " ".join(headers)
+    for column in ("TTFT p50 ms", "TPOT p99 ms", "chunk ITL p99 ms", "E2E p50 s", "$/1M tok", "TPOT speed-up",
+                   "time at B≥32"):
+        assert named.count(column) == 1, column
+    assert sum("autoregressive" in line for line in table_lines) == len(titles)
+    wide = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert sum(line.startswith("┃") for line in wide.stdout.splitlines()) == 1  # where it fits, one table
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "4"], "--concurrency simulates served replicas: give --target MODEL (on the kernel tables) "
                              "or RUN_DIR"),

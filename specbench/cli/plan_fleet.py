@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.table import Table
 
 from specbench.cli.common import UsageError, console
+from specbench.cli.render import print_table
 from specbench.fit.table_plan import GEMM_QUANTS
 from specbench.fleet.sizing import HOURS_PER_MONTH, MOST_REPLICAS
 
@@ -311,7 +312,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
                           f"{row.tpot_speedup:.2f}×", f"{row.mean_running_batch:.1f}",
                           f"{row.share_at_large_batch:.0%}",
                           *((f"{row.good_share:.1%}", "yes" if row.meets_slo else "no") if slo else ()))
-        console.print(shown)
+        print_table(shown, keep=3)
         if answer:
             console.print(answer, highlight=False, soft_wrap=True)
     for line in capacity:
@@ -485,7 +486,7 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
                           f"{row.good_share:.1%}", f"{row.share_at_large_batch_mean:.0%} (max "
                                                    f"{row.share_at_large_batch_max:.0%})",
                           *([f"{row.prefix_hit_share:.0%}"] if shared else []))
-        console.print(shown)
+        print_table(shown, keep=1)
     for sentence in sentences:
         console.print(sentence, highlight=False, soft_wrap=True)
     if ask.chart is not None:

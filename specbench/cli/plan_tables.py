@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from specbench.cli.common import UsageError, console, split_list
+from specbench.cli.render import print_table
 
 
 def parse_alphas(text: str) -> list[tuple[float, ...]]:
@@ -229,7 +230,7 @@ def print_table_plan(table, decided, unit: str) -> None:
                           f"{row.step_ms:.2f}", f"{base['tokens_per_s_per_gpu']:.0f}", f"{row.tokens_per_s_per_gpu:.0f}",
                           f"{row.tokens_per_s_per_user:.0f}", f"{row.speedup:.2f}×", f"{base['cost_per_1m']:.3g}",
                           f"{row.cost_per_1m:.3g}", f"{row.memory_gib:.0f}")
-        console.print(shown)
+        print_table(shown, keep=3)
         for row in decided[(decided["tp"] == tp) & (decided["context_length"] == context)
                            & (decided["acceptance"] == acceptance)].itertuples():
             console.print(f"  {row.draft}: {row.crossover}; K schedule {row.k_schedule}", highlight=False,
@@ -257,7 +258,7 @@ def print_slo(slo_table, unit: str) -> None:
                       "–" if none(row.ar_cost_per_1m) else f"{row.ar_cost_per_1m:.3g}",
                       "–" if none(row.sd_batch) else f"{row.sd_draft}, {int(row.sd_k)}, {int(row.sd_batch)}",
                       "–" if none(row.sd_cost_per_1m) else f"{row.sd_cost_per_1m:.3g}", row.cheapest or "none meets it")
-    console.print(shown)
+    print_table(shown, keep=3)
     met = slo_table.dropna(subset=["cheapest"])
     if not met.empty:
         costs = met.apply(lambda r: min(c for c in (r["ar_cost_per_1m"], r["sd_cost_per_1m"])

@@ -9,6 +9,58 @@ from rich.table import Table
 
 from specbench.cli.common import console, errors
 
+def column_blocks(table: Table, width: int, keep: int = 1) -> list[Table]:
+    """`table` as it is where its columns fit in `width`; otherwise split into tables of the columns
+    that fit, one after another, each opening with the first `keep` (the row's names), so that no
+    header or number is folded a few characters a line (a 16-column table in an 80-column terminal).
+    The kept columns take at most half the width: the widest of them folds (a K schedule's text)."""
+    from rich.measure import Measurement
+
+    limits: dict[int, int] = {}
+
+    def block(indices: list[int]) -> Table:
+        part = Table(title=table.title, title_justify=table.title_justify, header_style=table.header_style)
+        for index in indices:
+            column = table.columns[index]
+            part.add_column(column.header, justify=column.justify, overflow="fold", no_wrap=column.no_wrap,
+                            max_width=limits.get(index, column.max_width))
+        for row in range(table.row_count):
+            part.add_row(*[table.columns[index]._cells[row] for index in indices])
+        return part
+
+    def wanted(indices: list[int]) -> int:
+        return Measurement.get(console, console.options.update(max_width=10**6), block(indices)).maximum
+
+    every = list(range(len(table.columns)))
+    if width <= 0 or wanted(every) <= width or len(every) <= keep + 1:
+        return [table]
+    kept = list(range(keep))
+    excess = wanted(kept) - width // 2
+    if excess > 0:  # the widest kept column folds by what the kept ones exceed half the width by
+        widths = {index: Measurement.get(console, console.options.update(max_width=10**6),
+                                         block([index])).maximum - 4 for index in kept}
+        widest = max(widths, key=widths.get)
+        limits[widest] = max(8, widths[widest] - excess)
+    blocks, current = [], list(kept)
+    for index in every[keep:]:
+        if len(current) > keep and wanted(current + [index]) > width:
+            blocks.append(current)
+            current = list(kept)
+        current.append(index)
+    blocks.append(current)
+    parts = [block(indices) for indices in blocks]
+    if table.title:
+        for number, part in enumerate(parts, start=1):
+            part.title = f"{table.title} ({number}/{len(parts)})"
+    return parts
+
+
+def print_table(table: Table, keep: int = 1) -> None:
+    """A table on the console, split into column blocks where the terminal is too narrow for it."""
+    for part in column_blocks(table, console.width, keep):
+        console.print(part)
+
+
 def fmt(value, spec: str = ".2f", empty: str = "–") -> str:
     try:
         if value is None or value != value:
@@ -106,23 +158,23 @@ def print_analysis(analysis) -> None:
     from specbench.fit import b_star_rule
 
     if not analysis.alphas.empty:
-        console.print(frame_table(analysis.alphas, "α fit (i.i.d. MLE, 95% interval)",
+        print_table(frame_table(analysis.alphas, "α fit (i.i.d. MLE, 95% interval)",
                                    ["draft", "workload", "temperature", "alpha_iid", "alpha_low", "alpha_high",
                                     "acceptance_rate"], {"alpha_iid": ".3f", "alpha_low": ".3f", "alpha_high": ".3f",
-                                                         "acceptance_rate": ".3f", "temperature": "g"}))
+                                                         "acceptance_rate": ".3f", "temperature": "g"}), keep=3)
         from specbench.report import ALPHA_NOTE
 
         console.print(f"  {ALPHA_NOTE}", highlight=False, soft_wrap=True)
     if not analysis.predicted.empty:
         p = analysis.predicted
-        console.print(frame_table(p, "performance model: predicted vs measured (in-sample)",
+        print_table(frame_table(p, "performance model: predicted vs measured (in-sample)",
                                    ["draft", "workload", "temperature", "context_length", "batch_size", "k",
                                     "tau_measured", "tau_predicted", "speedup_measured", "speedup_predicted",
-                                    "speedup_error"], {"speedup_error": "+.1%", "temperature": "g"}))
+                                    "speedup_error"], {"speedup_error": "+.1%", "temperature": "g"}), keep=6)
     print_trust(analysis.trust)
     if not analysis.crossovers.empty:
-        console.print(frame_table(analysis.crossovers, "crossover batch size B*",
-                                   ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}))
+        print_table(frame_table(analysis.crossovers, "crossover batch size B*",
+                                   ["draft", "workload", "temperature", "crossover"], {"temperature": "g"}), keep=3)
         console.print(f"  {b_star_rule()}; `worst case` rows: at each batch size the least favourable workload and "
                       f"temperature (what `check` judges)", highlight=False, soft_wrap=True)
 
@@ -216,7 +268,7 @@ def print_plan(table, sizes: list[int], unit: str) -> None:
                           f"{row.alpha_iid:.2f}", f"{row.tau:.2f}", format_speedup(row.speedup, 1.0, fewest=2),
                           format_speedup(measured, 1.0, fewest=2) if measured == measured else "–",
                           f"{row.tokens_per_s:.1f}", f"{row.cost_per_1m:.3g}")
-        console.print(shown)
+        print_table(shown, keep=2)
         for draft, rows in best.groupby("draft"):
             found = crossover(rows["batch_size"].tolist(), rows["speedup"].tolist(), sizes="predicted")
             console.print(f"  {draft}: predicted {found.text}", highlight=False)

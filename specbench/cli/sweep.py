@@ -19,7 +19,7 @@ from specbench.cli.common import (
     INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries,
     raise_if_stopped, signals_received, split_drafts, split_list, stop_code, token_counts,
 )
-from specbench.cli.render import as_text, cells_table, load_text, print_warnings, progress_line
+from specbench.cli.render import as_text, cells_table, load_text, print_table, print_warnings, progress_line
 
 
 def sweep(
@@ -239,7 +239,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
                           f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
                           str(requests), str(round(requests * per_request)))
-        console.print(table)
+        print_table(table)
         if replay is not None:
             console.print(f"trace: {replay.describe()}, {len(replay.requests)} requests over {replay.duration_s:.0f} s "
                           f"as replayed" + "".join(f"; {note}" for note in replay.notes()), highlight=False)
@@ -336,7 +336,7 @@ def print_summary(run_dir: Path) -> None:
     from specbench.results import load_run
 
     run = load_run(run_dir)
-    console.print(cells_table(run.cells, f"sweep results ({len(run.cells)} cells)"))
+    print_table(cells_table(run.cells, f"sweep results ({len(run.cells)} cells)"), keep=5)
     failed = run.cells[run.cells["status"] != "ok"]
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):

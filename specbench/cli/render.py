@@ -9,6 +9,7 @@ from rich.table import Table
 
 from specbench.cli.common import console, errors
 
+
 def column_blocks(table: Table, width: int, keep: int = 1) -> list[Table]:
     """`table` as it is where its columns fit in `width`; otherwise split into tables of the columns
     that fit, one after another, each opening with the first `keep` (the row's names), so that no
@@ -37,8 +38,7 @@ def column_blocks(table: Table, width: int, keep: int = 1) -> list[Table]:
     kept = list(range(keep))
     excess = wanted(kept) - width // 2
     if excess > 0:  # the widest kept column folds by what the kept ones exceed half the width by
-        widths = {index: Measurement.get(console, console.options.update(max_width=10**6),
-                                         block([index])).maximum - 4 for index in kept}
+        widths = {index: wanted([index]) - 4 for index in kept}  # (less a lone column's borders and padding)
         widest = max(widths, key=widths.get)
         limits[widest] = max(8, widths[widest] - excess)
     blocks, current = [], list(kept)

@@ -121,10 +121,17 @@ class VllmOptions:
     allow_pp_speculation: bool = False
 
 
+def default_drafts(engine: str = "native") -> list[str]:
+    """The drafts a sweep runs when none are named: prompt lookup and the default target's bf16 copy
+    (the realistic two-model draft on a CPU) on the native engine; on vLLM, which runs a draft model
+    in the target's dtype, the same model at the target's dtype."""
+    return ["ngram", "smollm2-135m@bf16" if engine == "native" else "smollm2-135m"]
+
+
 @dataclass
 class SweepConfig:
     target: str = DEFAULT_TARGET
-    drafts: list[str] = field(default_factory=lambda: ["ngram", "smollm2-135m@bf16"])
+    drafts: list[str] = field(default_factory=default_drafts)
     ks: list[int] = field(default_factory=lambda: [2, 4])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])

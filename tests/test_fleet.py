@@ -1506,6 +1506,25 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                                        "prefill and attention past it are extrapolated"]
 
 
+def test_a_traffic_no_number_of_replicas_serves_is_its_sentence_not_a_blank_table(tmp_path):
+    """An SLO a request served alone misses sizes nothing: the traffic's answer says so, and no table of
+    configurations whose every column is blank is printed before it; a scale that sizes keeps its table."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=0.001,p90"])
+    assert result.exit_code == 0, result.output
+    assert "no number of replicas" in result.output and "a request served alone misses it" in result.output
+    assert "alone misses)" not in result.output and "┃ configuration" not in result.output, result.output
+    sized = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90"])
+    assert sized.exit_code == 0 and "┃ configuration" in sized.output, sized.output
+
+
 def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
     """vLLM refuses a request past --max-model-len (by default the model's context, 8192 tokens for
     smollm2-135m): a closed loop of such requests is one line, and a trace's rows past it are left

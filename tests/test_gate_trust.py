@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -57,6 +58,9 @@ def big_prompt_file(tmp_path):
     return path
 
 
+# a committed vLLM CPU trace replay swept without --slo (issue 40's wide sitting)
+REPLAY_WITHOUT_SLO = Path(__file__).resolve().parents[1] / "benchmarks/fleet-2026-11-26/wide-sitting/replays/conv-600-0.1"
+
 BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every one exits 2
     (["sweep", "--drafts", "self:0"], "at least 1 layer"),
     (["sweep", "--drafts", "self:100"], "smollm2-135m has 30 layers; a self-draft uses fewer"),
@@ -95,6 +99,8 @@ BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every
     # never silently ignored on a run judged by its SLO
     (["check", "{run}", "--slo", "ttft=1", "--min-speedup", "1.0"], "--min-speedup judges speed-ups at batch sizes"),
     (["check", "{run}", "--slo", "ttft=1", "--batch-sizes", "4"], "--batch-sizes judges speed-ups at batch sizes"),
+    # a trace replay swept without --slo: check names what it is and what it needs
+    (["check", "{replay}"], "a trace replay is judged against an SLO (its sweep was given none): pass --slo"),
 ]
 
 
@@ -105,7 +111,8 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, crafted, tmp_path, caps
     (tmp_path / "a-file").write_text("")
     (tmp_path / "trace.jsonl").write_text('{"timestamp": 0, "input_length": 100, "output_length": 5}\n[1, 2, 3]\n')
     names = {"{run}": str(crafted), "{file}": str(tmp_path / "a-file"), "{nowhere}": str(tmp_path / "nowhere"),
-             "{big}": str(big_prompt_file(tmp_path)), "{not-an-object}": str(tmp_path / "trace.jsonl")}
+             "{big}": str(big_prompt_file(tmp_path)), "{not-an-object}": str(tmp_path / "trace.jsonl"),
+             "{replay}": str(REPLAY_WITHOUT_SLO)}
     argv = [next((arg.replace(k, v) for k, v in names.items() if k in arg), arg) for arg in argv]
     code, out, err = run_cli(argv, capsys)
     lines = [line for line in (out + err).splitlines() if line.strip()]

@@ -97,6 +97,19 @@ def test_bad_vllm_input_is_one_line(args, message, tmp_path):
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_the_default_drafts_on_vllm_are_the_ones_it_runs(fake_vllm, tmp_path):
+    """Without --drafts a vLLM sweep drafts with ngram and smollm2-135m at the target's dtype: the
+    native engine's smollm2-135m@bf16 beside an fp32 target is a draft vLLM cannot run, and the
+    README's replay command stopped on it at exit 2."""
+    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--dtype", "fp32", "--k", "2", "--batch-sizes", "1",
+                                 "--temperatures", "0", "--dry-run", "--output", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "drafts ngram, smollm2-135m" in result.output and "@bf16" not in result.output
+    native = runner.invoke(app, ["sweep", "--dtype", "fp32", "--k", "2", "--batch-sizes", "1", "--temperatures", "0",
+                                 "--dry-run", "--output", str(tmp_path / "native")])
+    assert native.exit_code == 0 and "drafts ngram, smollm2-135m@bf16" in native.output, native.output
+
+
 def test_json_drafts_keep_their_commas():
     from specbench.cli import split_drafts
 

@@ -56,7 +56,9 @@ def check(
         recorded = (run.meta.get("config") or {}).get("slo") or ""
         if slo or not open_loop(run.cells).empty:
             if not (slo or recorded):
-                raise UsageError("a request-rate run is judged against an SLO: pass --slo ttft=SECONDS,tpot=SECONDS")
+                kind = "a trace replay" if run.meta.get("trace") else "a request-rate run"
+                raise UsageError(f"{kind} is judged against an SLO (its sweep was given none): pass --slo "
+                                 f"ttft=SECONDS,tpot=SECONDS")
             for given, name in ((batch_sizes, "--batch-sizes"), (bar_given, "--min-speedup")):
                 if given:  # never silently ignored: a pipeline would read the SLO's verdict as the bar's
                     raise UsageError(f"{name} judges speed-ups at batch sizes; with --slo (or on a request-rate or "

@@ -465,6 +465,8 @@ def _show_traffic(table, traffic, replay, slo, ask: TrafficAsk, head, where, rep
                "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "chunk ITL p99 ms", "E2E p50 s", "good", "time at B≥32"]
     columns += ["prompt found cached"] if shared else []
     for (tp, scale), group in table.groupby(["tp", "scale"], sort=False):
+        if group["replicas"].isna().all():  # no configuration sized: its sentence below says why, a blank table not
+            continue
         shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{traffic.name} at {scale:g}× "
                             f"({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
         for column in columns:

@@ -28,7 +28,8 @@ def sweep(
     drafts: Optional[str] = typer.Option(
         None, help="Comma list: model alias/path (bare sizes like 1b resolve in the target's family), ALIAS@DTYPE, "
                    "ngram[:N] (prompt lookup), self:N (first N layers); on vLLM also DRAFT@schedule:{1-8: 4, 9+: 2} "
-                   "(a K per batch size). Default ngram,smollm2-135m@bf16; with --endpoint a label (endpoint)."),
+                   "(a K per batch size). Default ngram,smollm2-135m@bf16 (on vLLM, which runs a draft in "
+                   "the target's dtype, ngram,smollm2-135m); with --endpoint a label (endpoint)."),
     k: Optional[str] = typer.Option(None, "--k", help="Draft tokens per step, comma list (default 2,4; with "
                                                       "--endpoint the K its server runs, 0 = unknown)."),
     batch_sizes: Optional[str] = typer.Option(None, help="Comma list (default 1,4,16; for a served engine: "
@@ -126,6 +127,7 @@ def sweep(
                                                     "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
+    from specbench.grid import default_drafts
     from specbench.sweep import SweepConfig, VllmOptions, check_config
 
     try:
@@ -157,7 +159,7 @@ def sweep(
         config = SweepConfig(
             target=target,
             drafts=split_drafts(drafts) if drafts is not None else
-            ([] if baseline_only else ["endpoint"] if endpoint else ["ngram", "smollm2-135m@bf16"]),
+            ([] if baseline_only else ["endpoint"] if endpoint else default_drafts(engine)),
             ks=split_list(k, int, "--k") if k is not None else ([0] if engine == "endpoint" else [2, 4]),
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
             else ([] if request_rates is not None or trace else [1, 4, 16]),

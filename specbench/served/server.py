@@ -54,6 +54,10 @@ def _die_with_parent(nice: int = 0) -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
+        # The signal comes when the *thread* that forked the server ends, not its process (prctl(2)):
+        # servers are started from the thread that runs the sweep (the main thread, or a Ray task's),
+        # which outlives them. A server started from a short-lived thread would die with that thread
+        # (fleet/workers.py met this with a pool's workers and polls its parent process instead).
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
         except OSError:

@@ -493,6 +493,26 @@ def test_k_within_one_percent_of_the_best_is_a_tie_the_smaller_k_wins():
     assert decisions(table)["k_schedule"].iloc[0] == "{1+: 2}"
 
 
+def test_the_k_schedule_never_drafts_deeper_at_a_larger_batch_unless_the_tables_say_so_by_over_3_percent():
+    """Per batch the best K zigzags (4, 6, 4) where the tables jitter: the schedule that never rises
+    with B and costs no batch anything beyond the 1 % tie is taken ({1-2: 6, 3+: 4}); where keeping K
+    from rising costs a batch more than 3 % (K = 6 at B = 1 is 5 % below K = 4), each batch keeps its own."""
+    import pandas as pd
+
+    from specbench.fit.table_plan import best_k, decisions
+
+    def table(rows):
+        return pd.DataFrame([{"tp": 4, "context_length": 1024, "acceptance": "α 0.7", "draft": "1b", "batch_size": b,
+                              "k": k, "speedup": s, "fits": True, "cost_per_1m": 1.0} for b, k, s in rows])
+
+    jitter = table([(1, 4, 2.00), (1, 6, 2.00), (2, 4, 1.95), (2, 6, 2.00), (4, 4, 1.90), (4, 6, 1.85)])
+    assert best_k(jitter)["k"].tolist() == [6, 6, 4]
+    assert decisions(jitter)["k_schedule"].iloc[0] == "{1-2: 6, 3+: 4}"
+    rising = table([(1, 4, 2.00), (1, 6, 1.90), (2, 4, 1.80), (2, 6, 2.00), (4, 4, 1.90), (4, 6, 1.85)])
+    assert best_k(rising)["k"].tolist() == [4, 6, 4]
+    assert decisions(rising)["k_schedule"].iloc[0] == "{1: 4, 2: 6, 3+: 4}"
+
+
 def test_a_runs_per_position_acceptance_sets_tau_not_its_iid_alpha():
     """The run's acceptance_by_position (stored as arrays) at its deepest K sets τ at smaller K:
     1 + the reach of positions 1 and 2 at K = 2, not the i.i.d. (1 - α³) / (1 - α). The reach is

@@ -1583,7 +1583,7 @@ def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengt
         row = rows[(1, cell.draft, cell.k)]
         assert row["tpot_p50_ms"] == pytest.approx(cell.tpot_p50_s * 1e3, rel=0.15), cell.draft
         assert row["tokens_per_s_per_gpu"] == pytest.approx(cell.tokens_per_s, rel=0.15), cell.draft
-    assert "1 clients: speculation serves the most with ngram" in plan["answers"][0]
+    assert "1 client: speculation serves the most with ngram" in plan["answers"][0]
     assert "tokens/s per server" in plan["answers"][0]
     assert "Fewer requests run at once" not in plan["answers"][0]  # a lone client leaves no one waiting
     assert any("The most clients one server serves at p90 TTFT ≤ 1 s" in text for text in plan["answers"])

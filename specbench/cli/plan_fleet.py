@@ -296,7 +296,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
                       f"and {loop.output_len} out; prices {price_note}", left_out, transferred)
     unit = "$/1M tok" if price is not None else f"{device}-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, answers):
-        title = (f"TP{tp}, " if device == "GPU" else "") + f"{concurrency} clients"
+        title = (f"TP{tp}, " if device == "GPU" else "") + f"{concurrency} client{'s' if concurrency != 1 else ''}"
         shown = Table(title=title, title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
                        "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", f"tok/s/{device}", unit,

@@ -306,7 +306,8 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU",
     `device`: what one replica's devices are called (a served run's replica is one "server");
     `evidence`: what the checks say of a predicted change of tokens/s that size ("" where nothing)."""
     base = rows[rows["draft"] == AR].iloc[0]
-    where = (f"TP{int(base['tp'])}, " if device == "GPU" else "") + f"{int(base['concurrency'])} clients"
+    clients = int(base["concurrency"])
+    where = (f"TP{int(base['tp'])}, " if device == "GPU" else "") + f"{clients} client{'s' if clients != 1 else ''}"
     speculative = rows[rows["draft"] != AR]
     several = speculative["acceptance"].nunique() > 1  # name each configuration's acceptance
     met = ""

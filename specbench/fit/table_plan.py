@@ -436,7 +436,8 @@ def best_k(table: pd.DataFrame) -> pd.DataFrame:
     keys = ["tp", "context_length", "acceptance", "draft", "batch_size"]
     sd = sd.assign(highest_speedup=sd.groupby(keys)["speedup"].transform("max"))
     allowed = sd[(sd["speedup"] >= 1) | (sd["highest_speedup"] < 1)]  # never a tie across 1x
-    allowed = allowed.assign(loss=(1 - allowed["speedup"] / allowed["highest_speedup"] - K_TIE).clip(lower=0.0))
+    tied = allowed["speedup"] >= allowed["highest_speedup"] * (1 - K_TIE)  # K_TIE exactly as before: loss 0
+    allowed = allowed.assign(loss=(1 - allowed["speedup"] / allowed["highest_speedup"] - K_TIE).where(~tied, 0.0))
     chosen = [_schedule_rows(group) for _, group in allowed.groupby(keys[:-1], sort=False)]
     return pd.concat(chosen).drop(columns="loss").sort_values(keys).reset_index(drop=True)
 
@@ -450,6 +451,7 @@ def _schedule_rows(group: pd.DataFrame) -> pd.DataFrame:
     if len(speculating) < 2:
         return per_batch
     losses = {b: dict(zip(rows["k"], rows["loss"])) for b, rows in group.groupby("batch_size") if b in speculating}
+    row_of = {(b, k): index for index, b, k in zip(group.index, group["batch_size"], group["k"])}
     # best[k]: (worst loss, total loss, sum of K, the Ks so far) of the schedules ending at K = k
     best = {k: (loss, loss, k, (k,)) for k, loss in losses[speculating[0]].items()}
     for b in speculating[1:]:
@@ -462,9 +464,8 @@ def _schedule_rows(group: pd.DataFrame) -> pd.DataFrame:
     if worst > K_MONOTONE:
         return per_batch
     picked = dict(zip(speculating, ks))
-    rows = [group[(group["batch_size"] == b) & (group["k"] == picked[b])].index[0] if b in picked else index
-            for b, index in zip(per_batch["batch_size"], per_batch.index)]
-    return group.loc[rows]
+    return group.loc[[row_of[b, picked[b]] if b in picked else index
+                      for b, index in zip(per_batch["batch_size"], per_batch.index)]]
 
 
 def decisions(table: pd.DataFrame, bar: float = 1.0) -> pd.DataFrame:

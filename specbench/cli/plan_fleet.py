@@ -265,7 +265,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
     """The closed loop's table per TP × concurrency, its sentences and chart (or JSON); `device`: what
     one replica's devices are called (GPUs on the kernel tables, a server for a measured run's)."""
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart
+    from specbench.fleet.plan import CLIENTS, closed_loop_answer, closed_loop_capacity, closed_loop_chart, loop_label
 
     clients = CLIENTS[loop.clients]
     slo = parse_slo(loop.slo) if loop.slo is not None else None
@@ -296,8 +296,7 @@ def _show_closed_loop(table, loop: ClosedLoopAsk, head, left_out, transferred, p
                       f"and {loop.output_len} out; prices {price_note}", left_out, transferred)
     unit = "$/1M tok" if price is not None else f"{device}-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, answers):
-        title = (f"TP{tp}, " if device == "GPU" else "") + f"{concurrency} client{'s' if concurrency != 1 else ''}"
-        shown = Table(title=title, title_justify="left", header_style="bold")
+        shown = Table(title=loop_label(tp, concurrency, device), title_justify="left", header_style="bold")
         for column in ("draft", "K", "acceptance", "TTFT p50 ms", "TTFT p99 ms", "TTFT mean ms", "TPOT p50 ms",
                        "TPOT p99 ms", "chunk ITL p50 ms", "chunk ITL p99 ms", "E2E p50 s", f"tok/s/{device}", unit,
                        "TPOT speed-up", "mean B", "time at B≥32") + (("good", "meets SLO") if slo else ()):

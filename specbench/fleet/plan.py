@@ -262,6 +262,12 @@ def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: 
     return rows
 
 
+def loop_label(tp: int, concurrency: int, device: str = "GPU") -> str:
+    """"TP4, 16 clients" (on the kernel tables) or "1 client" (a served run's one server): what one
+    TP × concurrency of a closed loop is called, in its table's title and its sentence alike."""
+    return (f"TP{tp}, " if device == "GPU" else "") + f"{concurrency} client{'s' if concurrency != 1 else ''}"
+
+
 def row_label(row, acceptance: bool = True) -> str:
     """"1b K=3 (α 0.7)", "8b K schedule {1-32: 3, 33+: 1}": one row's configuration."""
     if row["draft"] == AR:
@@ -306,8 +312,7 @@ def closed_loop_answer(rows: pd.DataFrame, slo: str = "", device: str = "GPU",
     `device`: what one replica's devices are called (a served run's replica is one "server");
     `evidence`: what the checks say of a predicted change of tokens/s that size ("" where nothing)."""
     base = rows[rows["draft"] == AR].iloc[0]
-    clients = int(base["concurrency"])
-    where = (f"TP{int(base['tp'])}, " if device == "GPU" else "") + f"{clients} client{'s' if clients != 1 else ''}"
+    where = loop_label(int(base["tp"]), int(base["concurrency"]), device)
     speculative = rows[rows["draft"] != AR]
     several = speculative["acceptance"].nunique() > 1  # name each configuration's acceptance
     met = ""

@@ -131,7 +131,9 @@ def default_drafts(engine: str = "native") -> list[str]:
 @dataclass
 class SweepConfig:
     target: str = DEFAULT_TARGET
-    drafts: list[str] = field(default_factory=default_drafts)
+    # None: the engine's own (`default_drafts`; an endpoint's label, none for plain servers alone),
+    # chosen once the engine is known, so SweepConfig(engine="vllm") runs what vLLM can
+    drafts: list[str] | None = None
     ks: list[int] = field(default_factory=lambda: [2, 4])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
@@ -180,6 +182,11 @@ class SweepConfig:
     @property
     def synthetic(self) -> bool:
         return self.weights == "random"
+
+    def __post_init__(self) -> None:
+        if self.drafts is None:
+            self.drafts = ([] if self.baseline_only else ["endpoint"] if self.engine == "endpoint"
+                           else default_drafts(self.engine))
 
     @property
     def baseline_only(self) -> bool:

@@ -110,6 +110,18 @@ def test_the_default_drafts_on_vllm_are_the_ones_it_runs(fake_vllm, tmp_path):
     assert native.exit_code == 0 and "drafts ngram, smollm2-135m@bf16" in native.output, native.output
 
 
+def test_a_notebook_sweep_config_drafts_what_its_engine_runs():
+    """SweepConfig chooses its default drafts once it knows the engine, as the CLI does: a notebook's
+    SweepConfig(engine="vllm") drafted smollm2-135m@bf16, which vLLM cannot run beside its target."""
+    from specbench.grid import SweepConfig
+
+    assert SweepConfig().drafts == ["ngram", "smollm2-135m@bf16"]
+    assert SweepConfig(engine="vllm").drafts == ["ngram", "smollm2-135m"]
+    assert SweepConfig(engine="endpoint", endpoint="http://127.0.0.1:8000").drafts == ["endpoint"]
+    assert SweepConfig(engine="endpoint", baseline_endpoint="http://127.0.0.1:8001").drafts == []
+    assert SweepConfig(engine="vllm", drafts=["1b"]).drafts == ["1b"]
+
+
 def test_json_drafts_keep_their_commas():
     from specbench.cli import split_drafts
 

@@ -127,7 +127,6 @@ def sweep(
                                                     "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
-    from specbench.grid import default_drafts
     from specbench.sweep import SweepConfig, VllmOptions, check_config
 
     try:
@@ -158,8 +157,7 @@ def sweep(
                            allow_pp_speculation=allow_pp_speculation)
         config = SweepConfig(
             target=target,
-            drafts=split_drafts(drafts) if drafts is not None else
-            ([] if baseline_only else ["endpoint"] if endpoint else default_drafts(engine)),
+            drafts=split_drafts(drafts) if drafts is not None else None,  # the engine's own (SweepConfig)
             ks=split_list(k, int, "--k") if k is not None else ([0] if engine == "endpoint" else [2, 4]),
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
             else ([] if request_rates is not None or trace else [1, 4, 16]),

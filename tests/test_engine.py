@@ -193,6 +193,35 @@ def test_decode_step_bytes_counts_weights_once_and_kv_per_row():
     assert roofline_tokens_per_s(model, 3, 10, bandwidth) == pytest.approx(3 * bandwidth / decode_step_bytes(model, 3, 10))
 
 
+def test_the_matmul_roof_takes_a_fraction_of_a_second_in_a_slow_dtype(monkeypatch):
+    """A dtype the CPU multiplies slowly (bf16 without bf16 instructions: about 1 GFLOP/s) is timed on
+    products small enough for PRODUCT_BUDGET_S, not at 1024, where seven took 16 s of every native
+    sweep's start; a fast one keeps the full size. Here a product's time is stood in for."""
+    from specbench.native import measure
+
+    sizes = []
+    real_mm = torch.mm
+
+    def mm(a, b):
+        sizes.append(a.shape[0])
+        return real_mm(a, b)
+
+    def slow(device, dtype, size):  # as a 1 GFLOP/s dtype: 2·256³ FLOP in 34 ms
+        return 2 * size ** 3 / 1e9
+
+    monkeypatch.setattr(measure, "_product_seconds", slow)
+    monkeypatch.setattr(torch, "mm", mm)
+    rate = measure.matmul_rate("cpu", torch.float32)
+    assert rate > 0 and sizes and set(sizes) == {320}  # (0.1 s at 1 GFLOP/s) ** (1/3), in 64s
+    sizes.clear()
+    monkeypatch.setattr(measure, "_product_seconds", lambda device, dtype, size: 2 * size ** 3 / 1e12)
+    measure.matmul_rate("cpu", torch.float32)
+    assert set(sizes) == {1024}
+    sizes.clear()
+    measure.matmul_rate("cpu", torch.float32, size=128)  # a size given is the size timed
+    assert set(sizes) == {128}
+
+
 def test_ngram_lookup_latest_and_earliest_match():
     import numpy as np
 

@@ -177,11 +177,22 @@ def copy_bandwidth(device: torch.device | str, num_bytes: int | None = None, rep
     return 2 * num_bytes / min(samples)
 
 
+PRODUCT_BUDGET_S = 0.1  # the longest one square product of matmul_rate may take (its size shrinks to fit)
+
+
 def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
     """Measured matrix-multiply rate in FLOP/s: the best of square products in the models' dtype
-    (the compute roof the performance model's fit is pulled towards)."""
+    (the compute roof the performance model's fit is pulled towards). Without a `size`: 8192 on
+    CUDA, 1024 on a CPU, or smaller where one product would take over PRODUCT_BUDGET_S: a CPU
+    without bf16 instructions multiplies bf16 at about 1 GFLOP/s, where seven 1024-products took 16 s
+    of every sweep's start (a 256-product, timed first, says how large fits)."""
     device = torch.device(device)
-    size = size or (8192 if device.type == "cuda" else 1024)
+    if size is None:
+        size = 8192 if device.type == "cuda" else 1024
+        probe = min(256, size)
+        seconds = _product_seconds(device, dtype, probe)
+        scale = (PRODUCT_BUDGET_S / max(seconds, 1e-9)) ** (1 / 3)
+        size = max(probe, min(size, int(probe * scale) // 64 * 64))
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     clock = Clock(device)
@@ -194,6 +205,17 @@ def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None
                 samples.append(clock.now() - started)
     del a, b
     return 2 * size ** 3 / min(samples)
+
+
+def _product_seconds(device: torch.device, dtype: torch.dtype, size: int) -> float:
+    """One square product's time at `size`, after one untimed."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    clock = Clock(device)
+    with torch.inference_mode():
+        torch.mm(a, a)
+        started = clock.now()
+        torch.mm(a, a)
+        return clock.now() - started
 
 
 def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:

@@ -252,7 +252,10 @@ def test_a_served_run_on_a_drifting_machine_pairs_its_repeats(fake_vllm, target_
     sequential = {**row, "pairing": SEQUENTIAL}
     assert cell_interval(sequential) is None  # one comparison: judged against the run's noise band
     code, out = check(bracket)
-    assert "from 3 repeats" in out and code == 0, out
+    # judged on the 3 repeats' interval: a pass, or, where a slow or busy machine drifted so far
+    # between the brackets that the interval straddles 1× (0.16×-8.9× once in CI), inconclusive;
+    # never a fail of what is a 3× speed-up
+    assert "from 3 repeats" in out and (code == 0 or (code == 3 and b_low < 1.0 < b_high)), out
 
 
 def test_an_unpaired_interval_widens_with_the_drift_between_brackets():

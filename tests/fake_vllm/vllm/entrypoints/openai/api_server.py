@@ -7,8 +7,10 @@ chunk as a draft with K proposed and K accepted.
 FAKE_VLLM_MODE picks a misbehaviour: exit_at_start, never_healthy, die_once=N (exit in the middle
 of the N-th completion, once: FAKE_VLLM_MARKER records that a server died), child (start a
 grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th). FAKE_VLLM_API_KEY makes
-/v1 answer 401 without that bearer token. FAKE_VLLM_DRIFT=EPOCH:RATE slows every server alike as
-time passes (a drifting machine): each step takes 4 ms x (1 + RATE x seconds since EPOCH).
+/v1 answer 401 without that bearer token. FAKE_VLLM_DRIFT=PATH:RATE slows every server alike as the
+machine works (a drifting machine): each step takes 4 ms x (1 + RATE x the steps every server has
+taken so far, one byte each appended to PATH). Counting steps, not seconds, keeps the drift the same
+on a slow machine: a drift in wall time compounds there (slower steps, more time, slower steps).
 A speculative step costs FAKE_VLLM_VERIFY_COST (1.2) plain steps, as a real draft and verify do: at the
 same cost its speed-up would sit exactly on what acceptance allows (K + 1), and any noise on a busy
 machine would put it above, where the gate rightly calls it unexplained.
@@ -27,15 +29,24 @@ from aiohttp import web
 
 MODE = os.environ.get("FAKE_VLLM_MODE", "")
 VERIFY_COST = float(os.environ.get("FAKE_VLLM_VERIFY_COST", "1.2"))
-DRIFT = [float(x) for x in os.environ["FAKE_VLLM_DRIFT"].split(":")] if os.environ.get("FAKE_VLLM_DRIFT") else None
+DRIFT = os.environ["FAKE_VLLM_DRIFT"].rsplit(":", 1) if os.environ.get("FAKE_VLLM_DRIFT") else None
 
 
 def step_s() -> float:
-    """One step's time on the (drifting) machine."""
-    import time
-
+    """One step's time on the (drifting) machine; counts the step where the machine drifts."""
     base = float(os.environ.get("FAKE_VLLM_STEP_S", "0.004"))
-    return base * (1 + DRIFT[1] * max(0.0, time.time() - DRIFT[0])) if DRIFT else base
+    if DRIFT is None:
+        return base
+    # O_APPEND writes of one byte are atomic, so servers running side by side count every step
+    counter = os.open(DRIFT[0], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(counter, b"s")
+        steps_before = os.fstat(counter).st_size - 1
+    finally:
+        os.close(counter)
+    return base * (1 + float(DRIFT[1]) * steps_before)
+
+
 VOCAB = 1000
 COUNTERS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generated": 0, "requests": 0,
             "ttft_sum": 0.0, "ttft_count": 0, "itl_sum": 0.0, "itl_count": 0}

@@ -196,30 +196,38 @@ def test_decode_step_bytes_counts_weights_once_and_kv_per_row():
 def test_the_matmul_roof_takes_a_fraction_of_a_second_in_a_slow_dtype(monkeypatch):
     """A dtype the CPU multiplies slowly (bf16 without bf16 instructions: about 1 GFLOP/s) is timed on
     products small enough for PRODUCT_BUDGET_S, not at 1024, where seven took 16 s of every native
-    sweep's start; a fast one keeps the full size. Here a product's time is stood in for."""
+    sweep's start; a fast one keeps the full size. Here a product's time is stood in for: a clock
+    that advances by each product's FLOP at the stood-in rate."""
     from specbench.native import measure
 
-    sizes = []
+    sizes, elapsed, flops_per_s = [], [0.0], [1e9]
     real_mm = torch.mm
 
     def mm(a, b):
         sizes.append(a.shape[0])
+        elapsed[0] += 2 * a.shape[0] ** 3 / flops_per_s[0]
         return real_mm(a, b)
 
-    def slow(device, dtype, size):  # as a 1 GFLOP/s dtype: 2·256³ FLOP in 34 ms
-        return 2 * size ** 3 / 1e9
+    class StoodInClock:
+        def __init__(self, device):
+            pass
 
-    monkeypatch.setattr(measure, "_product_seconds", slow)
+        def now(self):
+            return elapsed[0]
+
+    monkeypatch.setattr(measure, "Clock", StoodInClock)
     monkeypatch.setattr(torch, "mm", mm)
-    rate = measure.matmul_rate("cpu", torch.float32)
-    assert rate > 0 and sizes and set(sizes) == {320}  # (0.1 s at 1 GFLOP/s) ** (1/3), in 64s
+    rate = measure.matmul_rate("cpu", torch.float32)  # as a 1 GFLOP/s dtype: 2·256³ FLOP in 34 ms
+    # three 256-products say how large fits: (0.1 s at 1 GFLOP/s) ** (1/3), in 64s
+    assert rate == pytest.approx(1e9) and sizes == [256] * 3 + [320] * 7
+    assert elapsed[0] < 1.0
     sizes.clear()
-    monkeypatch.setattr(measure, "_product_seconds", lambda device, dtype, size: 2 * size ** 3 / 1e12)
+    flops_per_s[0] = 1e12
     measure.matmul_rate("cpu", torch.float32)
-    assert set(sizes) == {1024}
+    assert sizes == [256] * 3 + [1024] * 7
     sizes.clear()
     measure.matmul_rate("cpu", torch.float32, size=128)  # a size given is the size timed
-    assert set(sizes) == {128}
+    assert sizes == [128] * 7
 
 
 def test_ngram_lookup_latest_and_earliest_match():

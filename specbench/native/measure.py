@@ -185,12 +185,12 @@ def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None
     (the compute roof the performance model's fit is pulled towards). Without a `size`: 8192 on
     CUDA, 1024 on a CPU, or smaller where one product would take over PRODUCT_BUDGET_S: a CPU
     without bf16 instructions multiplies bf16 at about 1 GFLOP/s, where seven 1024-products took 16 s
-    of every sweep's start (a 256-product, timed first, says how large fits)."""
+    of every sweep's start (a 256-product, timed first the same way, says how large fits)."""
     device = torch.device(device)
     if size is None:
         size = 8192 if device.type == "cuda" else 1024
         probe = min(256, size)
-        seconds = _product_seconds(device, dtype, probe)
+        seconds = 2 * probe ** 3 / matmul_rate(device, dtype, probe, repeats=1)
         scale = (PRODUCT_BUDGET_S / max(seconds, 1e-9)) ** (1 / 3)
         size = max(probe, min(size, int(probe * scale) // 64 * 64))
     a = torch.randn(size, size, device=device).to(dtype)
@@ -205,17 +205,6 @@ def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None
                 samples.append(clock.now() - started)
     del a, b
     return 2 * size ** 3 / min(samples)
-
-
-def _product_seconds(device: torch.device, dtype: torch.dtype, size: int) -> float:
-    """One square product's time at `size`, after one untimed."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    clock = Clock(device)
-    with torch.inference_mode():
-        torch.mm(a, a)
-        started = clock.now()
-        torch.mm(a, a)
-        return clock.now() - started
 
 
 def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:

@@ -134,7 +134,8 @@ class SweepConfig:
     # None: the engine's own (`default_drafts`; an endpoint's label, none for plain servers alone),
     # chosen once the engine is known, so SweepConfig(engine="vllm") runs what vLLM can
     drafts: list[str] | None = None
-    ks: list[int] = field(default_factory=lambda: [2, 4])
+    # None: [2, 4]; an endpoint's [0] (its server speculates as configured, K unknown to specbench)
+    ks: list[int] | None = None
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     workloads: list[str] = field(default_factory=lambda: ["chat", "code"])
@@ -187,6 +188,8 @@ class SweepConfig:
         if self.drafts is None:
             self.drafts = ([] if self.baseline_only else ["endpoint"] if self.engine == "endpoint"
                            else default_drafts(self.engine))
+        if self.ks is None:
+            self.ks = [0] if self.engine == "endpoint" else [2, 4]
 
     @property
     def baseline_only(self) -> bool:

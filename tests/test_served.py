@@ -111,8 +111,9 @@ def test_the_default_drafts_on_vllm_are_the_ones_it_runs(fake_vllm, tmp_path):
 
 
 def test_a_notebook_sweep_config_drafts_what_its_engine_runs():
-    """SweepConfig chooses its default drafts once it knows the engine, as the CLI does: a notebook's
-    SweepConfig(engine="vllm") drafted smollm2-135m@bf16, which vLLM cannot run beside its target."""
+    """SweepConfig chooses its default drafts and K once it knows the engine, as the CLI does: a
+    notebook's SweepConfig(engine="vllm") drafted smollm2-135m@bf16, which vLLM cannot run beside its
+    target, and SweepConfig(engine="endpoint") asked for K 2 and 4 of a server whose K it cannot set."""
     from specbench.grid import SweepConfig
 
     assert SweepConfig().drafts == ["ngram", "smollm2-135m@bf16"]
@@ -120,6 +121,11 @@ def test_a_notebook_sweep_config_drafts_what_its_engine_runs():
     assert SweepConfig(engine="endpoint", endpoint="http://127.0.0.1:8000").drafts == ["endpoint"]
     assert SweepConfig(engine="endpoint", baseline_endpoint="http://127.0.0.1:8001").drafts == []
     assert SweepConfig(engine="vllm", drafts=["1b"]).drafts == ["1b"]
+    assert SweepConfig().ks == SweepConfig(engine="vllm").ks == [2, 4]
+    endpoint = SweepConfig(engine="endpoint", endpoint="http://127.0.0.1:8000")
+    assert endpoint.ks == [0]
+    endpoint.validate()  # K 0: the server's own, unknown here
+    assert SweepConfig(engine="endpoint", ks=[3]).ks == [3]
 
 
 def test_json_drafts_keep_their_commas():

@@ -158,7 +158,7 @@ def sweep(
         config = SweepConfig(
             target=target,
             drafts=split_drafts(drafts) if drafts is not None else None,  # the engine's own (SweepConfig)
-            ks=split_list(k, int, "--k") if k is not None else ([0] if engine == "endpoint" else [2, 4]),
+            ks=split_list(k, int, "--k") if k is not None else None,
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
             else ([] if request_rates is not None or trace else [1, 4, 16]),
             request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,14 +264,35 @@ def resolve_model(reference: str, family: str | None = None, allow_download: boo
 
 # --- the offline default's one conversion, and tokenizers (torch and transformers when called) ---
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Within it, transformers parses a GGUF file once, not once for the tokenizer, once for the
+    config and once for the weights (6 s each for SmolLM2-135M on this CPU), and builds gguf's
+    tensor-name map once, not once per module (397 times, 7 s): both are functions of their
+    arguments alone (a read-only memory map; a name table), and transformers imports them from
+    `gguf` when called, so sharing them there is enough. A conversion and load: 25 s → 13 s on this CPU."""
+    import functools
+
+    import gguf
+
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=4)(originals[0])
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(originals[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = originals
+
+
 def _convert_smollm2_gguf(gguf: Path) -> Path:
     """Dequantise the shipped GGUF once into safetensors; later loads take a fraction of a second."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = converted_smollm2_dir()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers marks GGUF-loaded models as quantised and refuses to save them, but the
     # weights are already dequantised to float32 at this point.
     model.hf_quantizer = None

@@ -5,13 +5,15 @@ compatibility of a draft with its target. Naming and resolving models (no torch)
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specbench.models import (
-    IncompatibleModels, ModelNotAvailable, ResolvedModel, _convert_smollm2_gguf, default_dtype, resolve_model,
+    IncompatibleModels, ModelNotAvailable, ResolvedModel, _convert_smollm2_gguf, default_dtype, gguf_parsed_once,
+    resolve_model,
 )
 from specbench.native.forward import CausalLM
 from specbench.native.placement import free_memory_shares, layer_device_map, may_spread, parse_devices, placement_devices
@@ -48,24 +50,25 @@ def load_model(
     extra = dict(gguf_file=gguf) if gguf else {}
     local_only = resolved.source != "download"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                  local_files_only=local_only, **extra)
-        devices = parse_devices(device)
-        if may_spread(device):
-            # Sized on the meta device (no memory) to decide whether it must be spread.
-            from transformers import AutoConfig
+        with gguf_parsed_once() if gguf else nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                      local_files_only=local_only, **extra)
+            devices = parse_devices(device)
+            if may_spread(device):
+                # Sized on the meta device (no memory) to decide whether it must be spread.
+                from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                local_files_only=local_only, **extra)
-            with torch.device("meta"):
-                skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-            size = sum(p.numel() for p in skeleton.parameters()) * (torch.finfo(dtype).bits // 8)
-            devices = placement_devices(device, size)
-            if len(devices) > 1:
-                extra["device_map"] = layer_device_map(skeleton, devices, free_memory_shares(devices))
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_only,
-            attn_implementation="sdpa", **extra)
+                config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                    local_files_only=local_only, **extra)
+                with torch.device("meta"):
+                    skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+                size = sum(p.numel() for p in skeleton.parameters()) * (torch.finfo(dtype).bits // 8)
+                devices = placement_devices(device, size)
+                if len(devices) > 1:
+                    extra["device_map"] = layer_device_map(skeleton, devices, free_memory_shares(devices))
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_only,
+                attn_implementation="sdpa", **extra)
     except OSError as error:
         raise ModelNotAvailable(f"cannot load {reference} from {path}: {str(error).splitlines()[0]}") from None
     if len(devices) == 1:

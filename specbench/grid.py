@@ -460,14 +460,17 @@ def _needs(replay: ReplayShape | None, config: SweepConfig) -> ReplayShape:
     return replay
 
 
-def build_replay(config: SweepConfig):
+def build_replay(config: SweepConfig, served_limit: int = 0):
     """The trace's replay for this sweep, read once (a bad trace file fails here, in one line): rows
-    that would not fit the target's context with a step's drafts are left out. None without --trace."""
+    that would not fit the target's context with a step's drafts are left out (`served_limit`: the
+    context the user's endpoints say they serve, when smaller). None without --trace."""
     if not config.trace:
         return None
     from specbench.traces import sweep_replay
 
-    limit = config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0
+    limits = [config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0,
+              served_limit]
+    limit = min((known for known in limits if known > 0), default=0)
     return sweep_replay(config, max(0, limit - draft_headroom(max(config.ks, default=0))) if limit else 0)
 
 

@@ -28,6 +28,16 @@ from specbench.traces import Replay
 from specbench.workloads import Workload, encode_prompt, load_workload
 
 
+def endpoint_context_limit(config: SweepConfig) -> int:
+    """For a trace replayed on the user's endpoints, the context they say they serve (0: not asked,
+    or none says)."""
+    if not (config.trace and config.engine == "endpoint"):
+        return 0
+    from specbench.served.endpoint import served_context_limit
+
+    return served_context_limit(config)
+
+
 def check_config(config: SweepConfig, replay: Replay | None = None) -> Replay | None:
     """One-line errors for bad input, before anything loads: the grid's values (`SweepConfig.validate`),
     the trace (read here into its replay, unless `replay` is given: returned), the SLO, where the
@@ -36,7 +46,8 @@ def check_config(config: SweepConfig, replay: Replay | None = None) -> Replay | 
     from specbench.fit.slo import parse_slo
 
     config.validate()
-    replay = replay if replay is not None else build_replay(config)
+    if replay is None:
+        replay = build_replay(config, endpoint_context_limit(config))
     if config.slo:
         parse_slo(config.slo)
     validate_executor(config)

@@ -374,7 +374,10 @@ def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, targe
     no drafts. report was a ZeroDivisionError (exit 4) in the acceptance chart and left a partial
     report/; it now reports, and a report that fails half way leaves none."""
     port = free_port()
-    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port)], tmp_path / "server.log", port)
+    # a server that serves 2048 positions (as /v1/models says): the trace's 9000-token row is left
+    # out, where it was sent and refused (HTTP 400)
+    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--max-model-len", "2048"],
+                           tmp_path / "server.log", port)
     server.start()
     try:
         server.wait_until_healthy(60)
@@ -392,6 +395,9 @@ def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, targe
         server.stop()
     cells = load_run(run_dir).cells
     assert list(cells["mode"]) == ["speculative"] and cells["speedup"].isna().all()
+    traced_run = load_run(tmp_path / "trace")
+    assert traced_run.meta["trace"]["skipped"] == {"input + output beyond the target's context (2040 tokens)": 1}
+    assert len(traced_run.requests) == 4 and (traced_run.cells["status"] == "ok").all()
     for reported_dir in (run_dir, tmp_path / "trace"):  # an endpoint --trace run was the same exit 4
         report = runner.invoke(app, ["report", str(reported_dir)])
         assert report.exit_code == 0, report.output

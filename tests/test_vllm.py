@@ -206,7 +206,8 @@ def test_a_server_that_cannot_load_the_model_is_one_line_naming_its_log(tmp_path
 
 # --- live traffic on real servers -----------------------------------------------------------------
 
-def _real_server(tmp_path, *extra: str):
+def _started_server(log_dir, *extra: str):
+    """A vLLM server of the test model, started (not yet ready: ServerProcess.wait_until_healthy)."""
     from specbench.grid import SweepConfig
     from specbench.served.server import ServerProcess, free_port
     from specbench.served.vllm_engine import model_path
@@ -215,21 +216,37 @@ def _real_server(tmp_path, *extra: str):
     command = [sys.executable, "-m", SERVER_MARK, "--model", model_path("smollm2-135m", SweepConfig()), "--port",
                str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--seed", "0",
                "--no-enable-prefix-caching", *extra]
-    server = ServerProcess(command, tmp_path / f"server-{port}.log", port,
+    server = ServerProcess(command, log_dir / f"server-{port}.log", port,
                            env={"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
     server.start()
-    server.wait_until_healthy(600, "vLLM server")
     return server
 
 
-def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_path):
+NGRAM_K2 = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def endpoints(tmp_path_factory):
+    """Two servers the tests below use as a user's endpoints, started side by side (each start is
+    most of a minute of CI): the target plain, and with ngram K=2; both at the model's own
+    context, 8192 positions."""
+    log_dir = tmp_path_factory.mktemp("endpoints")
+    servers = [_started_server(log_dir), _started_server(log_dir, "--speculative-config", json.dumps(NGRAM_K2))]
+    try:
+        for server in servers:
+            server.wait_until_healthy(600, "vLLM server")
+        yield tuple(servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(endpoints, tmp_path):
     from specbench.fit import parse_slo, slo_table
     from specbench.served import measurement
     from specbench.served.client import arrival_times
 
-    server = _real_server(tmp_path, "--speculative-config",
-                          json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
-                                      "prompt_lookup_min": 1}))
+    server = endpoints[1]
     seen: dict[str, dict] = {}
     original = measurement.ServedCellRun.measure  # an endpoint's cells measure as every served cell does
 
@@ -240,17 +257,14 @@ def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_p
         seen[run.cell.id] = {key: after[key] - before.get(key, 0.0) for key in after}
 
     run_dir = tmp_path / "run"
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(measurement.ServedCellRun, "measure", measure)
-            result = runner.invoke(app, ["sweep", "--endpoint", server.url, "--drafts", "ngram", "--k", "2",
-                                         "--request-rates", "2,8", "--temperatures", "0", "--workloads", "chat",
-                                         "--max-new-tokens", "16", "--num-prompts", "6", "--output", str(run_dir),
-                                         "--slo", "ttft=5,tpot=1"])
-        assert result.exit_code == 0, result.output
-        assert server.alive()
-    finally:
-        server.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measurement.ServedCellRun, "measure", measure)
+        result = runner.invoke(app, ["sweep", "--endpoint", server.url, "--drafts", "ngram", "--k", "2",
+                                     "--request-rates", "2,8", "--temperatures", "0", "--workloads", "chat",
+                                     "--max-new-tokens", "16", "--num-prompts", "6", "--output", str(run_dir),
+                                     "--slo", "ttft=5,tpot=1"])
+    assert result.exit_code == 0, result.output
+    assert server.alive()  # specbench does not stop what it did not start
     run = load_run(run_dir)
     cells = run.cells.set_index("cell_id")
     assert set(cells.index) == {"chat|R2|T0|ngram|K2", "chat|R8|T0|ngram|K2"}
@@ -269,23 +283,31 @@ def test_an_endpoint_at_two_poisson_rates_reports_the_servers_own_counters(tmp_p
     assert runner.invoke(app, ["check", str(run_dir)]).exit_code == 2
 
 
-def test_a_trace_replay_on_real_vllm_keeps_greedy_outputs_exact_and_the_traces_lengths(tmp_path):
-    """--trace on real servers: every request at its output length (min_tokens = max_tokens),
-    prompts within 2 % of the trace's input lengths, greedy speculation token for token the
-    baseline's, the server's running requests sampled, and no server left."""
+def test_a_trace_replay_on_real_vllm_keeps_greedy_outputs_exact_and_the_traces_lengths(endpoints, tmp_path):
+    """--trace on real servers (the user's endpoints; the vLLM engine's own servers replay the same
+    requests, tests/test_live_traffic.py): every request at its output length (min_tokens =
+    max_tokens), prompts within 2 % of the trace's input lengths, greedy speculation token for token
+    the baseline's, the server's running requests sampled, and the row past the context the servers
+    say they serve (9021 + 16 tokens on 8192) left out and said, where it was refused (HTTP 400)."""
     from pathlib import Path
 
+    from specbench.grid import SweepConfig
+    from specbench.served.vllm_engine import model_path
+
+    plain, ngram = endpoints
     trace = Path(__file__).parent / "fixtures" / "traces" / "azure.csv"
     output = tmp_path / "trace"
-    result = runner.invoke(app, ["sweep", "--engine", "vllm", "--drafts", "ngram", "--k", "2", "--trace", str(trace),
-                                 "--trace-speedup", "0.5", "--temperatures", "0", "--workloads", "chat",
-                                 "--dtype", "fp32", "--enforce-eager", "--output", str(output)])
+    result = runner.invoke(app, ["sweep", "--endpoint", ngram.url, "--baseline-endpoint", plain.url, "--target",
+                                 model_path("smollm2-135m", SweepConfig()), "--drafts", "ngram", "--k", "2",
+                                 "--trace", str(trace), "--trace-speedup", "0.5", "--temperatures", "0",
+                                 "--workloads", "chat", "--output", str(output)])
     assert result.exit_code == 0, result.output
     run = load_run(output)
     assert (run.cells["status"] == "ok").all() and (run.cells["lossless"].dropna() == "exact").all()
+    assert run.meta["trace"]["skipped"] == {"input + output beyond the target's context (8180 tokens)": 1}
     requests = run.requests
     assert len(requests) == 2 * 4 and (requests["output_tokens"] == requests["trace_output_tokens"]).all()
     error = (requests["prompt_tokens"] - requests["trace_input_tokens"]).abs()
     assert (error <= np.maximum(8, 0.02 * requests["trace_input_tokens"])).all()
     assert (run.cells["running_max"] >= 1).all()
-    assert not server_processes()
+    assert plain.alive() and ngram.alive()

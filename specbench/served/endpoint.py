@@ -75,6 +75,19 @@ def api_headers(config: SweepConfig) -> dict | None:
     return {"Authorization": f"Bearer {key}"} if key else None
 
 
+def min_known(limits) -> int:
+    """The smallest of the limits that are known (> 0); 0 where none is."""
+    return min((limit for limit in limits if limit > 0), default=0)
+
+
+def served_context_limit(config: SweepConfig) -> int:
+    """The context every endpoint of the sweep serves (the smallest; 0 where none says): a trace's
+    rows past it would be refused (HTTP 400), so the replay leaves them out, as it does past the
+    target's context on servers specbench starts."""
+    return min_known(RemoteFleet(endpoint_urls(text), api_headers(config)).context_limit()
+                     for text in filter(None, (config.endpoint, config.baseline_endpoint)))
+
+
 def check_reachable(config: SweepConfig) -> None:
     """A one-line error when an endpoint does not list a model (unreachable, refused, empty)."""
     for text in filter(None, (config.endpoint, config.baseline_endpoint)):
@@ -119,6 +132,15 @@ class RemoteServer:
             raise ModelNotAvailable(f"{self.url}/v1/models lists no model")
         return models[0]
 
+    def context_limit(self) -> int:
+        """The context its first model is served with (vLLM's and SGLang's /v1/models say max_model_len);
+        0 where it does not say or cannot be asked."""
+        try:
+            listed = json.loads(self.get("/v1/models"))
+            return max(0, int(listed["data"][0].get("max_model_len") or 0))
+        except Exception:
+            return 0
+
     def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
         """Its /metrics (`only` the metrics with these prefixes), or an empty snapshot where it has none."""
         try:
@@ -161,6 +183,10 @@ class RemoteFleet:
             raise ValueError("the servers of one --endpoint list serve different models ("
                              + ", ".join(f"{url}: {name}" for url, name in models.items()) + ")")
         return next(iter(models.values()))
+
+    def context_limit(self) -> int:
+        """The smallest context its servers say they serve (0: none says)."""
+        return min_known(server.context_limit() for server in self.servers)
 
     def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
         return Snapshot.merged([server.scrape(only) for server in self.servers])

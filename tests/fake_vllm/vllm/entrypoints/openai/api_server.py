@@ -68,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--speculative-config", default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
     args, _ = parser.parse_known_args()
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int(spec["num_speculative_tokens"]) if spec else 0
@@ -93,7 +94,8 @@ def main() -> None:
         return await handler(request)
 
     async def models(request):
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        card = {"id": "fake-model", "object": "model", "max_model_len": args.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(request):
         labels = 'engine="0",model_name="fake"'
@@ -121,6 +123,9 @@ def main() -> None:
         body = await request.json()
         prompt = list(body["prompt"])
         count = int(body["max_tokens"])
+        if args.max_model_len and len(prompt) + count > args.max_model_len:  # as vLLM refuses it
+            return web.json_response({"error": {"message": f"This model's maximum context length is "
+                                                           f"{args.max_model_len} tokens", "code": 400}}, status=400)
         garbage = MODE == "garbage" and body.get("temperature", 0) > 0
         tokens = [(token_at(prompt, i) + (500 if garbage else 0)) % VOCAB for i in range(count)]
         if not body.get("stream"):

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from specbench.models import (
     DEFAULT_TARGET, default_dtype, dtype_name, lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
@@ -460,6 +460,11 @@ def _needs(replay: ReplayShape | None, config: SweepConfig) -> ReplayShape:
     return replay
 
 
+def smallest_known(limits: Iterable[int]) -> int:
+    """The smallest of the context limits that are known (> 0); 0 where none is."""
+    return min((limit for limit in limits if limit > 0), default=0)
+
+
 def build_replay(config: SweepConfig, served_limit: int = 0):
     """The trace's replay for this sweep, read once (a bad trace file fails here, in one line): rows
     that would not fit the target's context with a step's drafts are left out (`served_limit`: the
@@ -468,9 +473,8 @@ def build_replay(config: SweepConfig, served_limit: int = 0):
         return None
     from specbench.traces import sweep_replay
 
-    limits = [config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings") or 0,
-              served_limit]
-    limit = min((known for known in limits if known > 0), default=0)
+    limit = smallest_known([config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings")
+                            or 0, served_limit])
     return sweep_replay(config, max(0, limit - draft_headroom(max(config.ks, default=0))) if limit else 0)
 
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specbench.engines import Stage
-from specbench.grid import Cell, SweepConfig, split_schedule
+from specbench.grid import Cell, SweepConfig, smallest_known, split_schedule
 from specbench.models import ModelNotAvailable, load_tokenizer
 from specbench.schema import AR, SIDE_BY_SIDE
 from specbench.served.measurement import COUNTERS, ServedCellRun, ServedEngine, kv_cache_labels
@@ -75,16 +75,11 @@ def api_headers(config: SweepConfig) -> dict | None:
     return {"Authorization": f"Bearer {key}"} if key else None
 
 
-def min_known(limits) -> int:
-    """The smallest of the limits that are known (> 0); 0 where none is."""
-    return min((limit for limit in limits if limit > 0), default=0)
-
-
 def served_context_limit(config: SweepConfig) -> int:
     """The context every endpoint of the sweep serves (the smallest; 0 where none says): a trace's
     rows past it would be refused (HTTP 400), so the replay leaves them out, as it does past the
     target's context on servers specbench starts."""
-    return min_known(RemoteFleet(endpoint_urls(text), api_headers(config)).context_limit()
+    return smallest_known(RemoteFleet(endpoint_urls(text), api_headers(config)).context_limit()
                      for text in filter(None, (config.endpoint, config.baseline_endpoint)))
 
 
@@ -186,7 +181,7 @@ class RemoteFleet:
 
     def context_limit(self) -> int:
         """The smallest context its servers say they serve (0: none says)."""
-        return min_known(server.context_limit() for server in self.servers)
+        return smallest_known(server.context_limit() for server in self.servers)
 
     def scrape(self, only: tuple[str, ...] = ()) -> Snapshot:
         return Snapshot.merged([server.scrape(only) for server in self.servers])

@@ -296,16 +296,43 @@ def positions_needed(config: SweepConfig, prompt_tokens: int) -> int:
     return prompt_tokens + config.max_new_tokens + draft_headroom(max(config.ks, default=0))
 
 
-def check_context_limit(config: SweepConfig, shape: dict | None = None) -> None:
+@dataclass(frozen=True)
+class ContextLimit:
+    """The longest request (prompt, output and a step's drafts) a sweep's servers take, and whose
+    limit it is, as the errors and a trace's skipped rows say it."""
+
+    tokens: int  # 0: not known
+    whose: str = ""  # "llama3-8b has a 8192-token context"
+    name: str = "the target's context"  # what a skipped trace row went beyond
+
+
+ENDPOINTS_CONTEXT = "the endpoints' context"
+
+
+def context_limit(config: SweepConfig, shape: dict | None = None, served_limit: int = 0) -> ContextLimit:
+    """The smallest known of the target's own context (its max_position_embeddings, or vLLM's
+    --max-model-len in its place where given: what its servers run at) and the context the user's
+    endpoints say they serve (`served_limit`, their /v1/models max_model_len; 0: not asked)."""
+    own = int(config.vllm.max_model_len or 0)
+    target = int((shape or {}).get("max_position_embeddings") or 0)
+    known = [limit for limit in (
+        ContextLimit(own, f"the vLLM servers run at --max-model-len {own}") if own else
+        ContextLimit(target, f"{config.target} has a {target}-token context"),
+        ContextLimit(served_limit, f"the endpoints serve a {served_limit}-token context (/v1/models max_model_len)",
+                     ENDPOINTS_CONTEXT)) if limit.tokens > 0]
+    return min(known, key=lambda limit: limit.tokens) if known else ContextLimit(0)
+
+
+def check_context_limit(config: SweepConfig, shape: dict | None = None, served_limit: int = 0) -> None:
     """A one-line error, before anything loads, when the longest prompt asked for plus the new
-    tokens (and a step's drafts) would not fit the target's context."""
-    limit = (shape or {}).get("max_position_embeddings")
+    tokens (and a step's drafts) would not fit the context the sweep's servers take
+    (`context_limit`)."""
+    limit = context_limit(config, shape, served_limit)
     longest = max(config.context_lengths, default=0)
     needed = positions_needed(config, longest)
-    if limit and needed > limit:
+    if limit.tokens and needed > limit.tokens:
         asked = f"--context-lengths {longest} + " if longest else ""
-        raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; "
-                         f"{config.target} has a {limit}-token context")
+        raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; {limit.whose}")
 
 
 
@@ -473,9 +500,9 @@ def build_replay(config: SweepConfig, served_limit: int = 0):
         return None
     from specbench.traces import sweep_replay
 
-    limit = smallest_known([config.vllm.max_model_len or (target_shape(config) or {}).get("max_position_embeddings")
-                            or 0, served_limit])
-    return sweep_replay(config, max(0, limit - draft_headroom(max(config.ks, default=0))) if limit else 0)
+    limit = context_limit(config, target_shape(config), served_limit)
+    room = max(0, limit.tokens - draft_headroom(max(config.ks, default=0))) if limit.tokens else 0
+    return sweep_replay(config, room, limit.name)
 
 
 def plan_cells(config: SweepConfig, replay: ReplayShape | None = None) -> list[Cell]:

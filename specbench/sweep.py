@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from specbench.grid import (  # noqa: F401  (SweepConfig and plan_cells are the sweep's vocabulary too)
-    AR, Cell, SweepConfig, VllmOptions, build_replay, check_context_limit, describe_plan, plan_cells, positions_needed,
-    split_schedule, target_shape,
+    AR, Cell, SweepConfig, VllmOptions, build_replay, check_context_limit, context_limit, describe_plan, plan_cells,
+    positions_needed, split_schedule, target_shape,
 )
 from specbench.measuring import (
     CellLoop, SweepEvent, SweepTables, SweepWork, check_engine, close_brackets, pair_with_baseline,
@@ -29,9 +29,9 @@ from specbench.workloads import Workload, encode_prompt, load_workload
 
 
 def endpoint_context_limit(config: SweepConfig) -> int:
-    """For a trace replayed on the user's endpoints, the context they say they serve (0: not asked,
-    or none says)."""
-    if not (config.trace and config.engine == "endpoint"):
+    """On the user's endpoints, the context they say they serve (0: another engine, or none says):
+    what a trace's rows, the context lengths and the prompts must fit there."""
+    if config.engine != "endpoint":
         return 0
     from specbench.served.endpoint import served_context_limit
 
@@ -46,7 +46,7 @@ def check_config(config: SweepConfig, replay: Replay | None = None) -> Replay | 
     from specbench.fit.slo import parse_slo
 
     config.validate()
-    if replay is None:
+    if replay is None and config.trace:
         replay = build_replay(config, endpoint_context_limit(config))
     if config.slo:
         parse_slo(config.slo)
@@ -60,21 +60,22 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
     trace, and what must fit the target (its context, its layers). Returns the loaded workloads and
     the trace's replay (built here once, unless `check_config` built it already: None without --trace)."""
     replay = check_config(config, replay)
+    if config.engine == "endpoint":  # an unreachable server is the likelier mistake than a missing tokenizer
+        from specbench.served.endpoint import check_reachable
+
+        check_reachable(config)
+    served = endpoint_context_limit(config)
     shape = target_shape(config)
-    check_context_limit(config, shape)
+    check_context_limit(config, shape, served)
     check_self_drafts(config, shape)
     workloads = {name: load_workload(name) for name in config.workloads}
-    check_prompt_lengths(config, workloads, shape)
+    check_prompt_lengths(config, workloads, shape, served)
     if config.engine == "vllm":
         import sys
 
         from specbench.served.vllm_engine import installed_vllm_version
 
         installed_vllm_version(config.vllm.python or sys.executable)  # one line saying how to install it
-    if config.engine == "endpoint":  # an unreachable server is the likelier mistake than a missing tokenizer
-        from specbench.served.endpoint import check_reachable
-
-        check_reachable(config)
     if config.synthetic:
         target_alias, _ = shipped_config(config.target)
         family = lookup_alias(target_alias).family
@@ -129,12 +130,14 @@ def check_self_drafts(config: SweepConfig, shape: dict | None) -> None:
 MAX_PROMPT_CHARS = 1 << 22  # 4 Mi characters: more than any model's context holds, whatever it is
 
 
-def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], shape: dict | None) -> None:
-    """A prompt that cannot fit the target's context (or is over MAX_PROMPT_CHARS) is refused
-    before anything loads: generating from it would fail, or exhaust memory first. A prompt of at
-    most as many characters as there are free positions fits (a token covers at least one
-    character); only longer ones are tokenized to know."""
-    limit = (shape or {}).get("max_position_embeddings")
+def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], shape: dict | None,
+                         served_limit: int = 0) -> None:
+    """A prompt that cannot fit the context the sweep's servers take (`grid.context_limit`), or is
+    over MAX_PROMPT_CHARS, is refused before anything loads: generating from it would fail, or
+    exhaust memory first. A prompt of at most as many characters as there are free positions fits
+    (a token covers at least one character); only longer ones are tokenized to know."""
+    context = context_limit(config, shape, served_limit)
+    limit = context.tokens
     room = limit - positions_needed(config, 0) if limit else None
     tokenizer = None
     for name, workload in workloads.items():
@@ -143,7 +146,7 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
         longest = max(workload.records, key=lambda record: len(record.text))
         chars = len(longest.text)
         if chars > MAX_PROMPT_CHARS or (room is not None and chars > 32 * room):
-            where = f"; {config.target} has a {limit}-token context" if limit else ""
+            where = f"; {context.whose}" if limit else ""
             raise ValueError(f"workload {name}: prompt {longest.id} is {chars:,} characters, over the size limit"
                              f"{where}")
         if room is None or chars + 64 <= room or config.synthetic:
@@ -155,7 +158,7 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
         if tokens > room:
             raise ValueError(f"workload {name}: prompt {longest.id} is {tokens} tokens; with --max-new-tokens "
                              f"{config.max_new_tokens} it needs {positions_needed(config, tokens)} positions and "
-                             f"{config.target} has a {limit}-token context")
+                             f"{context.whose}")
 
 
 # --- resuming a run ----------------------------------------------------------------------------

@@ -327,10 +327,11 @@ def parse_window(text: str) -> tuple[float, float | None]:
 
 
 def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: int = 0, max_context: int = 0,
-           min_input: int = 1) -> Replay:
+           min_input: int = 1, context_name: str = "the target's context") -> Replay:
     """The requests of `trace` in `window`, their times divided by `speedup` (0.5: half speed), at
-    most `max_requests` of them; rows whose input plus output exceed `max_context` tokens, or whose
-    input is below `min_input` (shorter than the chat template alone), are skipped and counted."""
+    most `max_requests` of them; rows whose input plus output exceed `max_context` tokens (`context_name`
+    says whose), or whose input is below `min_input` (shorter than the chat template alone), are
+    skipped and counted."""
     if not (math.isfinite(speedup) and speedup > 0):
         raise TraceError(f"--trace-speedup must be a positive number, got {speedup:g}")
     if max_requests < 0:
@@ -355,7 +356,7 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
         else:
             kept.append(request)
     if too_long:
-        skipped[f"input + output beyond the target's context ({max_context} tokens)"] = len(too_long)
+        skipped[f"input + output beyond {context_name} ({max_context} tokens)"] = len(too_long)
     if too_short:
         skipped[f"input shorter than the chat template alone ({min_input} tokens)"] = len(too_short)
     if not kept:
@@ -374,13 +375,14 @@ def replay(trace: Trace, window: str = "", speedup: float = 1.0, max_requests: i
 MIN_TRACE_INPUT = 64  # tokens: a chat template and a short question need about this many
 
 
-def sweep_replay(config, context_limit: int) -> Replay:
+def sweep_replay(config, context_limit: int, context_name: str = "the target's context") -> Replay:
     """The replay a sweep's config asks for, read from its trace: built once by the sweep's
     preflight and carried to everything that plans or measures its cells (and into run.json). Rows
     that would not fit `context_limit` (input, output and a step's drafts, grid.draft_headroom
-    already taken off; 0: no limit) are skipped, as are inputs below MIN_TRACE_INPUT tokens."""
+    already taken off; 0: no limit; `context_name` says whose) are skipped, as are inputs below
+    MIN_TRACE_INPUT tokens."""
     return replay(load_trace(config.trace), config.trace_window, config.trace_speedup, config.trace_max_requests,
-                  context_limit, MIN_TRACE_INPUT)
+                  context_limit, MIN_TRACE_INPUT, context_name)
 
 
 @dataclass

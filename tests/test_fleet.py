@@ -1541,6 +1541,9 @@ def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
     assert served_context(json.loads((run / "run.json").read_text())) == 8192
     assert served_context({"config": {"target": "smollm2-135m", "vllm": {"max_model_len": 4096}}}) == 4096
     assert served_context({"config": {"target": "/a/local/model"}}) == 0  # not known: the KV cache alone bounds
+    # an endpoint run's servers said what they serve (/v1/models max_model_len), whatever the target's own context
+    assert served_context({"config": {"target": "/a/local/model"}, "engine": {"name": "endpoint",
+                                                                              "context_limit": 2048}}) == 2048
     result = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "4", "--input-len", "9000",
                                       "--output-len", "64"])
     assert result.exit_code == 2 and result.output.strip() == (

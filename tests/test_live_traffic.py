@@ -391,12 +391,21 @@ def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, targe
                                      "--trace-speedup", "2", "--temperatures", "0", "--workloads", "chat",
                                      "--output", str(tmp_path / "trace")])
         assert traced.exit_code == 0, traced.output
+        # prompts past what the server serves: one line before anything is measured, not a failed cell
+        too_long = runner.invoke(app, ["sweep", "--endpoint", server.url, "--target", target_dir, "--batch-sizes", "1",
+                                       "--context-lengths", "4096", "--output", str(tmp_path / "long")])
     finally:
         server.stop()
+    assert too_long.exit_code == 2 and len(too_long.output.strip().splitlines()) == 1, too_long.output
+    assert "4096 + --max-new-tokens 48 needs 4152 positions; the endpoints serve a 2048-token context" in too_long.output
+    assert not (tmp_path / "long" / "run.json").exists()  # nothing started: no run
     cells = load_run(run_dir).cells
     assert list(cells["mode"]) == ["speculative"] and cells["speedup"].isna().all()
     traced_run = load_run(tmp_path / "trace")
-    assert traced_run.meta["trace"]["skipped"] == {"input + output beyond the target's context (2040 tokens)": 1}
+    skipped = "1 row(s) skipped: input + output beyond the endpoints' context (2040 tokens)"
+    assert traced_run.meta["trace"]["skipped"] == {"input + output beyond the endpoints' context (2040 tokens)": 1}
+    assert "4 requests over" in traced.output and skipped in traced.output  # the console says it, not run.json alone
+    assert traced_run.meta["engine"]["context_limit"] == 2048  # what plan's fleet of these servers holds
     assert len(traced_run.requests) == 4 and (traced_run.cells["status"] == "ok").all()
     for reported_dir in (run_dir, tmp_path / "trace"):  # an endpoint --trace run was the same exit 4
         report = runner.invoke(app, ["report", str(reported_dir)])

@@ -90,6 +90,9 @@ def test_synthetic_rates_are_vllms_unconditional_ones():
     (["--engine", "sglang"], "--engine must be one of native, vllm"),
     (["--drafts", "eagle3:some/head"], "runs only on a served engine"),
     (["--engine", "vllm", "--drafts", "json:{oops"], "not valid JSON"),
+    # prompts past the servers' own context: every request would be refused (each cell failed, servers started)
+    (["--engine", "vllm", "--max-model-len", "512", "--context-lengths", "600"],
+     "--context-lengths 600 + --max-new-tokens 48 needs 664 positions; the vLLM servers run at --max-model-len 512"),
 ])
 def test_bad_vllm_input_is_one_line(args, message, tmp_path):
     result = runner.invoke(app, ["sweep", "--output", str(tmp_path / "x"), *args])

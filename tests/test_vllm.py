@@ -304,7 +304,7 @@ def test_a_trace_replay_on_real_vllm_keeps_greedy_outputs_exact_and_the_traces_l
     assert result.exit_code == 0, result.output
     run = load_run(output)
     assert (run.cells["status"] == "ok").all() and (run.cells["lossless"].dropna() == "exact").all()
-    assert run.meta["trace"]["skipped"] == {"input + output beyond the target's context (8180 tokens)": 1}
+    assert run.meta["trace"]["skipped"] == {"input + output beyond the endpoints' context (8180 tokens)": 1}
     requests = run.requests
     assert len(requests) == 2 * 4 and (requests["output_tokens"] == requests["trace_output_tokens"]).all()
     error = (requests["prompt_tokens"] - requests["trace_input_tokens"]).abs()

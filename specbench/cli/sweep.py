@@ -189,6 +189,12 @@ def trace_workload(trace: str) -> str:
     return SHIPPED[trace][1] if trace in SHIPPED else "chat"
 
 
+def trace_line(replay) -> str:
+    """The replay a sweep runs, in one line: its slice and speed, its requests, and what it left out."""
+    return (f"trace: {replay.describe()}, {len(replay.requests)} requests over {replay.duration_s:.0f} s as replayed"
+            + "".join(f"; {note}" for note in replay.notes()))
+
+
 def _given_fields(ctx: typer.Context) -> set[str]:
     """SweepConfig fields set by an option on the command line (not left at its default)."""
     from specbench.sweep import OPTION_NAMES
@@ -241,8 +247,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
                           str(requests), str(round(requests * per_request)))
         print_table(table)
         if replay is not None:
-            console.print(f"trace: {replay.describe()}, {len(replay.requests)} requests over {replay.duration_s:.0f} s "
-                          f"as replayed" + "".join(f"; {note}" for note in replay.notes()), highlight=False)
+            console.print(trace_line(replay), highlight=False, soft_wrap=True)
         console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
                       f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
                       f"target {config.target}, drafts {', '.join(config.drafts)}")
@@ -276,6 +281,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     except known_errors() as error:
         fail(str(error))
 
+    if replay is not None:  # what it replays, and the rows it leaves out (run.json's trace says them too)
+        console.print(trace_line(replay), highlight=False, soft_wrap=True)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
     # the plan's size, told again by the sweep once it has planned (a trace's cells need its replay)

@@ -209,11 +209,12 @@ def replay_check(meta: dict) -> str:
 
 
 def served_context(meta: dict) -> int:
-    """The longest request (prompt + output tokens) a run's vLLM servers took: their --max-model-len,
-    else the target's max_position_embeddings (vLLM's default) where the target is a registry model;
-    0 where neither is known (an endpoint's model, a local path)."""
+    """The longest request (prompt + output tokens) a run's servers took: what an endpoint run's
+    servers said they serve (their /v1/models max_model_len), a vLLM run's --max-model-len, else the
+    target's max_position_embeddings (vLLM's default) where the target is a registry model; 0 where
+    none is known (a local path's model, an endpoint that did not say)."""
     config = meta.get("config") or {}
-    limit = (config.get("vllm") or {}).get("max_model_len")
+    limit = (meta.get("engine") or {}).get("context_limit") or (config.get("vllm") or {}).get("max_model_len")
     if limit:
         return int(limit)
     try:

@@ -68,6 +68,9 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price, draft_tp_size)
     left_out += unpriced
+    if not (table["draft"] != tp_plan.AR).any():  # the baseline alone answers nothing of speculation
+        raise UsageError(f"no draft could be priced, so there is nothing to set beside the baseline: "
+                         f"{'; '.join(left_out) or 'no draft asked for'}")
     decided = tp_plan.decisions(table)
     slo_table = tp_plan.slo_choices(table, tpot) if tpot is not None else None
     seconds = time.perf_counter() - started

@@ -299,6 +299,38 @@ def test_a_server_that_fails_to_start_is_one_line_naming_its_log(fake_vllm, targ
     assert run.meta["status"] == "failed" and (run.cells["status"] == "failed").all()
 
 
+def test_the_first_speculative_server_starts_with_the_baselines(fake_vllm, target_dir, tmp_path):
+    """Side by side the baseline's server and a speculative one are up at once anyway: the first
+    speculative server starts with the baseline's (one start's wait saved a sweep), and both answer
+    before the first cell is measured, so nothing loads while a cell is timed."""
+    fake_vllm.setenv("FAKE_VLLM_START_S", "1")
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run", ["--served-pairing", "side-by-side"]))
+    assert result.exit_code == 0, result.output
+    servers = load_run(tmp_path / "run").meta["engine"]["servers"]
+    assert [s["started_with_baseline"] for s in servers] == [False, True, False], servers
+    assert sum("(started with the baseline's)" in line for line in result.output.splitlines()) == 1, result.output
+    lines = result.output.splitlines()
+    first_cell = next(n for n, line in enumerate(lines) if "tok/s" in line)
+    ready = [n for n, line in enumerate(lines) if "ready in" in line]
+    assert len(ready) == 3 and ready[1] > ready[0]  # the early one said ready as its own stage began
+    assert all(server["error"] == "" for server in servers) and first_cell > ready[0]
+
+
+def test_a_speculative_server_started_with_the_baselines_fails_in_its_own_stage(fake_vllm, target_dir, tmp_path):
+    """The server started beside the baseline's exits at start: the baseline's cells are measured,
+    and that server's cells fail with its own error and log, as a server started in its turn."""
+    fake_vllm.setenv("FAKE_VLLM_MODE", "exit_at_start_speculative")
+    result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run", ["--served-pairing", "side-by-side"]))
+    run = load_run(tmp_path / "run")
+    cells = run.cells.set_index("cell_id")
+    assert (cells[cells["mode"] == "autoregressive"]["status"] == "ok").all(), result.output
+    speculative = cells[cells["mode"] == "speculative"]
+    assert (speculative["status"] == "failed").all(), result.output
+    early = run.meta["engine"]["servers"][1]
+    assert early["started_with_baseline"] and "exited with code 3 before it was ready" in early["error"]
+    assert "01_" in early["log"] and any("01_" in message for message in speculative["message"])
+
+
 def test_a_server_that_never_answers_is_stopped(fake_vllm, target_dir, tmp_path):
     fake_vllm.setenv("FAKE_VLLM_MODE", "never_healthy")
     result = runner.invoke(app, vllm_args(target_dir, tmp_path / "run", ["--server-timeout", "3"]))

@@ -4,10 +4,12 @@ command line, /health, /metrics (spec-decode counters, histograms, cache_config_
 `--speculative-config` agree; a speculative server streams K+1 tokens a chunk and counts each
 chunk as a draft with K proposed and K accepted.
 
-FAKE_VLLM_MODE picks a misbehaviour: exit_at_start, never_healthy, die_once=N (exit in the middle
+FAKE_VLLM_MODE picks a misbehaviour: exit_at_start (exit_at_start_speculative: a server with a
+--speculative-config alone), never_healthy, die_once=N (exit in the middle
 of the N-th completion, once: FAKE_VLLM_MARKER records that a server died), child (start a
 grandchild that sleeps), garbage (sampled tokens the "target" ranks 500th). FAKE_VLLM_API_KEY makes
-/v1 answer 401 without that bearer token. FAKE_VLLM_DRIFT=PATH:RATE slows every server alike as the
+/v1 answer 401 without that bearer token. FAKE_VLLM_START_S delays its start (loading, as a real
+server's). FAKE_VLLM_DRIFT=PATH:RATE slows every server alike as the
 machine works (a drifting machine): each step takes 4 ms x (1 + RATE x the steps every server has
 taken so far, one byte each appended to PATH). Counting steps, not seconds, keeps the drift the same
 on a slow machine: a drift in wall time compounds there (slower steps, more time, slower steps).
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from aiohttp import web
 
@@ -72,9 +75,10 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int(spec["num_speculative_tokens"]) if spec else 0
-    if MODE == "exit_at_start":
+    if MODE == "exit_at_start" or (MODE == "exit_at_start_speculative" and spec):
         print("ValueError: the fake model path does not hold a model", flush=True)
         sys.exit(3)
+    time.sleep(float(os.environ.get("FAKE_VLLM_START_S", "0")))
     if MODE == "child":
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     die_at = int(MODE.split("=")[1]) if MODE.startswith("die_once=") else None

@@ -270,7 +270,7 @@ class EndpointEngine(ServedEngine):
         servers = [{"label": label, "url": url, "kv_cache": kv}
                    for label, fleet in (("endpoint", self.endpoint), (AR, self.baseline)) if fleet is not None
                    for url, kv in zip(fleet.urls, _quietly(fleet.kv_caches, [{}] * len(fleet.urls)))]
-        context = smallest_known(_quietly(fleet.context_limit, 0) for fleet in (self.endpoint, self.baseline) if fleet)
+        context = smallest_known(fleet.context_limit() for fleet in (self.endpoint, self.baseline) if fleet)
         meta["engine"] = {"name": self.name, "endpoint": self.endpoint.label if self.endpoint else "",
                           "served_model": self.served_name, "context_limit": context,
                           "baseline_endpoint": self.baseline.label if self.baseline else "", "pairing": self.pairing,

@@ -348,8 +348,12 @@ class VllmStage(Stage):
         self.kv_cache: dict = {}
         self.start_beside: "VllmStage | None" = None  # a stage whose server starts with this one's
         self.launched = False  # its server started, not yet waited for
-        self.started_early = False  # started beside the baseline's, before its own stage began
-        self.early_failure = ""  # why that start failed: its own stage says it
+        self.early_failure = ""  # why a start beside the baseline's failed: its own stage says it
+
+    @property
+    def started_early(self) -> bool:
+        """Its server was started beside the baseline's, before its own stage began."""
+        return self.record is not None and self.record.started_with_baseline
 
     @property
     def is_baseline(self) -> bool:
@@ -368,8 +372,7 @@ class VllmStage(Stage):
             return self
         if engine.started_beside is self:
             engine.started_beside = None  # its own stage now: stopped as any stage's
-        if self.started_early and not (self.launched or self.early_failure) and self.server is not None \
-                and self.server.alive():
+        if self.started_early and not (self.launched or self.early_failure) and self.server.alive():
             engine.current = self.server  # started and waited for beside the baseline's
             return self
         self.start()
@@ -433,7 +436,7 @@ class VllmStage(Stage):
         except StageFailed as error:
             self.early_failure = str(error)
             return
-        self.started_early = self.record.started_with_baseline = True
+        self.record.started_with_baseline = True
         self.engine.started_beside = self
 
     def wait_ready(self) -> None:

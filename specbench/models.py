@@ -327,3 +327,62 @@ def load_tokenizer(reference: str, allow_download: bool = False, trust_remote_co
     extra = dict(gguf_file=resolved.gguf_file) if resolved.gguf_file else {}
     return AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code,
                                          local_files_only=resolved.source != "download", **extra)
+
+
+# --- mixture-of-experts configs -------------------------------------------------------------
+
+# The keys that name a config's routed experts, as the model families spell them: Qwen2/3-MoE
+# (num_experts), Mixtral, gpt-oss, Llama-4 and MiniMax (num_local_experts), DeepSeek and Kimi
+# (n_routed_experts), and others (moe_num_experts).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk")
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """A mixture-of-experts config's experts: how many each MoE layer routes to, how many a token
+    takes, each expert's MLP width, the shared experts' MLP width and how many layers are MoE."""
+    experts: int
+    per_token: int
+    intermediate: int
+    shared_intermediate: int
+    moe_layers: int
+
+    def describe(self) -> str:
+        return (f"{self.experts} routed experts, {self.per_token} per token, in {self.moe_layers} layers"
+                + (" (and shared experts)" if self.shared_intermediate else ""))
+
+
+def routed_experts(config: dict) -> RoutedExperts | None:
+    """The routed experts a config declares (None for a dense model). A config of a multimodal MoE
+    model keeps its decoder's in text_config."""
+    config = config.get("text_config") or config
+    experts = next((int(config[key]) for key in EXPERT_KEYS if config.get(key)), 0)
+    if experts <= 1:
+        return None
+    layers = int(config["num_hidden_layers"])
+    per_token = next((int(config[key]) for key in EXPERTS_PER_TOKEN_KEYS if config.get(key)), 1)
+    intermediate = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    shared = int(config.get("shared_expert_intermediate_size") or 0) \
+        or int(config.get("n_shared_experts") or 0) * intermediate
+    # the layers that keep a dense MLP: DeepSeek's first k, Qwen's mlp_only_layers and sparse step,
+    # Llama-4's interleave step
+    dense = set(range(int(config.get("first_k_dense_replace") or 0)))
+    dense |= set(int(layer) for layer in config.get("mlp_only_layers") or [])
+    step = int(config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step")
+               or config.get("moe_layer_freq") or 1)
+    dense |= {layer for layer in range(layers) if (layer + 1) % step}
+    return RoutedExperts(experts, per_token, intermediate, shared, layers - len(dense & set(range(layers))))
+
+
+def mlp_parameters(config: dict) -> int:
+    """Every MLP weight of a config's decoder layers, all experts counted: three matrices per MLP
+    (gate, up, down), each MoE layer's routed and shared experts and its router."""
+    config = config.get("text_config") or config
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    dense_width = int(config.get("intermediate_size_mlp") or config["intermediate_size"])
+    moe = routed_experts(config)
+    if moe is None:
+        return layers * 3 * hidden * dense_width
+    per_moe_layer = 3 * hidden * (moe.experts * moe.intermediate + moe.shared_intermediate) + hidden * moe.experts
+    return moe.moe_layers * per_moe_layer + (layers - moe.moe_layers) * 3 * hidden * dense_width

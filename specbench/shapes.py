@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from specbench.models import routed_experts
+
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8}
 
 LENGTH_QUANTUM = 256  # CUDA-graph steps: cache columns in multiples of this, so batches share a cache
@@ -59,6 +61,8 @@ class Architecture:
 
     @classmethod
     def from_config(cls, config: dict, dtype: str) -> "Architecture":
+        if (moe := routed_experts(config)) is not None:  # its forward reads a step's experts, not one MLP
+            raise ValueError(f"a mixture-of-experts model ({moe.describe()}) has no dense shape")
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
                    kv_heads=int(config.get("num_key_value_heads") or heads),

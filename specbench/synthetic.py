@@ -18,7 +18,7 @@ import json
 import math
 from importlib import resources
 
-from specbench.models import REGISTRY, ModelNotAvailable, lookup_alias
+from specbench.models import REGISTRY, ModelNotAvailable, lookup_alias, mlp_parameters
 
 
 def shipped_config(alias: str, family: str | None = None) -> tuple[str, dict]:
@@ -32,16 +32,19 @@ def shipped_config(alias: str, family: str | None = None) -> tuple[str, dict]:
 
 
 def config_parameters(config: dict, num_layers: int | None = None) -> int:
-    """Parameter count of a Llama/Qwen2-style config (embeddings counted once when tied)."""
+    """Parameter count of a Llama/Qwen2-style config (embeddings counted once when tied), every
+    routed and shared expert of a mixture-of-experts config counted."""
+    config = config.get("text_config") or config
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv_heads, head_dim = config["num_key_value_heads"], config.get("head_dim") or hidden // heads
     attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
     if config["model_type"] == "qwen2":
         attention += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
-    layer = attention + 3 * hidden * config["intermediate_size"] + 2 * hidden
+    all_layers = config["num_hidden_layers"]
+    layer = attention + 2 * hidden + mlp_parameters(config) / all_layers  # an MoE's experts spread over its layers
     embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
-    layers = config["num_hidden_layers"] if num_layers is None else num_layers
-    return layers * layer + embeddings + hidden
+    layers = all_layers if num_layers is None else num_layers
+    return int(layers * layer) + embeddings + hidden
 
 
 # --- acceptance at a chosen rate ---------------------------------------------------------------

@@ -68,6 +68,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price, draft_tp_size)
     left_out += unpriced
+    table, step_notes = tp_plan.flag_steps(table)
     if not (table["draft"] != tp_plan.AR).any():  # the baseline alone answers nothing of speculation
         raise UsageError(f"no draft could be priced, so there is nothing to set beside the baseline: "
                          f"{'; '.join(left_out) or 'no draft asked for'}")
@@ -87,6 +88,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
                           "drafters": {d.name: drafter_label(d, draft_gemm_quant) for d in drafters},
                           "seconds": round(seconds, 3),
                           "corrected_by": corrected or None, "notes": list(notes) or None,
+                          "step_notes": step_notes or None,
                           **planner.described_host(),
                           "predictions": records(table), "decisions": records(decided),
                           "slo": records(slo_table) if slo_table is not None else None}, indent=2))
@@ -103,6 +105,7 @@ def plan_from_tables(target: str, drafts: str, device: str, backend: str, tps: s
     print_table_plan(table, decided, unit)
     if slo_table is not None:
         print_slo(slo_table, unit)
+    print_step_notes(step_notes)
     console.print(f"{len(table)} cells priced in {seconds:.1f} s", highlight=False)
 
 
@@ -229,8 +232,10 @@ def print_table_plan(table, decided, unit: str) -> None:
             shown.add_column(column, overflow="fold")
         for row in group.itertuples():
             base = ar.loc[(tp, context, row.batch_size)]
-            shown.add_row(row.draft, str(row.batch_size), str(row.k), f"{row.tau:.2f}", f"{row.ar_step_ms:.2f}",
-                          f"{row.step_ms:.2f}", f"{base['tokens_per_s_per_gpu']:.0f}", f"{row.tokens_per_s_per_gpu:.0f}",
+            mark = lambda flagged: " †" if flagged else ""  # noqa: E731  (flag_steps: see the notes)
+            shown.add_row(row.draft, str(row.batch_size), str(row.k), f"{row.tau:.2f}",
+                          f"{row.ar_step_ms:.2f}{mark(base.get('step_flag'))}",
+                          f"{row.step_ms:.2f}{mark(getattr(row, 'step_flag', ''))}", f"{base['tokens_per_s_per_gpu']:.0f}", f"{row.tokens_per_s_per_gpu:.0f}",
                           f"{row.tokens_per_s_per_user:.0f}", f"{row.speedup:.2f}×", f"{base['cost_per_1m']:.3g}",
                           f"{row.cost_per_1m:.3g}", f"{row.memory_gib:.0f}")
         print_table(shown, keep=3)
@@ -246,6 +251,14 @@ def print_table_plan(table, decided, unit: str) -> None:
                       + (f"(the largest batch that fits is {largest})" if largest else
                          "(no batch fits: the weights alone exceed the GPUs' memory)"),
                       highlight=False, soft_wrap=True)
+
+
+def print_step_notes(step_notes: list[str]) -> None:
+    """The step times marked † in the tables above, one line each."""
+    if step_notes:
+        console.print("notes: † marks a step the tables price below what an engine can run", highlight=False)
+        for line in step_notes:
+            console.print(f"  † {line}", highlight=False, soft_wrap=True)
 
 
 def print_slo(slo_table, unit: str) -> None:

@@ -247,6 +247,33 @@ def _config_dir(config: dict) -> str:
     return str(folder)
 
 
+# aiconfigurator's "data missing" errors print the key it looked up as a Rust struct: what each
+# names, in a user's words.
+_MISSING = (
+    (r"generation attention data missing for \w+ \{(?P<fields>[^}]*)\}", "no decode-attention timings for {what}"),
+    (r"context attention data missing for \w+ \{(?P<fields>[^}]*)\}", "no prefill-attention timings for {what}"),
+    (r"GEMM perf data missing for quant '(?P<quant>[^']+)'", "no GEMM timings at {quant}"),
+    (r"(?:NCCL|custom_allreduce) data missing", "no all-reduce timings for this TP size"),
+    (r"Parallelism width mismatch", "its parallel sizes do not multiply to the same number of GPUs"),
+)
+
+
+def what_is_missing(message: str) -> str:
+    """aiconfigurator's error in one line a user can act on: the kernel, head size and precision
+    its tables lack, never its lookup key's dump."""
+    first = message.splitlines()[0].split(": tried lane_order")[0] if message else "an unknown error"
+    for pattern, text in _MISSING:
+        found = re.search(pattern, first)
+        if found is None:
+            continue
+        fields = dict(re.findall(r'(\w+): "?([\w.]+)"?', found.groupdict().get("fields") or ""))
+        parts = [f"{fields['head_size']}-wide heads" if "head_size" in fields else "",
+                 f"the KV cache in {fields['kv_quant']}" if "kv_quant" in fields else "",
+                 f"a {fields['window_size']}-token sliding window" if fields.get("window_size", "0") != "0" else ""]
+        return text.format(what=" with ".join(p for p in parts if p) or "this shape", **found.groupdict())
+    return re.sub(r"\w+Key \{[^}]*\}", "its shape", first.replace("perf database error: ", ""))
+
+
 class Forward:
     """One model at one TP size on one system's tables: forward times in ms."""
 
@@ -278,7 +305,15 @@ class Forward:
                                      f"file gives no {flops.group(2)}; vLLM runs such weights there as weight-only "
                                      f"Marlin GEMMs, which the tables did not time): plan it at bf16")
         return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
-                                 f"{str(error).splitlines()[0].split(': tried lane_order')[0]}")
+                                 f"{(missing := what_is_missing(str(error)))}; {self._instead(missing)}")
+
+    def _instead(self, missing: str) -> str:
+        """What to try: another TP size where the all-reduce is missing, else another GPU's tables."""
+        if "all-reduce" in missing:
+            return "try another --tp"
+        system = self._where.split()[0]
+        others = [name for name, key in DEVICE_SYSTEMS.items() if key != system and name in ("h100", "h200", "b200")]
+        return f"try another GPU's tables (--device {' or '.join(others)})"
 
     def _ms(self, call, *args) -> float:
         try:

@@ -47,7 +47,7 @@ from specbench.fit.host_cost import (
     served_step_ms,
 )
 from specbench.fit.prices import cost_per_million
-from specbench.models import REGISTRY, lookup_alias
+from specbench.models import REGISTRY, lookup_alias, routed_experts
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
@@ -422,6 +422,41 @@ K_TIE = 0.01  # speed-ups within 1 % of the best are one K apart by the tables' 
 K_MONOTONE = 0.03
 
 
+def flag_steps(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Step times the tables give that no engine could run, marked and not smoothed: the tables
+    interpolate between measured shapes and carry their timings' jitter, and a speed-up resting on
+    such a step is overstated by as much. Flagged (`step_flag`) are a speculative step (a draft and
+    a verify of K + 1 positions a row) priced at or below the plain decode step at its batch, and a
+    plain decode step priced below the one at a smaller batch. The raw figures stay as they are, so
+    --json holds what the tables said; one `notes:` line per series says where and by how much."""
+    table = table.assign(step_flag="")
+    notes = []
+    if table.empty or "step_ms" not in table:
+        return table, notes
+    keys = ["tp", "context_length"]
+    for (tp, context), group in table[table["fits"] & table["step_ms"].notna()].groupby(keys):
+        where = f"TP{tp}, {context}-token prompts"
+        ar = group[group["draft"] == AR].sort_values("batch_size")
+        falls = ar[ar["step_ms"] < ar["step_ms"].cummax().shift(fill_value=0)]
+        if not falls.empty:
+            table.loc[falls.index, "step_flag"] = "AR step falls with B"
+            worst = (1 - falls["step_ms"] / ar["step_ms"].cummax().shift().loc[falls.index]).max()
+            notes.append(f"{where}: the plain decode step is priced below a smaller batch's at B = "
+                         f"{', '.join(str(b) for b in falls['batch_size'])} (up to {worst:.0%} lower); the tables' "
+                         f"timings disagree between neighbouring shapes there")
+        sd = group[(group["draft"] != AR) & (group["step_ms"] <= group["ar_step_ms"])]
+        for (acceptance, draft), rows in sd.groupby(["acceptance", "draft"]):
+            table.loc[rows.index, "step_flag"] = "SD step ≤ AR step"
+            gap = (1 - rows["step_ms"] / rows["ar_step_ms"])
+            ks = sorted(set(int(k) for k in rows["k"]))
+            notes.append(f"{where}, {acceptance}: {draft}'s speculative step (K = {', '.join(map(str, ks))}) is "
+                         f"priced at or below the plain decode step at B = "
+                         f"{', '.join(str(b) for b in sorted(set(rows['batch_size'])))} (by up to {gap.max():.1%}); "
+                         f"a draft and a verify cannot cost less than one decode, so its speed-up there is "
+                         f"overstated by at least that much")
+    return table, notes
+
+
 def best_k(table: pd.DataFrame) -> pd.DataFrame:
     """Per (TP, context, acceptance, draft, B): the K of the schedule a server would load. At each
     batch a K within 1 % of the highest predicted speed-up (of the batches that fit) is a tie and
@@ -539,16 +574,32 @@ def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
             config = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{file}: not a JSON model config ({error})") from None
+        name = path.name if path.is_dir() else path.stem
+        refuse_experts(name, config)
         missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
                                    "intermediate_size") if key not in config]
         if missing:
             raise ValueError(f"{file}: a model config needs {', '.join(missing)}")
         config.setdefault("num_key_value_heads", config["num_attention_heads"])
         config.setdefault("model_type", "llama")
-        return (path.name if path.is_dir() else path.stem), config
+        return name, config
     raise ValueError(f"no config for model {reference!r} is available offline: use an alias "
                      f"({', '.join(sorted(REGISTRY))}), a size inside the target's family, or a directory "
                      f"holding the model's config.json (huggingface-cli download MODEL config.json)")
+
+
+def refuse_experts(name: str, config: dict) -> None:
+    """A mixture-of-experts config is refused in one line: the tables' planner prices a dense MLP
+    per layer, which is neither an MoE step's expert reads nor its memory."""
+    moe = routed_experts(config)
+    if moe is None:
+        return
+    try:
+        size = f"; {config_parameters({'model_type': 'llama', **config}) / 1e9:.1f}B parameters in all"
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        size = ""
+    raise ValueError(f"{name} is a mixture-of-experts model ({moe.describe()}{size}): the tables price dense models "
+                     f"only, so it is refused rather than priced as a dense one")
 
 
 def parse_drafters(names: list[str], target_name: str, target: dict, family: str | None) -> list[Drafter]:

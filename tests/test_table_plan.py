@@ -142,7 +142,7 @@ def test_70b_on_one_h100_does_not_fit_and_is_never_priced():
     (["--draft-tp", "2", "--tp", "4"], "--draft-tp must be 1 or the target's TP"),
     (["--slo", "ttft=1"], "--slo on the tables takes a TPOT target only"),
     (["--alpha", "1.0"], "--alpha needs values in [0, 1)"),
-    (["--gpus", "4"], "--gpus: with --target, a replica's GPUs are its --tp"),
+    (["--gpus", "4"], "--gpus does not apply to a static-batch plan on the kernel tables (--target): with --target, a replica's GPUs are its --tp"),
     (["--context-lengths", "128k"], "--context-lengths 131072 + --max-new-tokens 128: 131200 tokens a request, past "
                                     "llama3-70b's 131072-token context"),
     # A100's vLLM tables time no attention of 64-wide heads (llama3.2-1b's): the baseline alone was printed,
@@ -241,9 +241,9 @@ def test_plan_help_names_the_extra_and_run_mode_keeps_one_alpha():
     result = runner.invoke(app, ["plan", GPU_RUN, "--alpha", "0.6,0.8"])
     assert result.exit_code == 2 and "with a run, one number in [0, 1)" in result.output, result.output
     result = runner.invoke(app, ["plan", GPU_RUN, "--tp", "4"])
-    assert result.exit_code == 2 and "--slo, --tp, --draft-tp and --calibrate plan on the kernel tables" in result.output
+    assert result.exit_code == 2 and "--tp does not apply to a plan on a run's fit (RUN_DIR); it applies with --target" in result.output
     result = runner.invoke(app, ["plan", GPU_RUN, "--target", "llama3-70b", "--alpha", "0.7"])
-    assert result.exit_code == 2 and "drop RUN_DIR and --timings" in result.output
+    assert result.exit_code == 2 and "RUN_DIR does not apply to a static-batch plan on the kernel tables" in result.output
 
 
 def test_a_kernel_the_tables_lack_leaves_that_drafter_out_in_one_line():
@@ -252,7 +252,7 @@ def test_a_kernel_the_tables_lack_leaves_that_drafter_out_in_one_line():
     plan = plan_json("--drafts", "1b,8b", "--device", "a100", "--tp", "8", "--alpha", "0.7", "--k", "2",
                      "--batch-sizes", "1,8")
     assert any(line.startswith("1b at TP8: the a100_sxm vLLM 0.14.0 tables cannot price llama3.2-1b")
-               and "head_size: 64" in line for line in plan["drafts_left_out"]), plan["drafts_left_out"]
+               and "64-wide heads" in line for line in plan["drafts_left_out"]), plan["drafts_left_out"]
     assert {r["draft"] for r in plan["predictions"]} == {"autoregressive", "8b"}
 
 

@@ -9,10 +9,12 @@ from typing import Optional
 import typer
 
 from specbench.cli.common import UsageError, check_price, console, fail, known_errors, split_list, token_counts
+from specbench.cli.plan_options import check_options, typed
 from specbench.cli.render import print_plan, print_trust, print_warnings
 
 
 def plan(
+    ctx: typer.Context,
     run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
     timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
     acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR; a "
@@ -127,6 +129,10 @@ def plan(
     chart: Optional[Path] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
                                          help="--trace: draw replicas needed against traffic scale to this PNG; "
                                               "--concurrency: tokens/s per GPU and TPOT against the clients."),
+    extrapolate: bool = typer.Option(False, "--extrapolate", rich_help_panel="Served, simulated on kernel tables",
+                                     help="RUN_DIR with --trace or --concurrency: plan prompts (p90) or clients more "
+                                          "than 2× past what the run measured (refused without it), the fitted "
+                                          "step held linear past the run (docs/fleet.md)."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                              help="A native or vLLM run measured on a GPU the tables hold, "
                                                   "the plan's or another: what it measured corrects the tables "
@@ -138,46 +144,30 @@ def plan(
     with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
     import pandas as pd
 
-    if clients != "steady" and concurrency is None:
-        fail("--clients says how --concurrency's clients send: give --target MODEL --concurrency C")
-    if (kv_cache_dtype != "auto" or dtype is not None or draft_dtype is not None) and target is None:
-        fail("--dtype, --draft-dtype and --kv-cache-dtype price a target on the kernel tables: give --target MODEL")
-    server_flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
-                    "--async-scheduling": async_scheduling, "--prefix-caching": prefix_caching}
-    named = [name for name, value in server_flags.items() if value is not None]
-    if prefix_len and concurrency is None:
-        fail("--prefix-len shapes --concurrency's prompts: give --target MODEL --concurrency C (a trace says what its "
-             "prompts share by its hash ids)")
-    # a served run's replica is its server as measured; whether it caches prefixes is the one flag it takes
-    served_load = target is None and dtype is None and (trace is not None or concurrency is not None)
-    if named and (target is None or (concurrency is None and trace is None)) and not (
-            served_load and named == ["--prefix-caching"]):
-        fail(f"{', '.join(named)}: the vLLM flags of replicas simulated on the kernel tables: give --target MODEL "
-             "with --concurrency or --trace (a served run's --trace or --concurrency takes --prefix-caching alone)")
-    if target is not None and (concurrency is not None or trace is not None):
+    try:
+        mode = check_options(typed(ctx), target is not None)
+    except UsageError as error:
+        fail(str(error))
+    if mode in ("tables-concurrency", "tables-trace"):
         _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
                     alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
                     headroom, router, chart, gpu_price, clients, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
                     async_scheduling, draft_dtype, prefix_caching, prefix_len)
         return
-    if trace is not None and concurrency is None and dtype is None:
+    if mode == "run-trace":
         _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                           json_output, prefix_caching)
+                           json_output, prefix_caching, extrapolate)
         return
-    if concurrency is not None:
+    if mode == "run-concurrency":
         _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
-                                 prefix_caching, chart, gpu_price, json_output)
+                                 prefix_caching, chart, gpu_price, json_output, extrapolate)
         return
-    if trace_window or trace_speedup != "1" or chart is not None:
-        fail("--trace-window and --trace-speedup need --trace, --chart --trace or --concurrency (and --target)")
-    if target is not None:
+    if mode == "tables":
         _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
                         context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
                         calibrate, dtype, kv_cache_dtype, draft_dtype)
         return
     try:
-        if slo is not None or tp != "1" or draft_tp is not None or calibrate is not None:
-            raise UsageError("--slo, --tp, --draft-tp and --calibrate plan on the kernel tables: give --target MODEL")
         alpha = _one_alpha(alpha)
     except known_errors() as error:
         fail(str(error))
@@ -379,11 +369,6 @@ def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft
     from specbench.cli.plan_tables import check_precision, plan_from_tables
 
     try:
-        if run_dir is not None or timings is not None:
-            raise UsageError("--target plans on the kernel tables, without a run's step times: drop RUN_DIR and "
-                             "--timings (a run's acceptance: --acceptance RUN)")
-        if gpus != 1:
-            raise UsageError("--gpus: with --target, a replica's GPUs are its --tp")
         gemm_quant, draft_gemm_quant = check_precision(dtype, kv_cache_dtype, draft_dtype)
         if calibrate is not None and (gemm_quant or draft_gemm_quant or kv_cache_dtype != "auto"):
             raise UsageError("--calibrate corrects the tables' 16-bit forwards by what a run measured: leave --dtype, "
@@ -404,17 +389,6 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
     from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
 
     try:
-        if run_dir is not None:
-            raise UsageError("--target with --concurrency or --trace simulates on the kernel tables, without a run: "
-                             "drop RUN_DIR")
-        if concurrency is not None and trace is not None:
-            raise UsageError("--concurrency (closed-loop clients) and --trace (a trace's arrivals) are two loads: "
-                             "give one")
-        if calibrate is not None:
-            raise UsageError("--calibrate is not simulated yet: leave it out with --concurrency or --trace")
-        if trace is None and (trace_window or trace_speedup != "1"):
-            raise UsageError("--trace-window and --trace-speedup with --concurrency: size a fleet with --trace "
-                             "instead")
         if chart is not None and chart.suffix.lower() != ".png":
             raise UsageError(f"--chart {chart}: write a .png file")
         if trace is not None and slo is None:
@@ -439,7 +413,7 @@ def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concu
 
 
 def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                       json_output, prefix_caching=None) -> None:
+                       json_output, prefix_caching=None, extrapolate=False) -> None:
     from specbench.cli.plan_fleet import TrafficAsk, plan_served_fleet
 
     try:
@@ -447,26 +421,24 @@ def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroo
             raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
         check_price(gpu_price, 1)
         plan_served_fleet(run_dir, TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"),
-                                              slo, headroom, router, chart, gpu_price), json_output, prefix_caching)
+                                              slo, headroom, router, chart, gpu_price), json_output, prefix_caching,
+                          extrapolate)
     except known_errors() as error:
         fail(str(error))
 
 
 def _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
-                             prefix_caching, chart, gpu_price, json_output) -> None:
+                             prefix_caching, chart, gpu_price, json_output, extrapolate=False) -> None:
     from specbench.cli.plan_fleet import ClosedLoopAsk, plan_served_closed_loop
 
     try:
         if run_dir is None:
             raise UsageError("--concurrency simulates served replicas: give --target MODEL (on the kernel tables) "
                              "or RUN_DIR (the servers a vLLM run measured)")
-        if trace is not None:
-            raise UsageError("--concurrency (closed-loop clients) and --trace (a trace's arrivals) are two loads: "
-                             "give one")
         check_price(gpu_price, 1)
         plan_served_closed_loop(run_dir, ClosedLoopAsk(split_list(concurrency, int, "--concurrency"), input_len,
                                                        output_len, clients, prefix_len, slo, chart),
-                                json_output, prefix_caching, gpu_price)
+                                json_output, prefix_caching, gpu_price, extrapolate)
     except known_errors() as error:
         fail(str(error))
 

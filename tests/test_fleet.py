@@ -382,10 +382,10 @@ def test_an_80_column_terminal_gets_the_closed_loop_table_in_column_blocks_none_
     (["--target", "llama3-8b", "--concurrency", "4", "--input-len", "131000", "--output-len", "100"],
      "--input-len 131000 + --output-len 100: 131100 tokens a request, past llama3-8b's 131072-token context"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--trace-speedup", "2"],
-     "size a fleet with --trace"),
+     "--trace-speedup does not apply to a simulated replica on the kernel tables"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--chart", "x.svg"], "write a .png file"),
     (["--target", "llama3-8b", "--concurrency", "4", "--alpha", "0.7", "--slo", "tpot=abc"], "needs a number of seconds"),
-    (["--target", "llama3-8b", "--concurrency", "4", "--calibrate", "x"], "not simulated yet"),
+    (["--target", "llama3-8b", "--concurrency", "4", "--calibrate", "x"], "--calibrate corrects a static plan's steps"),
     (["--target", "llama3-8b", "--concurrency", "4", "--trace", "azure-conv"], "two loads: give one"),
     (["--target", "llama3-8b", "--trace", "azure-conv"], "give --slo"),
     (["--target", "llama3-8b", "--trace", "no-such.csv", "--slo", "ttft=1"], "no such file"),
@@ -403,15 +403,15 @@ def test_an_80_column_terminal_gets_the_closed_loop_table_in_column_blocks_none_
      "--router must be one of"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--chart", "x.svg"], "write a .png"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--gpu-price", "-2"], "--gpu-price"),
-    (["--trace-speedup", "2"], "need --trace"),
+    (["--trace-speedup", "2"], "--trace-speedup does not apply to a plan on a run's fit (RUN_DIR); it applies with --trace"),
     (["--target", "llama3-8b", "--concurrency", "4", "--clients", "all"], "--clients must be one of"),
-    (["--clients", "inferencemax"], "give --target MODEL --concurrency C"),
-    (["--kv-cache-dtype", "fp8"], "--dtype, --draft-dtype and --kv-cache-dtype price a target on the kernel tables"),
-    (["--draft-dtype", "fp8"], "--dtype, --draft-dtype and --kv-cache-dtype price a target on the kernel tables"),
-    (["--dtype", "fp8"], "--dtype, --draft-dtype and --kv-cache-dtype price a target on the kernel tables"),
+    (["--clients", "inferencemax"], "--clients does not apply to a plan on a run's fit (RUN_DIR); it applies with --concurrency"),
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype does not apply to a plan on a run's fit (RUN_DIR); it applies with --target"),
+    (["--draft-dtype", "fp8"], "--draft-dtype does not apply to a plan on a run's fit (RUN_DIR); it applies with --target"),
+    (["--dtype", "fp8"], "--dtype does not apply to a plan on a run's fit (RUN_DIR); it applies with --target"),
     (["--target", "llama3-8b", "--concurrency", "4", "--kv-cache-dtype", "int4"], "--kv-cache-dtype must be auto or fp8"),
     (["--max-num-seqs", "8", "--no-async-scheduling"],
-     "--max-num-seqs, --async-scheduling: the vLLM flags of replicas"),
+     "--max-num-seqs does not apply to a plan on a run's fit (RUN_DIR); it applies with --target and --concurrency or --trace"),
     # what does not fit, by how much, and what would
     (["--target", "llama3-70b", "--tp", "1", "--concurrency", "4"],
      "the weights do not fit h100_sxm at TP1: 131.4 GiB a GPU and the runtime's 3.5 GiB leave no KV cache in the "
@@ -424,7 +424,7 @@ def test_an_80_column_terminal_gets_the_closed_loop_table_in_column_blocks_none_
     (["--target", "llama3-8b", "--concurrency", "4", "--max-num-batched-tokens", "512", "--max-num-seqs", "600"],
      "--max-num-batched-tokens 512 is below --max-num-seqs (600)"),
     (["--target", "llama3-8b", "--trace", "azure-conv", "--slo", "tpot=0.05", "--clients", "inferencemax"],
-     "give --target MODEL --concurrency C"),
+     "--clients does not apply to a fleet sized on the kernel tables (--target with --trace): a trace's requests arrive as it recorded them"),
 ])
 def test_bad_fleet_input_is_one_line(args, message):
     from typer.testing import CliRunner
@@ -1491,7 +1491,8 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
 
     run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
     trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
-    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json"])
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json",
+                                      "--extrapolate"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     assert plan["estimate"].startswith("SIMULATED on steps fitted on") and plan["step_fitted"]["fixed_s"] > 0
@@ -1517,11 +1518,12 @@ def test_a_traffic_no_number_of_replicas_serves_is_its_sentence_not_a_blank_tabl
 
     run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
     trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
-    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=0.001,p90"])
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=0.001,p90", "--extrapolate"])
     assert result.exit_code == 0, result.output
     assert "no number of replicas" in result.output and "a request served alone misses it" in result.output
     assert "alone misses)" not in result.output and "┃ configuration" not in result.output, result.output
-    sized = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90"])
+    sized = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90",
+                                     "--extrapolate"])
     assert sized.exit_code == 0 and "┃ configuration" in sized.output, sized.output
 
 
@@ -1553,7 +1555,8 @@ def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
     rows = (tmp_path / "azure.csv").read_text().splitlines()
     rows[5] = ",".join(rows[5].split(",")[:-2] + ["9000", "10"])  # one request past the context
     (tmp_path / "azure.csv").write_text("\n".join(rows) + "\n")
-    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json"])
+    result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json",
+                                      "--extrapolate"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     assert plan["requests"] == 39 and any("beyond the target's context (8192 tokens)" in note
@@ -1597,7 +1600,7 @@ def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengt
     assert "one server as measured in" in text and "tok/s/server" in text and (tmp_path / "clients.png").exists()
     for args, message in ((["--concurrency", "0"], "must be >= 1"),
                           (["--concurrency", "2", "--trace", "azure-conv"], "two loads: give one"),
-                          (["--concurrency", "2", "--max-num-seqs", "4"], "takes --prefix-caching alone")):
+                          (["--concurrency", "2", "--max-num-seqs", "4"], "--max-num-seqs does not apply to a run's servers under closed-loop clients")):
         result = CliRunner().invoke(app, ["plan", str(run), *args])
         assert result.exit_code == 2 and message in result.output, result.output
 
@@ -1764,7 +1767,8 @@ def test_a_plan_past_the_batches_and_prompts_its_run_measured_says_so():
                              "prompt_tokens": [512, 2048, 2048, 900, 8000]})
     reach = measured_reach(cells, requests)
     # the replay's sampled 6 running requests count; the failed cell's 32 and 8k prompt do not
-    assert reach == {AR: MeasuredReach(6, 2048), "ngram": MeasuredReach(4, 2048)}
+    # (the decoding context its rows can have read: the rows times the longest request, here no outputs)
+    assert reach == {AR: MeasuredReach(6, 2048, 6 * 2048), "ngram": MeasuredReach(4, 2048, 4 * 2048)}
 
     table = pd.DataFrame({"configuration": ["without speculation", "ngram K=2", "without speculation", "ngram K=2"],
                           "draft": [AR, "ngram", AR, "ngram"], "scale": [1, 1, 2, 2],
@@ -2002,7 +2006,7 @@ def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
         measured_ms = float(load_run(here / replay).requests["e2e_s"].median()) * 1e3
         assert row["e2e_p50_ms"] == pytest.approx(measured_ms, rel=0.1), replay
     result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--prefix-caching"])
-    assert result.exit_code == 2 and "a served run's --trace or --concurrency takes --prefix-caching alone" in result.output
+    assert result.exit_code == 2 and "--prefix-caching does not apply to a plan on a run's fit (RUN_DIR); it applies with --concurrency or --trace" in result.output
 
 
 def test_the_prefix_aware_router_sends_a_request_where_its_prefix_is_cached():

@@ -11,12 +11,14 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import typer
 from rich.table import Table
 
-from specbench.cli.common import UsageError, console
+from specbench.cli.common import UsageError, console, errors, stop_code
 from specbench.cli.render import print_table
 from specbench.fit.table_plan import GEMM_QUANTS
 from specbench.fleet.sizing import HOURS_PER_MONTH, MOST_REPLICAS
@@ -172,6 +174,36 @@ def _print_head(head: dict, what: str, left_out: list[str], transferred: str) ->
         console.print(line, highlight=False, soft_wrap=True)
 
 
+@contextmanager
+def progress(doing: str):
+    """A progress line on stderr while a plan simulates (left off --json's stdout, and gone when
+    done; none where stderr is not a terminal), yielding the library's on_progress(done, total,
+    label). On Ctrl-C (or SIGTERM) it prints what had finished, one line each, and exits 130 (143)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    shown = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("configurations,"),
+                     TimeElapsedColumn(), TextColumn("elapsed, about"), TimeRemainingColumn(), TextColumn("left"),
+                     console=errors, transient=True, disable=not errors.is_terminal)
+    task = shown.add_task(doing, total=None)
+    finished: list[str] = []
+
+    def on_progress(done: int, total: int, label: str) -> None:
+        if label:
+            finished.append(label)
+        shown.update(task, completed=done, total=total)
+
+    try:
+        with shown:
+            yield on_progress
+    except KeyboardInterrupt:
+        errors.print(f"[yellow]stopped[/] after {len(finished)} configuration{'s' if len(finished) != 1 else ''}"
+                     + (" (SIMULATED):" if finished else ""), highlight=False)
+        for label in finished:
+            errors.print(f"  {label}", highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(stop_code()) from None
+
+
 @dataclass(frozen=True)
 class ClosedLoopAsk:
     """The closed loop asked: C clients of `input_len` tokens in and `output_len` out."""
@@ -209,23 +241,28 @@ def _closed_loop(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head
                          ask.chart)
     slo = parse_slo(ask.slo) if ask.slo is not None else None
     price, price_note = tables_gpu_price(planner.system, ask.gpu_price)
-    table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
-                                        ask.concurrencies, ask.input_len, ask.output_len,
-                                        GEMM_QUANTS[ask.dtype or "bf16"], CLIENTS[ask.clients], ask.server(), price,
-                                        Objective(slo.bounds, slo.percentile) if slo else None, ask.prefix_len)
+    with progress("simulating") as on_progress:
+        table, unpriced = closed_loop_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks,
+                                            ask.concurrencies, ask.input_len, ask.output_len,
+                                            GEMM_QUANTS[ask.dtype or "bf16"], CLIENTS[ask.clients], ask.server(),
+                                            price, Objective(slo.bounds, slo.percentile) if slo else None,
+                                            ask.prefix_len, on_progress)
     _show_closed_loop(table, loop, head, left_out + unpriced, transferred, price, price_note, json_output, started,
                       where=planner.system, replica="one vLLM-like replica")
 
 
 def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_output: bool,
-                            prefix_caching: bool | None = None, gpu_price: float | None = None) -> None:
+                            prefix_caching: bool | None = None, gpu_price: float | None = None,
+                            extrapolate: bool = False) -> None:
     """`plan RUN --concurrency C --input-len N --output-len M`: C closed-loop clients on one server
     as a vLLM run measured it (the step price fitted on the run, `fleet.served`), its baseline and
-    every draft × K it measured, each with its measured acceptance."""
+    every draft × K it measured, each with its measured acceptance. Refused more than 2× past the
+    run's longest prompt or most requests at once (`fleet.served.out_of_reach`) unless `extrapolate`,
+    which holds the price past the run (`fleet.served.held_price`)."""
     from specbench.cli.plan_tables import check_fits_context
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
-    from specbench.fleet.served import beyond_measured, measured_reach, served_context
+    from specbench.fleet.served import beyond_measured, measured_reach, out_of_reach, served_context
     from specbench.fleet.sizing import Objective
 
     import numpy as np
@@ -233,15 +270,24 @@ def plan_served_closed_loop(run_dir: Path | None, loop: ClosedLoopAsk, json_outp
 
     started = time.perf_counter()
     loop.check()
-    run, found, _, head = _served_run(run_dir, prefix_caching)
-    context = served_context(run.meta)
-    check_fits_context(head["target"], {"max_position_embeddings": context}, loop.input_len, loop.output_len,
-                       f"--input-len {loop.input_len} + --output-len {loop.output_len}")
-    slo = parse_slo(loop.slo) if loop.slo is not None else None
 
-    table = pd.DataFrame(closed_loop_rows(found, loop.concurrencies, loop.input_len, loop.output_len,
-                                          CLIENTS[loop.clients], gpu_price,
-                                          Objective(slo.bounds, slo.percentile) if slo else None, loop.prefix_len))
+    def within_reach(run) -> None:
+        check_fits_context(str((run.meta.get("config") or {}).get("target", "the target")),
+                           {"max_position_embeddings": served_context(run.meta)}, loop.input_len, loop.output_len,
+                           f"--input-len {loop.input_len} + --output-len {loop.output_len}")
+        past = out_of_reach(measured_reach(run.cells, run.requests), run.meta, np.array([loop.input_len]),
+                            max(loop.concurrencies))
+        if past and not extrapolate:
+            raise UsageError(f"--input-len {loop.input_len} --concurrency {max(loop.concurrencies)} on {run.path}: "
+                             + past)
+
+    with progress("simulating") as on_progress:
+        run, found, _, head = _served_run(run_dir, prefix_caching, extrapolate, within_reach)
+        slo = parse_slo(loop.slo) if loop.slo is not None else None
+        table = pd.DataFrame(closed_loop_rows(found, loop.concurrencies, loop.input_len, loop.output_len,
+                                              CLIENTS[loop.clients], gpu_price,
+                                              Objective(slo.bounds, slo.percentile) if slo else None, loop.prefix_len,
+                                              on_progress))
     view = table.assign(configuration=table.apply(row_label, axis=1, acceptance=False),
                         running_p90=table["mean_running_batch"])
     head["beyond_measured"] = beyond_measured(view, measured_reach(run.cells, run.requests),
@@ -353,19 +399,21 @@ def _traffic(ask, planner, drafters, accepted, tp_sizes, draft_tp_size, head, le
     slo = parse_slo(wanted.slo)
     traffic, replay = load_traffic(wanted.trace, wanted.window, int(target_config.get("max_position_embeddings") or 0))
     price, price_note = tables_gpu_price(planner.system, wanted.gpu_price)
-    table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
-                                    list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
-                                    wanted.router,
-                                    GEMM_QUANTS[ask.dtype or "bf16"], price, ask.server())
+    with progress("sizing") as on_progress:
+        table, unpriced = traffic_table(planner, drafters, accepted, tp_sizes, draft_tp_size, ask.ks, traffic,
+                                        list(wanted.scales), Objective(slo.bounds, slo.percentile), wanted.headroom,
+                                        wanted.router, GEMM_QUANTS[ask.dtype or "bf16"], price, ask.server(),
+                                        on_progress)
     where = f"{planner.system.split('_')[0].upper()}"
     _show_traffic(table, traffic, replay, slo, wanted, head, where, "", left_out + unpriced, transferred, price,
                   price_note, json_output, started)
 
 
-def _served_run(run_dir: Path | None, prefix_caching: bool | None):
+def _served_run(run_dir: Path | None, prefix_caching: bool | None, held: bool = False, check=None):
     """A vLLM run's servers for the simulator: the run, its configurations (the step price fitted on
-    it; caching prefixes if `prefix_caching` says so, None: as specbench's servers run, not caching),
-    the price, and the head --json and the header print."""
+    it, `held` past what it measured; caching prefixes if `prefix_caching` says so, None: as
+    specbench's servers run, not caching), the price, and the head --json and the header print.
+    `check(run)` raises before the fit where the ask is out of the run's reach."""
     from specbench.fleet.served import replay_check, served_configurations
     from specbench.results import load_run
 
@@ -375,8 +423,10 @@ def _served_run(run_dir: Path | None, prefix_caching: bool | None):
         raise UsageError(f"{run.path}: a {engine} run; plan RUN --trace or --concurrency fits a served step on a "
                          f"served run's requests (sweep --engine vllm or --endpoint), or plans on the kernel tables "
                          f"with --target MODEL")
+    if check is not None:
+        check(run)
     config = run.meta.get("config") or {}
-    found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path))
+    found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path), held)
     if prefix_caching is not None:
         found = [dataclasses.replace(c, spec=dataclasses.replace(c.spec, prefix_caching=prefix_caching))
                  for c in found]
@@ -388,29 +438,53 @@ def _served_run(run_dir: Path | None, prefix_caching: bool | None):
                 "head_share")}, "reread_cached_tokens": (None if math.isinf(price.reread_cached_tokens)
                                                          else float(price.reread_cached_tokens))},
             "server_flags": "" if prefix_caching is None else "prefix caching" if prefix_caching
-            else "no prefix caching", "checked": replay_check(run.meta)}
+            else "no prefix caching", "checked": replay_check(run.meta),
+            "held": _held_said(price)}
     return run, found, price, head
 
 
+def _held_said(price) -> str | None:
+    """How the fitted step is read past the run (--extrapolate), in a sentence; None: as fitted."""
+    held = price.held
+    if held is None:
+        return None
+    tokens = (f"at its machine's compute roof ({held.token_rate_s(price) * 1e3:.2f} ms a token, from the matmul "
+              f"rate the run recorded)" if held.token_s else
+              f"at the fitted {price.per_token_s * 1e3:.2f} ms a token (the run recorded no matmul rate for a roof)")
+    return (f"past the run's longest prompt ({held.prompt_tokens:,} tokens) a step's tokens are priced linearly "
+            f"{tokens} and a prompt token's attention " + ("by the roof's pairs" if held.pair_s else
+                                                          "as at that length") + "; a likely estimate only")
+
+
 def plan_served_fleet(run_dir: Path | None, ask: TrafficAsk, json_output: bool,
-                      prefix_caching: bool | None = None) -> None:
+                      prefix_caching: bool | None = None, extrapolate: bool = False) -> None:
     """`plan RUN --trace X --slo ...`: the fleet sized on the step price fitted on a vLLM run
     (fleet.served): one replica is one server as that run's were, caching prefixes if
     `prefix_caching` says so (None: as specbench's servers run, not caching; the fitted price
-    prices a chunk's attention over a cached prefix per (query, key) pair)."""
+    prices a chunk's attention over a cached prefix per (query, key) pair). Refused where the
+    trace's prompts (p90) run more than 2× past the run's longest (`fleet.served.out_of_reach`)
+    unless `extrapolate`, which holds the price past the run (`fleet.served.held_price`)."""
     from specbench.fit.slo import parse_slo
-    from specbench.fleet.served import beyond_measured, measured_reach, served_context
+    from specbench.fleet.served import beyond_measured, measured_reach, out_of_reach, served_context
     from specbench.fleet.sizing import Objective, size_fleets
 
     started = time.perf_counter()
     ask.check()
     slo = parse_slo(ask.slo)
-    run, found, _, head = _served_run(run_dir, prefix_caching)
-    # rows past the servers' context (vLLM refuses them) or past a server's whole KV cache are left out
-    limit = min(c.spec.kv_capacity_tokens for c in found)
-    traffic, replay = load_traffic(ask.trace, ask.window, min(limit, served_context(run.meta) or limit))
-    table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
-                        ask.router, ask.gpu_price)
+
+    def within_reach(run) -> None:
+        prompts = load_traffic(ask.trace, ask.window, served_context(run.meta))[0].prompts
+        past = out_of_reach(measured_reach(run.cells, run.requests), run.meta, prompts)
+        if past and not extrapolate:
+            raise UsageError(f"--trace {ask.trace} on {run.path}: {past}")
+
+    with progress("sizing") as on_progress:
+        run, found, _, head = _served_run(run_dir, prefix_caching, extrapolate, within_reach)
+        # rows past the servers' context (vLLM refuses them) or past a server's whole KV cache are left out
+        limit = min(c.spec.kv_capacity_tokens for c in found)
+        traffic, replay = load_traffic(ask.trace, ask.window, min(limit, served_context(run.meta) or limit))
+        table = size_fleets(found, traffic, list(ask.scales), Objective(slo.bounds, slo.percentile), ask.headroom,
+                            ask.router, ask.gpu_price, on_progress=on_progress)
     head["beyond_measured"] = beyond_measured(table, measured_reach(run.cells, run.requests), traffic.prompts,
                                               traffic.name)
     cache = "" if prefix_caching is None else f" ({'prefix caching on' if prefix_caching else 'no prefix caching'})"

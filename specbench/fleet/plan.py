@@ -25,8 +25,8 @@ from specbench.fit import kernel_tables
 from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
 from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
-from specbench.fleet.sizing import (BURST_LIFETIMES, COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Traffic,
-                                    size_fleets, slo_verdict)
+from specbench.fleet.sizing import (BURST_LIFETIMES, COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Progress,
+                                    Traffic, progress_counter, size_fleets, slo_verdict)
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
 from specbench.fleet.workers import in_processes
 from specbench.schema import AR, LARGE_BATCH
@@ -205,7 +205,8 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
                       server: ServerFlags = ServerFlags(), price_per_gpu_hour: float | None = None,
-                      objective: Objective | None = None, prefix_len: int = 0) -> tuple[pd.DataFrame, list[str]]:
+                      objective: Objective | None = None, prefix_len: int = 0,
+                      on_progress: Progress | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance,
     and each drafter's K schedule where it is not one K everywhere; `k_schedule` names it):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
@@ -214,21 +215,36 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says; with an
     `objective`, the share of requests meeting it, the goodput (requests/s meeting it) and whether
     its percentiles hold; every prompt opening with the same `prefix_len` tokens. Drafters the tables
-    cannot price here are named in the lines."""
-    rows = []
-    for tp in tps:
-        found = configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
-                               server=server)
-        rows += closed_loop_rows(found, concurrencies, isl, osl, clients, price_per_gpu_hour, objective, prefix_len)
+    cannot price here are named in the lines; `on_progress` is told of each simulation as it finishes."""
+    found = [configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
+                            server=server) for tp in tps]
+    total, rows = sum(len(mine) for mine in found) * len(concurrencies), []
+    for mine in found:  # each TP's counted on from the last's
+        rows += closed_loop_rows(mine, concurrencies, isl, osl, clients, price_per_gpu_hour, objective, prefix_len,
+                                 _counted_from(on_progress, len(rows), total))
     return pd.DataFrame(rows), mtp_left_out(drafters)
+
+
+def _counted_from(on_progress: Progress | None, before: int, total: int) -> Progress | None:
+    """`on_progress` for a part of `total` simulations that starts after `before` of them."""
+    if on_progress is None:
+        return None
+
+    def told(done: int, _: int, label: str) -> None:
+        if done or not before:  # (the 0 done of a later part is not news)
+            on_progress(before + done, total, label)
+
+    return told
 
 
 def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: int, osl: int,
                      clients: Clients = STEADY, price_per_gpu_hour: float | None = None,
-                     objective: Objective | None = None, prefix_len: int = 0) -> list[dict]:
+                     objective: Objective | None = None, prefix_len: int = 0,
+                     on_progress: Progress | None = None) -> list[dict]:
     """`closed_loop_table`'s rows for configurations `found` (the baseline first), at each
     concurrency: on the kernel tables one TP's, or the steps fitted on a served run
-    (`fleet.served.served_configurations`, a replica one server: "GPU" reads "server" there)."""
+    (`fleet.served.served_configurations`, a replica one server: "GPU" reads "server" there);
+    `on_progress` told of each simulation as it finishes."""
     asked = [(concurrency, configuration) for concurrency in concurrencies for configuration in found]
 
     def simulated(pair: tuple[int, Configuration]) -> tuple[Outcome, np.ndarray]:
@@ -236,7 +252,15 @@ def closed_loop_rows(found: list[Configuration], concurrencies: list[int], isl: 
         return closed_loop(configuration.cost, configuration.spec, concurrency, isl, osl, configuration.speculation,
                            clients, prefix_len)
 
-    outcomes = iter(in_processes(simulated, asked))  # side by side, a worker process a core
+    def said(index: int, result: tuple[Outcome, np.ndarray]) -> str:
+        concurrency, configuration = asked[index]
+        out, keep = result
+        tpot = np.asarray(out.tpot_s)[keep]
+        return (f"TP{configuration.tp} {concurrency} clients, {configuration.label}: p50 TPOT "
+                f"{np.nanmedian(tpot) * 1e3 if np.isfinite(tpot).any() else math.nan:.1f} ms")
+
+    # side by side, a worker process a core
+    outcomes = iter(in_processes(simulated, asked, on_done=progress_counter(on_progress, len(asked), said)))
     rows = []
     for concurrency in concurrencies:
         base = None
@@ -401,14 +425,16 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
                   draft_tp: int | None, ks: list[int], traffic: Traffic, scales: list[float], objective: Objective,
                   headroom: float, router: str, gemm_quant: str | None = None,
                   price_per_gpu_hour: float | None = None,
-                  server: ServerFlags = ServerFlags()) -> tuple[pd.DataFrame, list[str]]:
+                  server: ServerFlags = ServerFlags(),
+                  on_progress: Progress | None = None) -> tuple[pd.DataFrame, list[str]]:
     """`size_fleets` for every configuration the kernel tables price at each TP (and each
-    drafter's K schedule), requests priced at the traffic's mean lengths."""
+    drafter's K schedule), requests priced at the traffic's mean lengths; `on_progress` told of
+    each configuration as it is sized."""
     isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
     found = [c for tp in tps for c in configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl,
                                                      gemm_quant, schedules=True, server=server)]
-    return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour), \
-        mtp_left_out(drafters)
+    return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour,
+                       on_progress=on_progress), mtp_left_out(drafters)
 
 
 def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float,

@@ -507,6 +507,17 @@ class AcceptanceDraws:
         return steps, totals, first
 
 
+def _capped_pairs(computed: float, tokens: float, limit: float) -> float:
+    """A prefill chunk's (query, key) pairs (`tokens` queries after `computed` ones, as `_price`
+    counts them: each query's position its keys) with each query's keys capped at `limit`."""
+    end = computed + tokens
+    if end <= limit:
+        return tokens * (computed + tokens / 2)
+    if computed >= limit:
+        return tokens * limit
+    return (limit - computed) * (computed + limit) / 2 + (end - limit) * limit
+
+
 class Replica:
     """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
     reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
@@ -517,6 +528,8 @@ class Replica:
                  publishes: bool = False) -> None:
         self.cost, self.spec, self.speculation = cost, spec, speculation
         self.uses_context = bool(getattr(cost, "uses_context", False))
+        # a price held past the keys its fit measured (fleet.served.Held) is also given the pairs capped there
+        self.pair_keys_limit = float(getattr(cost, "pair_keys_limit", math.inf))
         self.uses_prefill_chunks = bool(getattr(cost, "uses_prefill_chunks", False))
         self.draws = AcceptanceDraws(speculation.acceptance if speculation else (), speculation.seed if speculation else 0)
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
@@ -690,6 +703,11 @@ class Replica:
         if self.uses_context:
             context = sum(r.computed for r in decodes) + grown * len(decodes)
             pairs = sum(n * (r.computed + n / 2) for r, n in prefills.items()) if prefills else 0.0
+            if self.pair_keys_limit < math.inf:
+                held = sum(_capped_pairs(r.computed, n, self.pair_keys_limit) for r, n in prefills.items()) \
+                    if prefills else 0.0
+                return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs,
+                                 held_pairs=held)
             return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs)
         if self.uses_prefill_chunks and prefills:
             chunks = tuple((n, r.computed) for r, n in prefills.items() if r.computed)

@@ -69,6 +69,27 @@ class DraftPrice:
 
 
 @dataclass(frozen=True)
+class Held:
+    """How a served price is read past what its run measured (`held_price`, plan --extrapolate):
+    linear in the tokens instead of the fitted curve. A price fitted on short prompts carries their
+    per-request costs in its token and attention prices (SmolLM2-135M on a vLLM CPU server, 41- to
+    64-token prompts: 2.7 ms a token and 2.9 us a (query, key) pair, 7x its machine's roof); read
+    quadratically at 1,100 tokens, that predicted 4-7x the TPOT a replay measured (docs/fleet.md,
+    "How far past the run")."""
+
+    prompt_tokens: int  # the run's longest prompt: a step's tokens, and a query's keys, past it are held
+    # a token's and a (query, key) pair's compute at the roof of the run's machine (its recorded
+    # matmul rate); None where the run recorded none
+    token_s: float | None = None
+    pair_s: float | None = None
+
+    def token_rate_s(self, price: "ServedPrice") -> float:
+        """Seconds a token past the run's steps: the compute roof where known (a larger product runs
+        nearer the machine's rate), never dearer than the run's own token price."""
+        return min(price.per_token_s, self.token_s) if self.token_s else price.per_token_s
+
+
+@dataclass(frozen=True)
 class ServedPrice:
     """Seconds per engine step of one served target (and its drafts), fitted on a run: the
     engine's own work, then the forward as a roofline (the weights' read, a floor, or the tokens'
@@ -92,6 +113,8 @@ class ServedPrice:
     # alone turn dear past ~15k tokens (benchmarks/fleet-2026-11-26/verify_attention.md); a fit
     # finds less, as the term also carries the rest of a verify's cost that grows with the context
     reread_cached_tokens: float = math.inf
+    # past what the run measured, the price held (`held_price`; plan --extrapolate); None: as fitted
+    held: "Held | None" = None
 
     def reread_share(self, context: float) -> float:
         """The share of a step's decoding context a verify's extra positions read again at full price."""
@@ -102,20 +125,31 @@ class ServedPrice:
         return self.floor_s * STEP_OVERHEAD_SHARE
 
     def forward_s(self, tokens: float) -> float:
+        held = self.held
+        if held is not None and tokens > held.prompt_tokens:  # past the run's steps: on at a linear rate
+            return self.forward_s(held.prompt_tokens) + (tokens - held.prompt_tokens) * held.token_rate_s(self)
         return max(self.floor_s * (1 - STEP_OVERHEAD_SHARE), self.per_token_s * tokens)
+
+    def pairs_s(self, pairs: float, held_pairs: float | None) -> float:
+        """A prefill's attention over `pairs` (query, key) pairs; held (`held_pairs`: the pairs with
+        each query's keys capped at the run's longest prompt), the keys past it at the compute roof's
+        price where the run recorded its machine's, else free: a token's attention held at its price
+        at the run's longest prompt, linear in the tokens instead of quadratic."""
+        if self.held is None or held_pairs is None:
+            return self.per_prefill_pair_s * pairs
+        return self.per_prefill_pair_s * held_pairs + (self.held.pair_s or 0.0) * max(0.0, pairs - held_pairs)
 
     def cost(self, draft: str | None = None):
         price = self.drafts.get(draft or "", DraftPrice())
 
         def step(prefill_tokens: int, decode_rows: int, k: int = 0, context: int = 0,
-                 prefill_pairs: float = 0.0) -> float:
-            attention = (self.per_context_token_s * context * (1 + k * self.reread_share(context))
-                         + self.per_prefill_pair_s * prefill_pairs)
+                 prefill_pairs: float = 0.0, held_pairs: float | None = None) -> float:
+            prefill_attention = self.pairs_s(prefill_pairs, held_pairs)
+            attention = self.per_context_token_s * context * (1 + k * self.reread_share(context)) + prefill_attention
             sampled = decode_rows * (1 + k)
             seconds = self.fixed_s + self.forward_s(prefill_tokens + sampled * (1 + self.head_share)) + attention
             if draft and price.model_share and prefill_tokens:  # a draft model prefills the prompt too
-                seconds += price.model_share * (self.forward_s(prefill_tokens)
-                                                + self.per_prefill_pair_s * prefill_pairs)
+                seconds += price.model_share * (self.forward_s(prefill_tokens) + prefill_attention)
             if draft and k and decode_rows:
                 seconds += price.spec_fixed_s + k * decode_rows * price.per_draft_s
                 if price.model_share:  # its K decodes of every row
@@ -124,6 +158,8 @@ class ServedPrice:
             return seconds
 
         step.uses_context = True
+        if self.held is not None:  # the replica then also counts the pairs with keys capped here
+            step.pair_keys_limit = self.held.prompt_tokens
         return step
 
 
@@ -459,6 +495,7 @@ class MeasuredReach:
 
     rows: int
     prompt_tokens: int
+    context_tokens: int = 0  # the most KV cache its decoding rows can have read in one step (tokens, summed)
 
 
 def measured_reach(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[str, MeasuredReach]:
@@ -468,9 +505,63 @@ def measured_reach(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[str, Mea
         sampled = pd.to_numeric(group.get("running_max", pd.Series(dtype=float)), errors="coerce")
         closed = group[pd.to_numeric(group["request_rate"], errors="coerce").fillna(0) == 0]
         rows = max([*sampled.dropna().tolist(), *closed["batch_size"].tolist(), 0])
-        prompts = requests.loc[requests["cell_id"].isin(group["cell_id"]), "prompt_tokens"]
-        reach[str(draft)] = MeasuredReach(int(rows), int(prompts.max()) if len(prompts) else 0)
+        mine = requests.loc[requests["cell_id"].isin(group["cell_id"])]
+        prompts = mine["prompt_tokens"]
+        outputs = mine["output_tokens"] if "output_tokens" in mine else 0
+        longest = int((prompts + outputs).max()) if len(mine) else 0
+        reach[str(draft)] = MeasuredReach(int(rows), int(prompts.max()) if len(prompts) else 0, int(rows) * longest)
     return reach
+
+
+# How far past a run's longest prompt (or its most requests at once) a plan on its fitted step is
+# answered without --extrapolate: past it the fit is read where nothing was measured
+REACH_FACTOR = 2.0
+
+
+def out_of_reach(reach: dict[str, MeasuredReach], meta: dict, prompts: np.ndarray | None = None,
+                 concurrency: int = 0) -> str:
+    """One line why a plan asks too far past what a run measured (the p90 of `prompts`, or a
+    closed loop's `concurrency`, past REACH_FACTOR x the run's longest prompt or most requests at
+    once), naming what to measure; "" where it is within reach."""
+    longest = max((r.prompt_tokens for r in reach.values()), default=0)
+    rows = max((r.rows for r in reach.values()), default=0)
+    wanted = float(np.percentile(prompts, 90)) if prompts is not None and len(prompts) else 0.0
+    past = []
+    if longest and wanted > REACH_FACTOR * longest:
+        past.append(f"prompts of {wanted:,.0f} tokens (p90; the run's longest: {longest:,})")
+    if rows and concurrency > REACH_FACTOR * rows:
+        past.append(f"{concurrency} requests at once (the run's most: {rows})")
+    if not past:
+        return ""
+    config = meta.get("config") or {}
+    drafts = ",".join(str(d) for d in config.get("drafts") or [])
+    lengths = 1 << max(int(wanted) - 1, 1).bit_length() if wanted > REACH_FACTOR * longest else max(longest, 1)
+    batches = sorted({1, 4, max(rows, 1), *([concurrency] if concurrency > REACH_FACTOR * rows else [])})
+    command = (f"specbench sweep --engine vllm --target {config.get('target', 'MODEL')}"
+               + (f" --drafts {drafts}" if drafts else "")
+               + f" --context-lengths {lengths} --batch-sizes {','.join(map(str, batches))}")
+    return (f"{' and '.join(past)} are more than {REACH_FACTOR:g}× past what the run measured, where its fitted "
+            f"step is no evidence; measure there (`{command}`) and plan on that run, or pass --extrapolate (the "
+            f"step held linear past the run, an estimate)")
+
+
+def held_price(price: ServedPrice, reach: dict[str, MeasuredReach], meta: dict) -> ServedPrice:
+    """`price` held past what the run measured (`Held`): a step's tokens past its longest prompt
+    priced linearly, at the compute roof of the run's machine where it recorded its matmul rate
+    (else at the fitted token price); a prompt's attention linear past that length; and a verify's
+    re-read cache edge the run never reached (fitted where any edge past its contexts fits alike)
+    taken as none."""
+    longest = max((r.prompt_tokens for r in reach.values()), default=0)
+    context = max((r.context_tokens for r in reach.values()), default=0)
+    rate = float((meta.get("hardware") or {}).get("matmul_flops_per_s") or 0.0)
+    recorded = (meta.get("architectures") or {}).get("target")
+    token_s = pair_s = None
+    if rate > 0 and recorded:
+        shape = Architecture.from_dict(recorded)
+        token_s = 2.0 * shape.layers * shape.layer_parameters / rate  # a prompt token's layers (the head: head_share)
+        pair_s = float(shape.attention_flops(1, 1, 1)) / rate
+    reread = price.reread_cached_tokens if price.reread_cached_tokens <= context else math.inf
+    return replace(price, held=Held(max(longest, 1), token_s, pair_s), reread_cached_tokens=reread)
 
 
 def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompts: np.ndarray,
@@ -505,15 +596,18 @@ def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompt
     return notes
 
 
-def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = ""):
+def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dict, source: str = "",
+                          held: bool = False):
     """A vLLM run's configurations for the fleet simulator: its baseline and each draft × K it
     measured, priced by the step fitted on the run, each with the acceptance per position the run
     measured (its longest prompts' cell; per decoding row-step, `row_step_acceptance`). One replica
     is one server (`tp` 1). A draft that is the run's target model is a self draft (its prefill
-    costs the target's)."""
+    costs the target's). `held`: the price held past what the run measured (`held_price`)."""
     target = str((meta.get("config") or {}).get("target", ""))
     drafts = tuple(d for d in cells["draft"].unique() if d != AR and target and d == target)
     price, spec = fit_served(cells, requests, meta, source, drafts)
+    if held:
+        price = held_price(price, measured_reach(cells, requests), meta)
     found = [Configuration(1, AR, 0, "", price.cost(None), replace(spec, request_overhead_s=price.overhead_s), None)]
     ok = cells[(cells["status"] == "ok") & (cells["draft"] != AR) & (cells["k"] > 0)]
     for (draft, k), group in ok.groupby(["draft", "k"], sort=True):

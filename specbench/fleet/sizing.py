@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -232,24 +233,54 @@ class Configuration:
 
 def size_fleets(found: list[Configuration], traffic: Traffic, scales: list[float], objective: Objective,
                 headroom: float, router: str, price_per_gpu_hour: float | None = None,
-                workers: int | None = None) -> pd.DataFrame:
+                workers: int | None = None, on_progress: Progress | None = None) -> pd.DataFrame:
     """One row per TP × traffic scale × configuration: the fewest replicas meeting `objective` at
     the scale × (1 + `headroom`), and at the scale itself with that many replicas: latency
     percentiles, goodput, the share of each replica's time at B >= 32, GPUs, $ a month and $ per 1M
     output tokens (NaN without a price; `replicas` NaN where even MOST_REPLICAS miss, where the
     router left replicas of a missing fleet idle (`idle_at` replicas, `used_at` used), or where
     `reachable` is false: a request served alone already misses the objective). Each configuration
-    is sized on one of `workers` processes (None: one per core; `workers.in_processes`)."""
+    is sized on one of `workers` processes (None: one per core; `workers.in_processes`), and
+    `on_progress` told of each as it finishes (`Progress`)."""
 
     def sized(configuration: Configuration) -> list[dict]:
         return _sized(configuration, traffic, sorted(scales), objective, headroom, router, price_per_gpu_hour)
 
-    by_configuration = in_processes(sized, found, workers)
+    def said(index: int, rows: list[dict]) -> str:  # "TP4 1b K=3 (α 0.7): 2 at 1×, 3 at 2×" (replicas)
+        return f"{_tp_named(found, index)}{found[index].label}: " + ", ".join(
+            f"{int(row['replicas']) if row['replicas'] == row['replicas'] else 'none'} at {row['scale']:g}×"
+            for row in rows)
+
+    by_configuration = in_processes(sized, found, workers, progress_counter(on_progress, len(found), said))
     # scale by scale, each in the configurations' order
     rows = [rows_of[at] for at in range(len(scales)) for rows_of in by_configuration]
     table = pd.DataFrame(rows)
     # the tables' order: per TP, each scale, its configurations
     return table.sort_values(["tp", "scale"], kind="stable").reset_index(drop=True)
+
+
+# on_progress(done, total, label): `done` of `total` configurations simulated, `label` the one just
+# finished and its answer in a few words; called with 0 done (and no label) before the first
+Progress = Callable[[int, int, str], None]
+
+
+def progress_counter(on_progress: Progress | None, total: int, label: Callable[[int, object], str]):
+    """An `in_processes` on_done that tells `on_progress` how many of `total` are done, and which."""
+    if on_progress is None:
+        return None
+    on_progress(0, total, "")
+    done = [0]
+
+    def on_done(index: int, result) -> None:
+        done[0] += 1
+        on_progress(done[0], total, label(index, result))
+
+    return on_done
+
+
+def _tp_named(found: list[Configuration], index: int) -> str:
+    """"TP4 " where the configurations span several TP sizes."""
+    return f"TP{found[index].tp} " if len({c.tp for c in found}) > 1 else ""
 
 
 def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], objective: Objective,

@@ -69,18 +69,25 @@ def _end_with_the_parent() -> None:
 
 def _run(index: int):
     work, items = _forked
-    return work(items[index])
+    return index, work(items[index])
 
 
-def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers: int | None = None) -> list[Result]:
+def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers: int | None = None,
+                 on_done: Callable[[int, Result], None] | None = None) -> list[Result]:
     """`work(item)` for every item, in order, on up to `workers` forked processes (None: one per
     core; 1, a single item, a system without fork, or a call from a worker: here, one after
-    another). The results must pickle; the items need not."""
+    another). The results must pickle; the items need not. `on_done(index, result)` is called
+    here, in this process, as each item finishes (in the order they finish)."""
     global _forked, _parent
     workers = min(cores() if workers is None else workers, len(items))
     # (fork is safe on Linux only; a worker, itself daemonic, may start no workers of its own)
     if workers <= 1 or not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
-        return [work(item) for item in items]
+        results = []
+        for index, item in enumerate(items):
+            results.append(work(item))
+            if on_done is not None:
+                on_done(index, results[-1])
+        return results
     _forked, _parent = (work, items), os.getpid()
     try:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the workers fork with them held
@@ -89,7 +96,13 @@ def in_processes(work: Callable[[Item], Result], items: Sequence[Item], workers:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         with pool:
-            # one item a task, handed out as workers free up: simulations differ in length
-            return pool.map(_run, range(len(items)), chunksize=1)
+            # one item a task, handed out as workers free up: simulations differ in length; each
+            # result taken as it comes (a caller shows progress, and keeps what finished on Ctrl-C)
+            results: list = [None] * len(items)
+            for index, result in pool.imap_unordered(_run, range(len(items)), chunksize=1):
+                results[index] = result
+                if on_done is not None:
+                    on_done(index, result)
+            return results
     finally:
         _forked = None

@@ -9,7 +9,7 @@ the cells to an executor (this process or a Ray cluster), which runs the measuri
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -161,6 +161,156 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
                              f"{context.whose}")
 
 
+# --- the run's time, told before it starts ----------------------------------------------------
+
+DEFAULT_RUN_BUDGET_S = 15 * 60  # what a default run may take on a slow 2-core CPU: a quarter of an hour
+# options that size a run: given any, the user sized it, and the grid is run as given (and told)
+SIZE_FIELDS = {"target", "drafts", "ks", "batch_sizes", "temperatures", "workloads", "context_lengths",
+               "max_new_tokens", "num_prompts", "repeats", "dtype", "alphas", "until_decided"}
+# grid values a default run (no option of SIZE_FIELDS given) gives up, in this order, while its
+# estimate is over the budget: sampled cells first (greedy ones are checked exactly), then K 4,
+# the code workload, batch size 16
+TRIMS = (("temperatures", [0.0], "--temperatures 0"), ("ks", [2], "--k 2"), ("workloads", ["chat"], "--workloads chat"),
+         ("batch_sizes", [1, 4], "--batch-sizes 1,4"))
+
+
+@dataclass
+class TimePlan:
+    """What the run header says about time: the config to run (defaults fitted to this CPU), the
+    estimate of the cells left to run, and the lines that say both."""
+
+    config: SweepConfig
+    estimate: object | None  # native.estimate.Estimate; None where the native CPU estimate does not apply
+    lines: list[str] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)  # the defaults changed, as options
+
+    def record(self) -> dict:
+        """For run.json: the estimate and what was chosen."""
+        if self.estimate is None:
+            return {}
+        rates = self.estimate.rates
+        return {"time_estimate": {"seconds": round(self.estimate.seconds, 1), "source": rates.source,
+                                  "matmul_flops_per_s_by_dtype": rates.flops,
+                                  "copy_bandwidth_bytes_per_s": rates.bandwidth},
+                **({"defaults_chosen": self.chosen} if self.chosen else {})}
+
+
+def plan_time(config: SweepConfig, workloads: dict, given: set[str] | None = None, cells: list[Cell] | None = None,
+              rates=None) -> TimePlan:
+    """The estimate of a native CPU sweep's `cells` (default: all) from this machine's probe
+    (`rates`: native.estimate.Rates, measured here when None). Where `given` names the options the
+    user gave (None: all of them, as a resume or a notebook), the defaults left are fitted to this
+    CPU: a 16-bit model draft runs in fp32 where its products are many times slower than fp32's
+    (SLOW_16_BIT), and while the estimate of a default run (no option of SIZE_FIELDS given) is over
+    DEFAULT_RUN_BUDGET_S its grid gives up TRIMS in turn. Over the budget after that, the lines say
+    which cells are slow, why, and the options that cut them."""
+    from specbench.native.estimate import estimate_native, native_dtypes, probe_rates, prompt_tokens
+
+    if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic \
+            or config.executor != "local":  # a cluster's nodes are not this machine
+        return TimePlan(config, None)
+    if rates is None:
+        rates = probe_rates(sorted(set(native_dtypes(config).values()) | {"float32"}))
+    tokens = prompt_tokens(config, workloads)
+    chosen, why = [], []
+    if given is not None and "drafts" not in given:
+        drafts = [_in_fp32(draft) if _slower_16_bit(draft, config, rates) else draft for draft in config.drafts]
+        if drafts != config.drafts:
+            slow = estimate_native(config, rates, tokens)
+            config = replace(config, drafts=drafts)
+            chosen.append(f"--drafts {','.join(drafts)}")
+            bf16 = rates.flops.get("bfloat16", float("nan"))
+            why.append(f"bf16 products run at {bf16 / 1e9:.3g} GFLOP/s on this CPU against fp32's "
+                       f"{rates.flops['float32'] / 1e9:.3g}{_no_bf16_instructions()}: a bf16 draft would take the "
+                       f"grid to {minutes_of(slow.seconds) if slow else 'hours'}")
+    estimate = estimate_native(config, rates, tokens, cells)
+    if estimate is None:
+        return TimePlan(config, None)
+    if given is not None and not given & SIZE_FIELDS and estimate.seconds > DEFAULT_RUN_BUDGET_S:
+        before, trims = estimate.seconds, []
+        for name, values, option in TRIMS:
+            if estimate.seconds <= DEFAULT_RUN_BUDGET_S:
+                break
+            if list(getattr(config, name)) != values and set(values) <= set(getattr(config, name)):
+                config = replace(config, **{name: values})
+                estimate = estimate_native(config, rates, tokens)
+                trims.append(option)
+        chosen += trims
+        why.append(f"{' '.join(trims)}: the default grid was estimated at {minutes_of(before)}, over a default "
+                   f"run's {minutes_of(DEFAULT_RUN_BUDGET_S)}")
+    lines = []
+    if chosen:
+        lines.append(f"defaults for this CPU: {' '.join(chosen)} ({'; '.join(why)}); options given are run as given")
+    count = len(estimate.cells)
+    lines.append(f"estimate: about {minutes_of(estimate.seconds)} for {count} cell{'s' * (count != 1)} "
+                 f"(from the probe, {estimate.rates.describe()}; assumed acceptance, prompts sized by characters)")
+    if estimate.seconds > DEFAULT_RUN_BUDGET_S:
+        lines.append(_slow_cells(config, estimate, rates, tokens, cells))
+    return TimePlan(config, estimate, lines, chosen)
+
+
+def minutes_of(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _no_bf16_instructions() -> str:
+    flags = cpu_flags()
+    return "" if {"avx512_bf16", "amx_bf16"} & set(flags) else " (it has no bf16 instructions: AVX512-BF16 or AMX)"
+
+
+def _in_fp32(draft: str) -> str:
+    return f"{parse_draft_spec(draft).model}@fp32"
+
+
+SLOW_16_BIT = 8  # fp32 over 16-bit product rate past which a 16-bit draft costs more than it saves:
+# 13-100 on CPUs without bf16 instructions, under 1 with them; a busy machine moves it a few-fold
+
+
+def _slower_16_bit(draft: str, config: SweepConfig, rates) -> bool:
+    """A model draft in bf16 or fp16 whose products the probe found SLOW_16_BIT times slower than fp32's."""
+    from specbench.native.estimate import native_dtypes
+
+    dtype = native_dtypes(config).get(draft)
+    return dtype in ("bfloat16", "float16") and dtype in rates.flops and \
+        rates.flops[dtype] * SLOW_16_BIT < rates.flops.get("float32", 0.0)
+
+
+def _slow_cells(config: SweepConfig, estimate, rates, tokens: dict, cells: list[Cell] | None) -> str:
+    """Which cells take the time, why, and each option that cuts it with the time it leaves."""
+    from specbench.native.estimate import estimate_native
+
+    shares = estimate.by_draft()
+    slowest = max(shares, key=shares.get)
+    count = sum(cell.draft == slowest for cell in estimate.cells)
+    line = f"slow: the {count} {slowest} cells take about {minutes_of(shares[slowest])} of it"
+    if _slower_16_bit(slowest, config, rates):
+        line += (f": bf16 products run at {rates.flops.get('bfloat16', 0) / 1e9:.3g} GFLOP/s on this CPU against "
+                 f"fp32's {rates.flops['float32'] / 1e9:.3g}{_no_bf16_instructions()}")
+    cuts = []
+    if slowest != AR:
+        others = [draft for draft in config.drafts if draft != slowest]
+        if _slower_16_bit(slowest, config, rates):
+            cuts.append(("drafts", [*others, _in_fp32(slowest)]))
+        if others:
+            cuts.append(("drafts", others))
+    if len(config.temperatures) > 1:
+        cuts.append(("temperatures", [min(config.temperatures)]))
+    if len(config.batch_sizes) > 1:
+        cuts.append(("batch_sizes", sorted(config.batch_sizes)[:-1]))
+    if len(config.ks) > 1:
+        cuts.append(("ks", [min(config.ks)]))
+    told = []
+    for name, values in cuts:
+        changed = replace(config, **{name: values})
+        left = None if cells is None else [cell for cell in plan_cells(changed) if cell.id in {c.id for c in cells}]
+        after = estimate_native(changed, rates, tokens, left)
+        if after is not None and after.seconds < estimate.seconds:
+            option = OPTION_NAMES.get(name, name).replace("_", "-")
+            told.append(f"--{option} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)} "
+                        f"(about {minutes_of(after.seconds)})")
+    return line + ("; cut it with " + ", ".join(told) if told else "")
+
+
 # --- resuming a run ----------------------------------------------------------------------------
 
 # SweepConfig fields that name cells (a resume may add values: new cells, old ones kept), and those
@@ -228,11 +378,13 @@ def run_sweep(
     resume_dir: Path | None = None,
     on_event: Callable[[SweepEvent], None] = lambda event: None,
     replay: Replay | None = None,
+    notes: dict | None = None,
 ) -> Path:
     """Run every cell not already finished; returns the run directory. Where the cells run is the
     executor's business (--executor: this process, or a Ray cluster); the run directory is written
     here only, as each cell finishes. Ctrl-C stops after writing what finished (KeyboardInterrupt
-    propagates). `replay`: a trace sweep's replay if `check_config` built it already."""
+    propagates). `replay`: a trace sweep's replay if `check_config` built it already; `notes`: more
+    for run.json (`TimePlan.record`: the time estimate, the defaults chosen for this CPU)."""
     from specbench.executors import open_executor
 
     workloads, replay = preflight(config, replay)
@@ -244,7 +396,7 @@ def run_sweep(
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config, replay), "started": now_iso(), "status": "running",
             "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
-            "synthetic": config.synthetic, "engine": {"name": config.engine}}
+            "synthetic": config.synthetic, "engine": {"name": config.engine}, **(notes or {})}
     if replay is not None:
         meta["trace"] = replay.to_dict()
     previous = run_dir / "run.json"

@@ -281,6 +281,67 @@ def test_a_16_bit_model_on_a_cpu_without_bf16_instructions_is_said_before_it_is_
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "no bf16" not in bad.output
 
 
+def test_the_sweep_states_its_time_and_fits_a_default_run_to_a_slow_cpu(monkeypatch):
+    """The header's estimate comes from the probe's rates (injected here: this machine's and a
+    2-core AVX2 VM's). On a CPU whose bf16 products are tens of times slower than fp32's, the
+    default self-draft runs in fp32 and a default run gives up grid values until it fits 15
+    minutes; options given are never changed: the header says which cells are slow and the
+    options that cut them."""
+    import specbench.sweep as sweep_module
+    from specbench.grid import SweepConfig
+    from specbench.native.estimate import Rates
+    from specbench.sweep import DEFAULT_RUN_BUDGET_S, plan_time
+    from specbench.workloads import load_workload
+
+    workloads = {name: load_workload(name) for name in ("chat", "code")}
+    fast = Rates({"float32": 190e9, "bfloat16": 850e9}, 37e9)
+    slow = Rates({"float32": 30e9, "bfloat16": 0.5e9}, 10e9)
+    monkeypatch.setattr(sweep_module, "cpu_flags", lambda: ["avx2"])
+    here = plan_time(SweepConfig(), workloads, set(), rates=fast)
+    assert here.config.drafts == ["ngram", "smollm2-135m@bf16"] and not here.chosen
+    assert len(here.estimate.cells) == 60 and here.estimate.seconds < DEFAULT_RUN_BUDGET_S
+    assert here.lines == [here.lines[-1]] and here.lines[-1].startswith("estimate: about ")
+    fitted = plan_time(SweepConfig(), workloads, set(), rates=slow)
+    assert fitted.config.drafts == ["ngram", "smollm2-135m@fp32"] and fitted.config.temperatures == [0.0]
+    assert fitted.chosen == ["--drafts ngram,smollm2-135m@fp32", "--temperatures 0"]
+    assert fitted.estimate.seconds <= DEFAULT_RUN_BUDGET_S
+    assert "it has no bf16 instructions" in fitted.lines[0] and fitted.lines[1].startswith("estimate: about ")
+    assert fitted.record()["defaults_chosen"] == fitted.chosen
+    assert fitted.record()["time_estimate"]["seconds"] == round(fitted.estimate.seconds, 1)
+    given = plan_time(SweepConfig(), workloads, {"drafts"}, rates=slow)
+    assert given.config == SweepConfig() and not given.chosen and given.estimate.seconds > DEFAULT_RUN_BUDGET_S
+    assert given.lines[-1].startswith("slow: the 24 smollm2-135m@bf16 cells take about ")
+    assert "bf16 products run at 0.5 GFLOP/s on this CPU against fp32's 30" in given.lines[-1]
+    assert "cut it with --drafts ngram,smollm2-135m@fp32 (about " in given.lines[-1]
+    assert "--drafts ngram (about " in given.lines[-1]
+    assert plan_time(SweepConfig(), workloads, None, rates=slow).chosen == []  # a resume runs the run's own
+    assert plan_time(SweepConfig(engine="vllm"), workloads, set(), rates=slow).estimate is None
+    # the command line, its rates injected
+    monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=30e9,bfloat16=0.5e9,bandwidth=10e9")
+    result = runner.invoke(app, ["sweep", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    text = result.output.replace("\n", " ")
+    assert "30 cells (6 autoregressive, 24 speculative)" in text
+    assert "defaults for this CPU: --drafts ngram,smollm2-135m@fp32 --temperatures 0 (" in text
+    explicit = runner.invoke(app, ["sweep", "--dry-run", "--drafts", "ngram,smollm2-135m@bf16"]).output
+    assert "60 cells" in explicit and "slow: the 24 smollm2-135m@bf16" in explicit.replace("\n", " ")
+    assert "defaults for this CPU" not in explicit
+    monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=190e9,bfloat16=850e9,bandwidth=37e9")
+    default = runner.invoke(app, ["sweep", "--dry-run"]).output
+    assert "60 cells" in default and "defaults for this CPU" not in default and "estimate: about" in default
+    monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=fast")
+    bad = runner.invoke(app, ["sweep", "--dry-run"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "SPECBENCH_PROBE_RATES" in bad.output
+
+
+def test_the_run_header_and_run_json_carry_the_estimate(finished_run):
+    output, log = finished_run
+    assert "estimate: about " in log and "from the probe, measured:" in log.replace("\n", " ")
+    estimate = json.loads((output / "run.json").read_text())["time_estimate"]
+    assert estimate["seconds"] > 0 and estimate["source"] == "measured"
+    assert estimate["matmul_flops_per_s_by_dtype"]["float64"] > 0
+
+
 def ctrl_c_at(cell_id: str, monkeypatch) -> None:
     """Make the native engine raise KeyboardInterrupt when it starts measuring `cell_id`."""
     original = native_runner.CellRun.measure
@@ -305,6 +366,33 @@ def test_interrupt_keeps_finished_cells_and_resume_finishes(tiny_model_dirs, tmp
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path / "run")
     assert len(run.cells) == 5 and (run.cells["status"] == "ok").all() and run.meta["status"] == "complete"
+
+
+def test_a_dry_run_of_a_resume_shows_the_cells_it_will_run(tiny_model_dirs, tmp_path, monkeypatch):
+    """`--resume --output RUN --dry-run` plans with the run's stored settings (not the default grid)
+    and shows only the cells left; on a finished run, the resume says there is nothing to do
+    before it loads a model."""
+    run_dir = tmp_path / "run"
+    args = sweep_args(tiny_model_dirs, run_dir, ["--temperatures", "0", "--batch-sizes", "1"])
+    ctrl_c_at("chat|B1|T0|ngram:2|K1", monkeypatch)
+    assert runner.invoke(app, args).exit_code == 130
+    monkeypatch.undo()
+    finished = set(load_run(run_dir).cells["cell_id"])
+    assert len(finished) == 3
+    monkeypatch.setattr(native_runner, "load_models", lambda *a: pytest.fail("loaded models"))
+    dry = runner.invoke(app, ["sweep", "--resume", "--output", str(run_dir), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    text = dry.output.replace("\n", "")
+    assert "2 cells left to run (3 finished already) (0 autoregressive, 2 speculative)" in text, dry.output
+    assert f"target {tiny_model_dirs['target']}" in text and "60 cells" not in text
+    assert "ngram:2" in text and "smollm2" not in text
+    monkeypatch.undo()
+    assert runner.invoke(app, args + ["--resume"]).exit_code == 0
+    monkeypatch.setattr(native_runner, "load_models", lambda *a: pytest.fail("loaded models"))
+    for extra in (["--dry-run"], []):
+        done = runner.invoke(app, ["sweep", "--resume", "--output", str(run_dir), *extra])
+        assert done.exit_code == 0, done.output
+        assert f"--resume: all 5 cells of {run_dir} are finished: nothing to do" in done.output.replace("\n", "")
 
 
 def test_ctrl_c_between_repeats_keeps_the_measured_ones(tiny_model_dirs, tmp_path, monkeypatch):

@@ -28,8 +28,9 @@ def sweep(
     drafts: Optional[str] = typer.Option(
         None, help="Comma list: model alias/path (bare sizes like 1b resolve in the target's family), ALIAS@DTYPE, "
                    "ngram[:N] (prompt lookup), self:N (first N layers); on vLLM also DRAFT@schedule:{1-8: 4, 9+: 2} "
-                   "(a K per batch size). Default ngram,smollm2-135m@bf16 (on vLLM, which runs a draft in "
-                   "the target's dtype, ngram,smollm2-135m); with --endpoint a label (endpoint)."),
+                   "(a K per batch size). Default ngram,smollm2-135m@bf16 (@fp32 on a CPU whose bf16 products are "
+                   "many times slower; on vLLM, which runs a draft in the target's dtype, ngram,smollm2-135m); "
+                   "with --endpoint a label (endpoint)."),
     k: Optional[str] = typer.Option(None, "--k", help="Draft tokens per step, comma list (default 2,4; with "
                                                       "--endpoint the K its server runs, 0 = unknown)."),
     batch_sizes: Optional[str] = typer.Option(None, help="Comma list (default 1,4,16; for a served engine: "
@@ -59,12 +60,15 @@ def sweep(
         None, help="Comma list of prompt lengths in tokens (512,4k,16k; k = 1024): each workload's prompts are built "
                    "to these lengths, a long document excerpt before the question (workloads/long/). Default: the "
                    "prompts as they are."),
-    max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored)."),
-    num_prompts: int = typer.Option(4, help="Prompts per cell (rounded up to whole batches)."),
+    max_new_tokens: int = typer.Option(48, help="Tokens generated per request (EOS ignored; with --trace its "
+                                                "rows give them)."),
+    num_prompts: int = typer.Option(4, help="Prompts per cell (rounded up to whole batches; with --trace, "
+                                          "--trace-max-requests)."),
     repeats: int = typer.Option(1, help="Measured repeats per cell; tokens/s is their median."),
     seed: int = typer.Option(0),
-    dtype: Optional[str] = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)."),
-    device: str = typer.Option("cpu", help="cpu, cuda[:N], or cuda:0,cuda:1,… to spread the target over several GPUs (a bare cuda spreads it when it does not fit on one)."),
+    dtype: Optional[str] = typer.Option(None, help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU); "
+                                                 "native or vLLM, not --endpoint."),
+    device: str = typer.Option("cpu", help="Native or vLLM, not --endpoint: cpu, cuda[:N], or cuda:0,cuda:1,… to spread the target over several GPUs (a bare cuda spreads it when it does not fit on one)."),
     top_p: float = typer.Option(1.0, help="Top-p for sampled cells."),
     top_k: int = typer.Option(0, help="Top-k for sampled cells (0 = off)."),
     chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
@@ -76,7 +80,8 @@ def sweep(
     max_repeats: Optional[int] = typer.Option(None, help="--until-decided: the most repeats a cell gets "
                                                           "(default 12)."),
     min_speedup: float = typer.Option(1.0, help="--until-decided: the bar the verdict is about (as check's)."),
-    dry_run: bool = typer.Option(False, help="Print the plan and exit."),
+    dry_run: bool = typer.Option(False, help="Print the plan (a resume's cells left to run) and the time "
+                                             "estimate, and exit."),
     download: bool = typer.Option(False, help="Allow downloading models from the hub."),
     trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
     weights: str = typer.Option("real", help="real, or random: timing-only runs of the real architectures "
@@ -127,7 +132,7 @@ def sweep(
                                                     "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
-    from specbench.sweep import SweepConfig, VllmOptions, check_config
+    from specbench.grid import SweepConfig, VllmOptions
 
     try:
         if batch_sizes is not None and request_rates is not None:
@@ -176,10 +181,105 @@ def sweep(
             min_speedup=min_speedup, executor=executor, trace=trace or "", trace_window=trace_window,
             trace_speedup=trace_speedup, trace_max_requests=trace_max_requests,
             ray_address=ray_address or "")
+        config.validate()  # the grid's values, refused before the engines are imported (seconds on a slow CPU)
+        from specbench.sweep import check_config
+
         replay = check_config(config)  # a trace read here once, into the replay the sweep runs
+        # what the checks above leave: an option given where it does nothing is refused, not dropped
+        refuse_what_does_not_apply(ctx, sweep_mode(config))
     except known_errors() as error:
         fail(str(error))
     _run_sweep(config, output, resume, dry_run, _given_fields(ctx), replay)
+
+
+# --- which options apply where -----------------------------------------------------------------
+
+# the modes a sweep runs in: its engine, and on a served engine its load (closed loop, request
+# rates, a trace's arrivals); each with the words an error says it in
+MODES = {
+    "native": "on the native engine", "random": "with --weights random (the native engine)",
+    "vllm": "on --engine vllm's closed loop", "vllm-rates": "with --request-rates on --engine vllm",
+    "vllm-trace": "with --trace on --engine vllm", "endpoint": "with --endpoint's closed loop",
+    "endpoint-rates": "with --request-rates on --endpoint", "endpoint-trace": "with --trace on --endpoint",
+}
+EVERY = frozenset(MODES)
+TRACE = frozenset({"vllm-trace", "endpoint-trace"})
+OPEN = frozenset({"vllm-rates", "endpoint-rates"})
+VLLM = frozenset({"vllm", "vllm-rates", "vllm-trace"})
+ENDPOINT = frozenset({"endpoint", "endpoint-rates", "endpoint-trace"})
+STARTED = EVERY - ENDPOINT  # engines specbench starts: native, or vLLM servers
+CLOSED = frozenset({"native", "random", "vllm", "endpoint"})
+NATIVE = frozenset({"native", "random"})
+VLLM_HERE = "with --engine vllm (the servers specbench starts)"
+
+# every sweep option -> (the modes it applies in, where it applies, an option it needs given too);
+# an option the user typed outside its modes is refused in one line naming where it applies
+APPLIES: dict[str, tuple[frozenset, str, str]] = {
+    "target": (EVERY, "", ""), "drafts": (EVERY, "", ""), "k": (EVERY, "", ""),
+    "batch_sizes": (CLOSED, "to a closed loop (no --request-rates or --trace)", ""),
+    "request_rates": (OPEN, "with --engine vllm or --endpoint, without --trace", ""),
+    "burstiness": (OPEN, "to an open loop: --request-rates on --engine vllm or --endpoint", ""),
+    "slo": (EVERY, "", ""),
+    "endpoint": (ENDPOINT, "alone: it measures a running server", ""),
+    "baseline_endpoint": (ENDPOINT, "alone: it measures a running server", ""),
+    "router": (ENDPOINT, "with --endpoint URL1,URL2", ""),
+    "api_key_env": (ENDPOINT, "with --endpoint", ""),
+    "temperatures": (EVERY, "", ""), "workloads": (EVERY, "", ""),
+    "context_lengths": (EVERY - TRACE, "without --trace (a trace's rows give the prompt lengths)", ""),
+    "max_new_tokens": (EVERY - TRACE, "without --trace (a trace's rows give the output lengths)", ""),
+    "num_prompts": (EVERY - TRACE, "without --trace (--trace-max-requests caps a replay's requests)", ""),
+    "repeats": (EVERY, "", ""), "seed": (EVERY, "", ""),
+    "dtype": (STARTED, "on the native engine or --engine vllm (an endpoint's server runs its own)", ""),
+    "device": (STARTED, "on the native engine or --engine vllm (an endpoint's server runs where it was started)",
+               ""),
+    "top_p": (EVERY, "", ""), "top_k": (EVERY, "", ""), "chat_template": (EVERY, "", ""),
+    "output": (EVERY, "", ""), "resume": (EVERY, "", ""), "dry_run": (EVERY, "", ""),
+    "until_decided": (CLOSED, "to batch-size cells (no --request-rates or --trace)", ""),
+    "max_repeats": (CLOSED, "with --until-decided", "until_decided"),
+    "min_speedup": (CLOSED, "with --until-decided (check takes its own --min-speedup)", "until_decided"),
+    "download": (EVERY - {"random"}, "where models load (--weights random builds them, no download)", ""),
+    "trust_remote_code": (EVERY - {"random"}, "where models load (--weights random builds registry models)", ""),
+    "weights": (STARTED, "on the native engine or --engine vllm", ""),
+    "alpha": (STARTED, "with --weights random", ""),
+    "target_layers": (frozenset({"random"}), "with --weights random on the native engine", ""),
+    "cuda_graphs": (NATIVE, "on the native engine (vLLM captures its own; --enforce-eager turns them off)", ""),
+    "engine": (EVERY, "", ""),
+    "tensor_parallel_size": (VLLM, VLLM_HERE, ""), "pipeline_parallel_size": (VLLM, VLLM_HERE, ""),
+    "max_model_len": (VLLM, VLLM_HERE, ""), "gpu_memory_utilization": (VLLM, VLLM_HERE, ""),
+    "enforce_eager": (VLLM, VLLM_HERE, ""), "vllm_args": (VLLM, VLLM_HERE, ""), "vllm_python": (VLLM, VLLM_HERE, ""),
+    "server_timeout": (VLLM, VLLM_HERE, ""), "distributed_executor_backend": (VLLM, VLLM_HERE, ""),
+    "allow_pp_speculation": (VLLM, VLLM_HERE, ""), "served_pairing": (VLLM, VLLM_HERE, ""),
+    "trace": (TRACE, "on a served engine: --engine vllm or --endpoint", ""),
+    "trace_window": (TRACE, "with --trace", ""), "trace_speedup": (TRACE, "with --trace", ""),
+    "trace_max_requests": (TRACE, "with --trace", ""),
+    "executor": (EVERY, "", ""), "ray_address": (EVERY, "", ""),
+}
+
+
+def sweep_mode(config) -> str:
+    """The mode (a key of MODES) a sweep config runs in."""
+    if config.engine in ("vllm", "endpoint"):
+        return config.engine + ("-trace" if config.trace else "-rates" if config.request_rates else "")
+    return "random" if config.synthetic else "native"
+
+
+def option_text(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def refuse_what_does_not_apply(ctx: typer.Context, mode: str) -> None:
+    """A UsageError for the first option typed (not left at its default) that does not apply in
+    `mode` (APPLIES), or is given without the option it needs."""
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+            continue
+        modes, where, needs = APPLIES[name]
+        if mode not in modes:
+            raise UsageError(f"{option_text(name)} does not apply {MODES[mode]}: it applies {where}")
+        needed = ctx.get_parameter_source(needs) if needs else None
+        if needs and (needed is None or needed.name in ("DEFAULT", "DEFAULT_MAP")):
+            raise UsageError(f"{option_text(name)} applies {where}: add {option_text(needs)}")
 
 
 def trace_workload(trace: str) -> str:
@@ -217,60 +317,29 @@ def _given_fields(ctx: typer.Context) -> set[str]:
 
 def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None,
                replay=None) -> None:
-    from specbench.grid import describe_plan, plan_cells, requests_per_cell
-    from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output
-    from specbench.sweep import preflight, resumed_config, run_sweep, slow_bf16_note
+    from specbench.grid import plan_cells
+    from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output, read_table
+    from specbench.sweep import check_config, plan_time, preflight, resumed_config, run_sweep
 
     quiet_libraries(config.allow_download)
-    if dry_run:  # what the real run would refuse, refused first: then the plan
-        try:
-            _, replay = preflight(config, replay)
-            if output is not None and output.exists() and not output.is_dir():
-                raise UsageError(f"--output {output} is a file, not a directory")
-            if resume and not ((output or latest_run(finished_only=False)) / "run.json").exists():
-                raise UsageError(f"--resume: {output or 'the latest run'} is not a specbench run")
-        except known_errors() as error:
-            fail(str(error))
-        plan = describe_plan(config, replay)
-        table = Table(title="plan", title_justify="left")
-        for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
-            table.add_column(column, overflow="fold")
-        groups: dict = {}
-        for cell in plan_cells(config, replay):
-            groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
-        per_request = plan["output_tokens"] / max(1, plan["requests"])  # --max-new-tokens, or the trace's mean
-        for (workload, batch, rate, temperature), cells in groups.items():
-            requests = requests_per_cell(config, batch, replay) * config.repeats
-            baselines = sum(not c.is_speculative for c in cells)
-            table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
-                          f"{len(cells)} ({baselines} AR + {len(cells) - baselines} SD)",
-                          str(requests), str(round(requests * per_request)))
-        print_table(table)
-        if replay is not None:
-            console.print(trace_line(replay), highlight=False, soft_wrap=True)
-        console.print(f"{plan['cells']} cells ({plan['baseline_cells']} autoregressive, {plan['speculative_cells']} "
-                      f"speculative), {plan['requests']} requests, {plan['output_tokens']} output tokens; "
-                      f"target {config.target}, drafts {', '.join(config.drafts)}")
-        if note := slow_bf16_note(config):
-            console.print(note, highlight=False, soft_wrap=True)
-        if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
-            most = plan["requests"] // config.repeats * config.max_repeats
-            console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
-                          f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
-        return
-
-    resume_dir = None
-    try:
+    resume_dir, finished, status = None, set(), ""
+    try:  # what the real run would refuse, refused first (the dry run too): then the plan
         if resume:
             resume_dir = output or latest_run(finished_only=False)
             if not (resume_dir / "run.json").exists():
                 raise UsageError(f"--resume: {resume_dir} is not a specbench run")
-            check_writable(resume_dir, " (--resume writes into the run)")
-            previous = json.loads((resume_dir / "run.json").read_text()).get("config") or {}
-            config, notes = resumed_config(previous, config, given)
-            replay = None  # the run's own settings now: its trace replayed as they ask
+            if not dry_run:
+                check_writable(resume_dir, " (--resume writes into the run)")
+            meta = json.loads((resume_dir / "run.json").read_text())
+            config, notes = resumed_config(meta.get("config") or {}, config, given)
+            replay, status = None, meta.get("status", "")  # the run's own settings now: its trace replayed as they ask
             for note in notes:
                 console.print(f"--resume: {escape(note)}", highlight=False, soft_wrap=True)
+            cells = read_table(resume_dir, "cells")
+            finished = set(cells["cell_id"]) if len(cells) else set()
+        elif dry_run:
+            if output is not None and output.exists() and not output.is_dir():
+                raise UsageError(f"--output {output} is a file, not a directory")
         elif output is not None:
             if prepare_output(output):
                 console.print(f"{output} holds a sweep that stopped before its first cell: running it again there",
@@ -278,8 +347,29 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             resume_dir = output
         else:
             check_writable(DEFAULT_RESULTS_DIR, " (use --output DIR)")
+        if dry_run or config.engine == "native":  # the estimate needs the workloads; run_sweep checks the rest
+            workloads, replay = preflight(config, replay)
+        else:
+            workloads, replay = {}, check_config(config, replay)  # a resumed trace's replay, for its cells
+        planned = plan_cells(config, replay)
+        left = [cell for cell in planned if cell.id not in finished]
+        if resume and not left and status == "complete" and not config.until_decided:
+            console.print(f"--resume: all {len(planned)} cells of {resume_dir} are finished: nothing to do",
+                          highlight=False, soft_wrap=True)
+            if not dry_run:
+                print_summary(resume_dir)
+            return
+        # the defaults fitted to this CPU where the user left them (a resume runs the run's own)
+        timing = plan_time(config, workloads, None if resume else given, left if resume else None)
+        config = timing.config
+        if not resume:
+            left = plan_cells(config, replay)
     except known_errors() as error:
         fail(str(error))
+    if dry_run:
+        _print_plan(config, replay, left, len(planned) - len(left) if resume else 0, timing.lines)
+        return
+    header = list(timing.lines)  # told once the models load, before the first cell (a load that fails stays one line)
 
     if replay is not None:  # what it replays, and the rows it leaves out (run.json's trace says them too)
         console.print(trace_line(replay), highlight=False, soft_wrap=True)
@@ -299,6 +389,9 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             raise_if_stopped()
         if event.kind == "loaded":
             console.print(escape(event.message), highlight=False, soft_wrap=True)
+            for line in header:
+                console.print(escape(line), highlight=False, soft_wrap=True)
+            header.clear()
             completed[0], total[0] = event.index, event.total
             progress.update(task, completed=completed[0], total=total[0])
         elif event.kind == "stage":
@@ -323,7 +416,8 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     run_dir = None
     try:
         with live:
-            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event, replay=replay)
+            run_dir = run_sweep(config, resume_dir=resume_dir, on_event=on_event, replay=replay,
+                                notes=timing.record())
     except KeyboardInterrupt as stop:
         errors.print("[yellow]interrupted:[/] finished cells are saved; continue with --resume")
         raise typer.Exit(TERMINATED if isinstance(stop, Terminated) else INTERRUPTED)
@@ -334,6 +428,47 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
         errors.print("[yellow]stopped[/] after the last cell: the run is complete", highlight=False)
         raise typer.Exit(stop_code())
 
+
+
+def _print_plan(config, replay, cells: list, finished: int, time_lines: list[str]) -> None:
+    """--dry-run: the cells left to run (all of them, unless a resume finished some), grouped by
+    workload, load and temperature, and what the run header would say."""
+    from specbench.grid import requests_per_cell
+    from specbench.sweep import slow_bf16_note
+
+    table = Table(title="plan", title_justify="left")
+    for column in ("workload", "load", "T", "cells", "requests/cell", "output tokens/cell"):
+        table.add_column(column, overflow="fold")
+    groups: dict = {}
+    for cell in cells:
+        groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
+    # --max-new-tokens per request, or the trace's mean
+    per_request = replay.output_tokens_mean if config.trace and replay is not None else config.max_new_tokens
+    requests = outputs = 0
+    for (workload, batch, rate, temperature), group in groups.items():
+        each = requests_per_cell(config, batch, replay) * config.repeats
+        requests += each * len(group)
+        outputs += round(each * per_request) * len(group)
+        baselines = sum(not c.is_speculative for c in group)
+        table.add_row(workload, load_text({"batch_size": batch, "request_rate": rate}), f"{temperature:g}",
+                      f"{len(group)} ({baselines} AR + {len(group) - baselines} SD)",
+                      str(each), str(round(each * per_request)))
+    print_table(table)
+    if replay is not None:
+        console.print(trace_line(replay), highlight=False, soft_wrap=True)
+    baselines = sum(not c.is_speculative for c in cells)
+    done = f" left to run ({finished} finished already)" if finished else ""
+    console.print(f"{len(cells)} cells{done} ({baselines} autoregressive, {len(cells) - baselines} "
+                  f"speculative), {requests} requests, {outputs} output tokens; "
+                  f"target {config.target}, drafts {', '.join(config.drafts)}", highlight=False, soft_wrap=True)
+    for line in time_lines:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    if note := slow_bf16_note(config):
+        console.print(note, highlight=False, soft_wrap=True)
+    if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
+        most = requests // config.repeats * config.max_repeats
+        console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
+                      f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
 
 
 def print_summary(run_dir: Path) -> None:

@@ -24,6 +24,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions
 for command in (sweep, report, check, plan, models, workloads):
     app.command()(command)
 
+
+def _flag_type_hidden() -> None:
+    """typer's help prints a flag's type (`--json <bool>`), which reads as if it took a value;
+    a flag is shown bare, as click shows it."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "flags_bare", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_bare = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flag_type_hidden()
+
 def main(argv: list[str] | None = None) -> None:
     """The `specbench` command. Exit codes (docs/gate.md): 0 pass, 1 fail, 2 cannot
     answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM, 141

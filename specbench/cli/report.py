@@ -67,8 +67,9 @@ def report(
         console.print(escape(analysis.baseline_note), highlight=False, soft_wrap=True)
     print_analysis(analysis)
     print_warnings(analysis.warnings)
-    for text in sections.values():
-        console.print(text, highlight=False, soft_wrap=True)
+    for text in sections.values():  # the verdict's answer line is the one printed first
+        lines = [line for line in text.splitlines() if line != analysis.answer]
+        console.print("\n".join(lines), highlight=False, soft_wrap=True)
     console.print(f"report: [bold]{out_dir / 'report.html'}[/] (charts: {', '.join(p.name for p in sorted(out_dir.glob('*.png')))}; "
                   f"summary.md)")
 

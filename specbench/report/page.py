@@ -60,6 +60,9 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     # Written beside its place and moved there whole: an error or Ctrl-C half way leaves the
     # report that was there (or none), never a partial one.
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the report is as readable as a directory mkdir makes
     try:
         a = _write_report(run, staging, gpu_price, gpus, extra_sections, slo, gate_result, reference)
         if out_dir.is_dir() and not _only_a_report(out_dir):  # the user's own directory: our files into it
@@ -72,6 +75,9 @@ def write_report(run: Run, out_dir: Path | None = None, gpu_price: float | None 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir, a
+
+
+SUMMARY_MAX_ROWS = 20  # summary.md writes tables up to this long; longer ones only in report.html
 
 
 def _only_a_report(directory: Path) -> bool:
@@ -184,6 +190,9 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
     for name, path in images.items():
         md += [f"![{CHARTS[name]}]({path.name})", ""] + ([CHART_NOTES[name], ""] if name in CHART_NOTES else [])
     for name, frame in tables.items():
-        md += [f"## {name}", ""] + ([TABLE_NOTES[name], ""] if name in TABLE_NOTES else []) + [markdown_table(frame), ""]
+        md += [f"## {name}", ""] + ([TABLE_NOTES[name], ""] if name in TABLE_NOTES else [])
+        # a table of one row per cell is read on the page, where it scrolls; the summary stays short
+        md += [markdown_table(frame) if len(frame) <= SUMMARY_MAX_ROWS else
+               f"{len(frame)} rows: in report.html beside this file", ""]
     (out_dir / "summary.md").write_text("\n".join(md))
     return a

@@ -372,6 +372,16 @@ def _shown(value) -> str:
 
 # --- the sweep ---------------------------------------------------------------------------------
 
+def served_cpu_rate(config: SweepConfig) -> dict:
+    """This CPU's matmul rate in the servers' dtype, probed before they start (about a second): a
+    vLLM run on this machine's CPU records the compute roof a plan on its fitted steps is held to
+    past what it measured (fleet.served.held_price), as a native run records its own."""
+    from specbench.native.measure import matmul_rate
+
+    dtype = config.torch_dtype  # the servers' dtype: --dtype, else fp32 on a CPU
+    return {"matmul_flops_per_s": matmul_rate("cpu", dtype), "matmul_dtype": str(dtype).replace("torch.", "")}
+
+
 def run_sweep(
     config: SweepConfig,
     results_root: Path = Path("results"),
@@ -397,6 +407,8 @@ def run_sweep(
     meta = {"config": asdict(config), "plan": describe_plan(config, replay), "started": now_iso(), "status": "running",
             "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
             "synthetic": config.synthetic, "engine": {"name": config.engine}, **(notes or {})}
+    if config.engine == "vllm" and config.device.startswith("cpu") and config.executor == "local":
+        meta["hardware"].update(served_cpu_rate(config))
     if replay is not None:
         meta["trace"] = replay.to_dict()
     previous = run_dir / "run.json"

@@ -274,6 +274,8 @@ def test_a_vllm_sweep_writes_the_same_tables(fake_vllm, target_dir, tmp_path):
     planned = runner.invoke(app, ["plan", str(tmp_path / "run"), "--k", "2", "--batch-sizes", "1,2,3"])
     assert planned.exit_code == 0 and "PREDICTIONS" in planned.output, planned.output
     assert meta["architectures"]["target"]["layers"] == 4  # the performance model's shapes, from config.json
+    # the CPU's compute roof, probed before the servers started: what --extrapolate holds a plan to
+    assert meta["hardware"]["matmul_flops_per_s"] > 1e8 and meta["hardware"]["matmul_dtype"] == "float32"
 
 
 def test_a_vllm_sweep_at_context_lengths(fake_vllm, target_dir, tmp_path):

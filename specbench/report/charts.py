@@ -467,32 +467,58 @@ def pareto_front(per_user, total) -> list[int]:
 
 def place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 7) -> int:
     """Annotate points with texts that overlap neither each other, nor any marker, nor the legend,
-    nor the axes' edge: each label tries offsets around its point in turn, and one that fits nowhere is left out.
-    Labels come in priority order. Returns how many were left out."""
+    and stay clear of the axes' edge: each label tries offsets around its point in turn, first
+    where it crosses no plotted line either, then anywhere else clear; one that fits nowhere is left
+    out. Labels come in priority order. Returns how many were left out."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     marker = 4 * fig.dpi / 72  # half a marker, in pixels
+    gap = 2 * fig.dpi / 72  # the clearance a label keeps from the edge and from what it must not touch
     taken = [Bbox.from_extents(x - marker, y - marker, x + marker, y + marker)
              for x, y in ax.transData.transform([(px, py) for px, py, _ in labels])] if labels else []
     if ax.get_legend() is not None:
         taken.append(ax.get_legend().get_window_extent(renderer))
-    frame = ax.get_window_extent(renderer)
+    frame = ax.get_window_extent(renderer).padded(-gap)
+    lines = _line_samples(ax, gap)
     offsets = [(4, 4), (4, -11), (-6, 4), (-6, -11), (4, 12), (-6, 12), (4, -19), (-6, -19), (10, -4), (-12, -4)]
     left_out = 0
     for x, y, text in labels:
-        for dx, dy in offsets:
-            note = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
-                               ha="left" if dx > 0 else "right", va="bottom",
-                               bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
-            box = note.get_window_extent(renderer)
-            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(other) for other in taken):
-                taken.append(box)
+        placed = False
+        for avoid_lines in (True, False):
+            for dx, dy in offsets:
+                note = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                                   ha="left" if dx > 0 else "right", va="bottom",
+                                   bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
+                box = note.get_window_extent(renderer)
+                inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+                clear = not any(box.padded(gap).overlaps(other) for other in taken)
+                if inside and clear and not (avoid_lines and _crosses(box, lines)):
+                    taken.append(box)
+                    placed = True
+                    break
+                note.remove()
+            if placed:
                 break
-            note.remove()
-        else:
-            left_out += 1
+        left_out += not placed
     return left_out
+
+
+def _line_samples(ax, spacing: float) -> np.ndarray:
+    """Points every `spacing` pixels along the axes' plotted lines (display coordinates)."""
+    samples = []
+    for line in ax.get_lines():
+        points = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float))
+        for start, end in zip(points[:-1], points[1:]):
+            count = max(2, int(np.hypot(*(end - start)) / spacing) + 1)
+            samples.append(np.linspace(start, end, count))
+    return np.concatenate(samples) if samples else np.empty((0, 2))
+
+
+def _crosses(box, samples: np.ndarray) -> bool:
+    if not len(samples):
+        return False
+    x, y = samples[:, 0], samples[:, 1]
+    return bool(((x >= box.x0) & (x <= box.x1) & (y >= box.y0) & (y <= box.y1)).any())
 
 
 def chart_tradeoff(a: Analysis, path: Path) -> None:

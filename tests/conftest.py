@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -135,3 +136,16 @@ def assert_in_contract(run) -> None:
         assert not unknown_columns(name, frame.columns), (name, unknown_columns(name, frame.columns))
     shared = {c.name for c in TABLE_COLUMNS["cells"] if c.written_by in (EVERY_ROW, MEASURED)}
     assert shared <= set(run.cells.columns), sorted(shared - set(run.cells.columns))
+
+
+def azure_csv(path, count: int = 300, gap_s: float = 0.4, prompt_tokens: tuple[int, int] = (200, 2000),
+              output_tokens: tuple[int, int] = (20, 400)) -> str:
+    """An Azure-format trace of `count` requests `gap_s` apart, seeded lengths drawn in the ranges."""
+    rng = np.random.default_rng(0)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(count):
+        seconds = i * gap_s
+        lines.append(f"2023-11-16 18:{15 + int(seconds // 60):02d}:{seconds % 60:09.6f},"
+                     f"{int(rng.integers(*prompt_tokens))},{int(rng.integers(*output_tokens))}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)

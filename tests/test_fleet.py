@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import azure_csv
 from specbench.fleet import ReplicaSpec, Speculation, simulate
 
 
@@ -1209,17 +1210,6 @@ def test_workers_end_with_their_parent_and_quietly(tmp_path, stop):
     assert not left, f"workers {left} outlived their parent"
     if stop != "SIGKILL":
         assert parent.returncode == 130 and "Traceback" not in stderr, stderr
-
-
-def azure_csv(path, count: int = 300, gap_s: float = 0.4) -> str:
-    rng = np.random.default_rng(0)
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    for i in range(count):
-        seconds = i * gap_s
-        lines.append(f"2023-11-16 18:{15 + int(seconds // 60):02d}:{seconds % 60:09.6f},"
-                     f"{int(rng.integers(200, 2000))},{int(rng.integers(20, 400))}")
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def test_the_trace_plan_sizes_a_fleet_with_and_without_speculation_and_says_it_in_one_sentence(tmp_path):

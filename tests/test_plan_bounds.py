@@ -1,5 +1,5 @@
 """`specbench plan RUN --trace/--concurrency` past what the run measured (refused, or held with
---extrapolate), and the progress and Ctrl-C of long fleet plans (issue 80)."""
+--extrapolate), and the progress and Ctrl-C of long fleet plans ."""
 
 from __future__ import annotations
 
@@ -7,21 +7,11 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from conftest import azure_csv
+
 RUN = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"  # 41- to 64-token prompts
-
-
-def _trace(path: Path, prompt_tokens: tuple[int, int], count: int = 12, gap_s: float = 30.0) -> str:
-    rng = np.random.default_rng(0)
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    for i in range(count):
-        seconds = i * gap_s
-        lines.append(f"2023-11-16 18:{15 + int(seconds // 60):02d}:{seconds % 60:09.6f},"
-                     f"{int(rng.integers(*prompt_tokens))},16")
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def test_a_served_plan_far_past_the_runs_prompts_or_clients_is_one_line_naming_what_to_measure(tmp_path):
@@ -29,7 +19,7 @@ def test_a_served_plan_far_past_the_runs_prompts_or_clients_is_one_line_naming_w
 
     from specbench.cli import app
 
-    trace = _trace(tmp_path / "long.csv", (1000, 1200))
+    trace = azure_csv(tmp_path / "long.csv", 12, 30.0, (1000, 1200), (16, 17))
     result = CliRunner().invoke(app, ["plan", str(RUN), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90"])
     assert result.exit_code == 2, result.output
     line = result.output.strip()
@@ -108,7 +98,7 @@ def test_extrapolate_plans_the_trace_held_and_says_so(tmp_path):
 
     from specbench.cli import app
 
-    trace = _trace(tmp_path / "long.csv", (1000, 1200))
+    trace = azure_csv(tmp_path / "long.csv", 12, 30.0, (1000, 1200), (16, 17))
     result = CliRunner().invoke(app, ["plan", str(RUN), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90",
                                       "--json", "--extrapolate"])
     assert result.exit_code == 0, result.output

@@ -599,7 +599,8 @@ def refuse_experts(name: str, config: dict) -> None:
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         size = ""
     raise ValueError(f"{name} is a mixture-of-experts model ({moe.describe()}{size}): the tables price dense models "
-                     f"only, so it is refused rather than priced as a dense one")
+                     f"only, so it is refused rather than priced as a dense one; measure it where it runs "
+                     f"(specbench sweep --engine vllm --target MODEL_DIR)")
 
 
 def parse_drafters(names: list[str], target_name: str, target: dict, family: str | None) -> list[Drafter]:

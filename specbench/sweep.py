@@ -93,6 +93,9 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
     return workloads, replay
 
 
+BF16_INSTRUCTIONS = {"avx512_bf16", "amx_bf16"}  # a CPU flag of either: torch's bf16 products run at speed
+
+
 def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str | None:
     """One line where the native engine is to run a 16-bit model on a CPU without bf16 instructions
     (AVX512-BF16 or AMX; `flags`: the CPU's, results.cpu_flags): torch falls back to kernels there
@@ -109,7 +112,7 @@ def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str |
         if spec.kind == "model" and sixteen_bit(spec.dtype or config.dtype):
             models.append(f"{spec.model}@{spec.dtype or config.dtype}")
     flags = cpu_flags() if flags is None else flags
-    if not models or {"avx512_bf16", "amx_bf16"} & set(flags):
+    if not models or BF16_INSTRUCTIONS & set(flags):
         return None
     return (f"note: this CPU has no bf16 instructions (AVX512-BF16 or AMX; it lists {', '.join(flags) or 'neither'}): "
             f"torch runs 16-bit matmuls there far slower than fp32, and {', '.join(models)} will be timed so")
@@ -255,7 +258,7 @@ def minutes_of(seconds: float) -> str:
 
 def _no_bf16_instructions() -> str:
     flags = cpu_flags()
-    return "" if {"avx512_bf16", "amx_bf16"} & set(flags) else " (it has no bf16 instructions: AVX512-BF16 or AMX)"
+    return "" if BF16_INSTRUCTIONS & set(flags) else " (it has no bf16 instructions: AVX512-BF16 or AMX)"
 
 
 def _in_fp32(draft: str) -> str:

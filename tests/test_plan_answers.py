@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.cli.plan_options import APPLIES, MODES, check_options, option_name, plan_mode
+from specbench.cli.common import option_flag
+from specbench.cli.plan_options import APPLIES, MODES, check_options, plan_mode
 from specbench.shapes import Architecture
 from specbench.synthetic import config_parameters
 
@@ -114,7 +115,7 @@ def test_every_option_of_plan_is_applied_or_refused_in_every_mode(capsys):
                 assert check_options(asked, "target" in asked) == mode
                 applied += 1
                 continue
-            flag = option_name(parameter)
+            flag = option_flag(parameter)
             value = VALUES[parameter]
             args = ASKED[mode] + [flag] + ([value] if value is not None else []) if parameter != "run_dir" \
                 else [value] + ASKED[mode]

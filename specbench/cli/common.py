@@ -40,6 +40,18 @@ def quiet_libraries(allow_download: bool = False) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def typed_options(ctx) -> set[str]:
+    """A command's parameters given on its command line, not left at their defaults."""
+    return {name for name in ctx.params
+            if (source := ctx.get_parameter_source(name)) is not None
+            and source.name not in ("DEFAULT", "DEFAULT_MAP")}
+
+
+def option_flag(parameter: str) -> str:
+    """How a user types a command's parameter: `--max-new-tokens` for max_new_tokens."""
+    return {"json_output": "--json", "run_dir": "RUN_DIR"}.get(parameter, "--" + parameter.replace("_", "-"))
+
+
 def split_list(text: str, cast, name: str) -> list:
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):

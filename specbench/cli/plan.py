@@ -8,8 +8,9 @@ from typing import Optional
 
 import typer
 
-from specbench.cli.common import UsageError, check_price, console, fail, known_errors, split_list, token_counts
-from specbench.cli.plan_options import check_options, typed
+from specbench.cli.common import (UsageError, check_price, console, fail, known_errors, split_list, token_counts,
+                                  typed_options)
+from specbench.cli.plan_options import check_options
 from specbench.cli.render import print_plan, print_trust, print_warnings
 
 
@@ -145,7 +146,7 @@ def plan(
     import pandas as pd
 
     try:
-        mode = check_options(typed(ctx), target is not None)
+        mode = check_options(typed_options(ctx), target is not None)
     except UsageError as error:
         fail(str(error))
     if mode in ("tables-concurrency", "tables-trace"):

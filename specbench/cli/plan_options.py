@@ -4,7 +4,7 @@ never dropped."""
 
 from __future__ import annotations
 
-from specbench.cli.common import UsageError
+from specbench.cli.common import UsageError, option_flag
 
 # The planning questions, by what was given: a run's fit, the kernel tables' static batch, one
 # replica under closed-loop clients, a fleet at a trace (each on the tables or on a served run).
@@ -89,11 +89,6 @@ INSTEAD = {
 }
 
 
-def option_name(parameter: str) -> str:
-    return {"json_output": "--json", "run_dir": "RUN_DIR", "k": "--k", "tp": "--tp", "alpha": "--alpha",
-            "slo": "--slo"}.get(parameter, "--" + parameter.replace("_", "-"))
-
-
 def plan_mode(given: set[str], target: bool) -> str:
     """The planning question the given options ask (`given`: plan()'s parameters typed)."""
     load = "-trace" if "trace" in given else "-concurrency" if "concurrency" in given else ""
@@ -112,7 +107,7 @@ def check_options(given: set[str], target: bool) -> str:
         where = "served" if mode in _SERVED else mode
         hint = INSTEAD.get((parameter, mode.split("-")[-1] if mode in _TRACE else where)) \
             or INSTEAD.get((parameter, where))
-        raise UsageError(f"{option_name(parameter)} does not apply to {MODES[mode]}"
+        raise UsageError(f"{option_flag(parameter)} does not apply to {MODES[mode]}"
                          + (f": {hint}" if hint else f"; it applies {where_it_applies(modes)}"))
     return mode
 
@@ -126,10 +121,3 @@ def where_it_applies(modes: set[str]) -> str:
              frozenset({"run", "tables"}): "to a run's plan and to --target's static-batch plan",
              frozenset({"run"} | _TABLES): "to a run's plan and with --target"}
     return named.get(frozenset(modes)) or "to " + "; ".join(MODES[m] for m in MODES if m in modes)
-
-
-def typed(ctx) -> set[str]:
-    """plan()'s parameters given on the command line, not left at their defaults."""
-    return {name for name in ctx.params
-            if (source := ctx.get_parameter_source(name)) is not None
-            and source.name not in ("DEFAULT", "DEFAULT_MAP")}

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from specbench.cli.common import (
     INTERRUPTED, TERMINATED, Terminated, UsageError, console, errors, fail, known_errors, quiet_libraries,
-    raise_if_stopped, signals_received, split_drafts, split_list, stop_code, token_counts,
+    raise_if_stopped, signals_received, split_drafts, split_list, stop_code, token_counts, option_flag,
+    typed_options,
 )
 from specbench.cli.render import as_text, cells_table, load_text, print_table, print_warnings, progress_line
 
@@ -263,23 +264,16 @@ def sweep_mode(config) -> str:
     return "random" if config.synthetic else "native"
 
 
-def option_text(name: str) -> str:
-    return f"--{name.replace('_', '-')}"
-
-
 def refuse_what_does_not_apply(ctx: typer.Context, mode: str) -> None:
     """A UsageError for the first option typed (not left at its default) that does not apply in
     `mode` (APPLIES), or is given without the option it needs."""
-    for name in ctx.params:
-        source = ctx.get_parameter_source(name)
-        if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
-            continue
+    given = typed_options(ctx)
+    for name in (name for name in ctx.params if name in given):
         modes, where, needs = APPLIES[name]
         if mode not in modes:
-            raise UsageError(f"{option_text(name)} does not apply {MODES[mode]}: it applies {where}")
-        needed = ctx.get_parameter_source(needs) if needs else None
-        if needs and (needed is None or needed.name in ("DEFAULT", "DEFAULT_MAP")):
-            raise UsageError(f"{option_text(name)} applies {where}: add {option_text(needs)}")
+            raise UsageError(f"{option_flag(name)} does not apply {MODES[mode]}: it applies {where}")
+        if needs and needs not in given:
+            raise UsageError(f"{option_flag(name)} applies {where}: add {option_flag(needs)}")
 
 
 def trace_workload(trace: str) -> str:
@@ -307,12 +301,7 @@ def _given_fields(ctx: typer.Context) -> set[str]:
                                                   "gpu_memory_utilization", "enforce_eager", "vllm_args",
                                                   "vllm_python", "server_timeout", "served_pairing",
                                                   "distributed_executor_backend", "allow_pp_speculation")})
-    given = set()
-    for name in ctx.params:
-        source = ctx.get_parameter_source(name)
-        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
-            given |= fields_of.get(name, {name})
-    return given
+    return {field for name in typed_options(ctx) for field in fields_of.get(name, {name})}
 
 
 def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: set[str] | None = None,

@@ -17,7 +17,7 @@ bounds = np.round(np.arange(float(sys.argv[4]), float(sys.argv[5]) + 1e-9, 0.002
 counts = {"point flips": 0, "PASS vs FAIL with intervals": 0, "interval flips": 0, "both agree": 0, "both inconclusive": 0, "one inconclusive": 0}
 for bound in bounds:
     slo = parse_slo(f"ttft=2,tpot={bound}" + sys.argv[3] + "")
-    results = [evaluate_slo(r.cells, r.requests, slo) for r in runs]
+    results = [evaluate_slo(r.cells, r.requests, slo, state=None) for r in runs]
     point = ["N/A" if all(v.passes is None for v in res.verdicts) else
              "PASS" if all(v.passes for v in res.verdicts if v.passes is not None) else "FAIL" for res in results]
     full = [res.verdict for res in results]

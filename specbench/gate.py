@@ -159,8 +159,8 @@ def _deciding_rows(judged: pd.DataFrame) -> dict[int, dict]:
     return by_batch
 
 
-def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min_speedup: float = 1.0,
-                    requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> list[str]:
+def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min_speedup: float = 1.0, *,
+                    requests: pd.DataFrame | None, steps: pd.DataFrame | None) -> list[str]:
     """The draft's cells at the (workload, temperature, batch size) points whose decision is
     inconclusive: what more repeats of (with their baselines) can decide."""
     judged = _judged(cells, min_speedup, None, None, run_noise(cells, requests, steps))
@@ -173,17 +173,18 @@ def undecided_cells(cells: pd.DataFrame, draft: str, batch_sizes: list[int], min
     return [row.cell_id for row in judged.itertuples() if (row.workload, row.temperature, row.batch_size) in open_points]
 
 
-def evaluate(cells: pd.DataFrame, batch_sizes: list[int], min_speedup: float = 1.0,
+def evaluate(cells: pd.DataFrame, batch_sizes: list[int], *, state: Completeness | None,
+             requests: pd.DataFrame | None, steps: pd.DataFrame | None, min_speedup: float = 1.0,
              draft: str | None = None, workloads: list[str] | None = None,
              temperatures: list[float] | None = None, base_configs: dict[str, dict] | None = None,
-             state: Completeness | None = None, allow_incomplete: bool = False,
-             requests: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
-             copies: pd.DataFrame | None = None) -> GateResult:
-    """`base_configs`: each draft's own --speculative-config, to which the recommended schedule is
-    added. `state`: whether the run finished (`fit.completeness(run.meta, run.cells)`, of the whole
+             allow_incomplete: bool = False, copies: pd.DataFrame | None = None) -> GateResult:
+    """`state`: whether the run finished (`fit.completeness(run.meta, run.cells)`, of the whole
     run); None: judged as complete. `requests`, `steps`: the run's tables, from which the noise band
-    of a single comparison is measured (fit.noise). `copies`: a cluster run's baselines measured
-    again on other nodes (their disagreement is a warning, fit.nodes)."""
+    of a single comparison is measured (fit.noise). The three are required so that no caller judges
+    a run as complete, or without its noise band, by leaving them out; `specbench.api.check` passes
+    a run's own. `base_configs`: each draft's own --speculative-config, to which the recommended
+    schedule is added. `copies`: a cluster run's baselines measured again on other nodes (their
+    disagreement is a warning, fit.nodes)."""
     noise = run_noise(cells, requests, steps)
     warnings = measurement_warnings(cells, copies, noise)
     incomplete = state.describe() if state is not None else ""  # a sweep that stopped, whatever it judges
@@ -441,15 +442,16 @@ def slo_judged_draft(capacity: pd.DataFrame, by_draft: dict[str, list[SloVerdict
     return max(drafts, key=score)
 
 
-def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, draft: str | None = None,
-                 workloads: list[str] | None = None, temperatures: list[float] | None = None,
-                 state: Completeness | None = None, allow_incomplete: bool = False) -> SloGateResult:
+def evaluate_slo(cells: pd.DataFrame, requests: pd.DataFrame, slo: Slo, *, state: Completeness | None,
+                 draft: str | None = None, workloads: list[str] | None = None,
+                 temperatures: list[float] | None = None, allow_incomplete: bool = False) -> SloGateResult:
     """Speculation must not lower the highest load (request rate, or concurrency) at which every
     measured load up to it meets the SLO, for any workload and temperature. The draft judged is
     `draft`, else the one whose worst ratio of capacities is highest. Each capacity is also taken
     within the noise of its requests (order-statistic intervals of the percentiles): where the intervals
     leave it open, the verdict is inconclusive. Exit 2 when the run lacks the cells or requests, is
-    incomplete, or no load meets the SLO with or without speculation."""
+    incomplete, or no load meets the SLO with or without speculation. `state`: as `evaluate`'s,
+    required (None judges the run as complete)."""
     column = load_column(cells)
     warnings = measurement_warnings(cells, noise=run_noise(cells, requests))
     incomplete = state.describe() if state is not None else ""

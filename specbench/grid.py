@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.models import (
     DEFAULT_TARGET, default_dtype, dtype_name, lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
@@ -370,23 +371,8 @@ def synthetic_rates(profile: tuple[float, ...], k: int) -> list[float]:
 
 
 def speculative_config(spec, k: int, draft_model: str | None = None, alpha: str = "") -> dict:
-    """The `--speculative-config` of a draft (a models.DraftSpec) at K."""
-    import json
-
-    if spec.kind == "json":
-        config = json.loads(spec.json)
-        config.setdefault("num_speculative_tokens", k)
-    elif spec.kind == "ngram":
-        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": spec.ngram,
-                  "prompt_lookup_min": 1}
-    elif spec.kind == "model":
-        config = {"method": "draft_model", "model": draft_model or spec.model, "num_speculative_tokens": k}
-    elif spec.kind in ("eagle", "eagle3"):
-        config = {"method": spec.kind, "model": spec.model, "num_speculative_tokens": k}
-    elif spec.kind == "mtp":
-        config = {"method": "mtp", "num_speculative_tokens": k}
-    else:
-        raise ValueError(f"draft {spec.text!r} does not run on vLLM")
+    """The `--speculative-config` of a draft (a models.DraftSpec) at K, as its kind writes it."""
+    config = drafter_kind(spec.kind).vllm_config(spec, k, draft_model)
     if alpha:
         config["rejection_sample_method"] = "synthetic"
         config["synthetic_acceptance_rates"] = synthetic_rates(parse_alpha(alpha), int(config["num_speculative_tokens"]))
@@ -421,10 +407,11 @@ def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
             spec = parse_draft_spec(base, allow_served=True)
         except ValueError:
             continue
-        if spec.kind == "self" or draft in found:
+        kind = drafter_kind(spec.kind)
+        if not kind.runs_on_vllm or draft in found:
             continue
         model = None
-        if spec.kind == "model":
+        if kind.separate_model:
             target = lookup_alias(str((meta.get("config") or {}).get("target", "")))
             entry = lookup_alias(spec.model, target.family if target else None)
             model = entry.hub_id if entry else spec.model

@@ -309,7 +309,7 @@ def cpu_name() -> str:
 
 # The CPU's vector and matrix extensions that decide a CPU run's speed: a 2-core VM named "AMD EPYC"
 # with AVX2 and no AVX-512 ran the offline default's bf16 self-draft at B=16 at 14 tok/s, where an
-# earlier VM of the same name had run it at 121 (benchmarks/cpu-2026-11-23/cpu_default): the name alone
+# earlier VM of the same name had run it at 121 (data/measured.json: cpu_name_not_machine): the name alone
 # does not say which machine a run had
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 

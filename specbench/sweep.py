@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.grid import (  # noqa: F401  (SweepConfig and plan_cells are the sweep's vocabulary too)
     AR, Cell, SweepConfig, VllmOptions, build_replay, check_context_limit, context_limit, describe_plan, plan_cells,
     positions_needed, split_schedule, target_shape,
@@ -81,14 +82,14 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
         family = lookup_alias(target_alias).family
         for draft in config.drafts:
             spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
-            if spec.kind == "model":
+            if drafter_kind(spec.kind).separate_model:
                 shipped_config(spec.model, family)
         return workloads, replay
     target = resolve_model(config.target, allow_download=config.allow_download)
     family = target.spec.family if target.spec else None
     for draft in config.drafts if config.engine != "endpoint" else []:  # an endpoint's draft is a label
         spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
-        if spec.kind == "model":
+        if drafter_kind(spec.kind).separate_model:
             resolve_model(spec.model, family=family, allow_download=config.allow_download)
     return workloads, replay
 
@@ -109,7 +110,7 @@ def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str |
     models = [config.target] * sixteen_bit(config.dtype)
     for draft in config.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
-        if spec.kind == "model" and sixteen_bit(spec.dtype or config.dtype):
+        if drafter_kind(spec.kind).separate_model and sixteen_bit(spec.dtype or config.dtype):
             models.append(f"{spec.model}@{spec.dtype or config.dtype}")
     flags = cpu_flags() if flags is None else flags
     if not models or BF16_INSTRUCTIONS & set(flags):
@@ -459,11 +460,13 @@ def add_repeats_until_decided(sweep: CellLoop, planned: list[Cell]) -> str:
         ok = closed_loop(tables.cells[tables.cells["status"] == "ok"])
         sizes = sorted(int(b) for b in ok["batch_size"].unique())
         requests, steps = read_table(tables.run_dir, "requests"), read_table(tables.run_dir, "steps")
-        result = evaluate(tables.cells, sizes, config.min_speedup, requests=requests, steps=steps)
+        # mid-sweep: judged on the cells measured so far, as complete
+        result = evaluate(tables.cells, sizes, state=None, requests=requests, steps=steps,
+                          min_speedup=config.min_speedup)
         if result.exit_code != INCONCLUSIVE:
             return f"decided: {result.verdict}: {result.message}"
         groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.min_speedup,
-                                                                requests, steps)
+                                                                requests=requests, steps=steps)
                   if c in by_id}
         chosen = [by_id[c] for c in ok["cell_id"] if c in by_id and by_id[c].group in groups
                   and by_id[c].draft in (AR, result.draft)]

@@ -203,7 +203,7 @@ def test_a_single_comparison_without_a_measured_drift_decides_nothing():
     assert run_noise(cells).drift is None
     from specbench.gate import INCONCLUSIVE, evaluate
 
-    result = evaluate(cells, [1])
+    result = evaluate(cells, [1], state=None, requests=None, steps=None)
     assert result.exit_code == INCONCLUSIVE and "no measure of the drift" in result.message
 
 
@@ -350,6 +350,7 @@ def test_a_trace_replay_off_the_traces_lengths_is_a_warning():
     assert trace_lengths(kept.assign(trace_prompt_misses=1, status="failed")) is None
 
 
+@pytest.mark.integration
 def test_own_cpu_tells_other_work_from_ours():
     """A child's CPU (a server's) is ours, a stranger's is other work, each checked against the
     spinner's own CPU time: what it got, not a share of cores, which other work beside the test

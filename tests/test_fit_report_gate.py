@@ -138,12 +138,13 @@ def test_check_json_and_min_speedup(tmp_path):
 def test_gate_picks_the_best_draft_and_counts_the_worst_workload(tmp_path):
     cells = pd.read_parquet(crafted_run(tmp_path, {**SPEEDUPS, ("ngram", 3, 32): 1.3, ("ngram", 3, 64): 1.15,
                                                    ("ngram", 3, 1): 1.2}) / "cells.parquet")
-    result = evaluate(cells, [32, 64])
+    result = evaluate(cells, [32, 64], state=None, requests=None, steps=None)
     assert result.exit_code == 0 and result.draft == "ngram"
     code_row = cells[cells["draft"] == "ngram"].iloc[[0]].assign(workload="code", speedup=0.5,
                                                                  cell_id="code|B32|T0|ngram|K3", batch_size=32)
     code_row["speedup_runs"] = [[0.49, 0.5, 0.51]]
-    worse = evaluate(pd.concat([cells, code_row]), [32, 64], draft="ngram")
+    worse = evaluate(pd.concat([cells, code_row]), [32, 64], state=None, requests=None, steps=None,
+                     draft="ngram")
     assert worse.exit_code == 1
 
 
@@ -175,13 +176,13 @@ def test_an_interval_across_the_bar_is_inconclusive(tmp_path):
 
     cells = pd.read_parquet(crafted_run(tmp_path, SPEEDUPS) / "cells.parquet")
     cells["speedup_runs"] = [[s * 0.97, s, s * 1.03] for s in cells["speedup"]]  # ±3 % repeat to repeat
-    clear = evaluate(cells, [1, 32])  # 1.9 and 1.1: the intervals clear 1
+    clear = evaluate(cells, [1, 32], state=None, requests=None, steps=None)  # 1.9 and 1.1: the intervals clear 1
     low, high = speedup_interval([1.1 * 0.97, 1.1, 1.1 * 1.03])
     assert clear.exit_code == 0 and clear.verdict == "PASS" and 1.0 < low < 1.1 < high
     assert clear.verdicts[0].intervals[32] == pytest.approx((low, high))
     best_at_32 = cells.index[(cells["draft"] == "1b") & (cells["batch_size"] == 32) & (cells["k"] == 2)][0]
     cells.at[best_at_32, "speedup_runs"] = [0.98, 1.01, 1.05]  # median above 1, the interval across it
-    noisy = evaluate(cells, [1, 32])
+    noisy = evaluate(cells, [1, 32], state=None, requests=None, steps=None)
     assert noisy.exit_code == INCONCLUSIVE == 3 and noisy.verdict == "INCONCLUSIVE"
     assert "B=32: 1.100×, 95% interval 0.9" in noisy.message and "repeats in all would decide it" in noisy.message
     needed = noisy.verdicts[0].repeats_to_decide[32]
@@ -197,7 +198,7 @@ def test_an_interval_across_the_bar_is_inconclusive(tmp_path):
     payload = json.loads(runner.invoke(app, ["check", str(run_dir), "--batch-sizes", "1,32", "--json"]).output)
     assert payload["exit_code"] == 3 and payload["verdicts"][0]["decisions"] == {"1": "pass", "32": "inconclusive"}
     # a clearly failing point decides FAIL even when another is inconclusive
-    assert evaluate(cells, [32, 64]).exit_code == 1
+    assert evaluate(cells, [32, 64], state=None, requests=None, steps=None).exit_code == 1
 
 
 def test_one_repeat_on_a_drifted_group_is_inconclusive_and_stays_off_the_schedule(tmp_path):
@@ -211,7 +212,7 @@ def test_one_repeat_on_a_drifted_group_is_inconclusive_and_stays_off_the_schedul
             rows.append({"cell_id": f"chat|B1|T{t:g}|ngram|K{k}", "status": "ok", "mode": "speculative",
                          "workload": "chat", "draft": "ngram", "k": k, "batch_size": 1, "temperature": t,
                          "tokens_per_s": 20.0 * speedup, "speedup": speedup + (0.1 if t else 0.0)})
-    result = evaluate(pd.DataFrame(rows), [1])
+    result = evaluate(pd.DataFrame(rows), [1], state=None, requests=None, steps=None)
     assert result.exit_code == 3 and "1 repeat" in result.message and "drifted" in result.message
     assert result.verdicts[0].schedule == "{1+: off}" and any("drifted" in w for w in result.warnings)
     assert "within noise at B=1" in result.headline

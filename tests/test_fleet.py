@@ -344,6 +344,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     assert speculative["e2e_p50_ms"] - speculative["ttft_p50_ms"] == pytest.approx(255 / tau * step_ms, rel=0.1)
 
 
+@pytest.mark.integration
 def test_an_80_column_terminal_gets_the_closed_loop_table_in_column_blocks_none_folded():
     """16 columns folded to two characters a line were unreadable at 80 columns: split into blocks
     that fit, each opening with the configuration's draft, K and acceptance (a K schedule's text
@@ -1030,7 +1031,7 @@ def test_one_draw_a_row_step_accepts_a_prefix_of_the_drafts():
 @pytest.mark.parametrize("rows,steps", [(3, 5), (40, 30)])
 def test_a_stretch_counts_the_same_tokens_in_python_and_in_numpy(rows, steps):
     """Few row-steps are added up in plain Python, many with numpy: the same uniforms, the same stretch."""
-    from specbench.fleet.replica import AcceptanceDraws
+    from specbench.fleet.acceptance_draws import AcceptanceDraws
 
     rng = np.random.default_rng(rows)
     for k in (1, 3):
@@ -1343,6 +1344,7 @@ def synthetic_served_run(price, spec, rng):
     return pd.DataFrame(cells), pd.DataFrame(requests), meta
 
 
+@pytest.mark.integration
 def test_a_served_step_price_is_recovered_from_what_its_cells_measured():
     """Cells simulated at a known price (a CPU-like step: a 45 ms floor, 1.5 ms per token beyond
     it, KV and prefill-attention terms; an n-gram and a self draft): the fit reproduces every cell's median TTFT and TPOT within
@@ -1469,6 +1471,7 @@ def test_an_slo_a_request_alone_misses_is_met_by_no_number_of_replicas():
     assert met.iloc[0]["reachable"] and met.iloc[0]["replicas"] == 6  # 3 s a request, 2 arriving a second
 
 
+@pytest.mark.integration
 def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_path):
     """A committed vLLM CPU run (closed loop, n-gram and self draft at K 2 and 4): the fleet is
     sized on the steps fitted on it, each draft with the acceptance it measured."""
@@ -1497,6 +1500,7 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
                                        "prefill and attention past it are extrapolated"]
 
 
+@pytest.mark.integration
 def test_a_traffic_no_number_of_replicas_serves_is_its_sentence_not_a_blank_table(tmp_path):
     """An SLO a request served alone misses sizes nothing: the traffic's answer says so, and no table of
     configurations whose every column is blank is printed before it; a scale that sizes keeps its table."""
@@ -1517,6 +1521,7 @@ def test_a_traffic_no_number_of_replicas_serves_is_its_sentence_not_a_blank_tabl
     assert sized.exit_code == 0 and "┃ configuration" in sized.output, sized.output
 
 
+@pytest.mark.integration
 def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
     """vLLM refuses a request past --max-model-len (by default the model's context, 8192 tokens for
     smollm2-135m): a closed loop of such requests is one line, and a trace's rows past it are left
@@ -1553,6 +1558,7 @@ def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
                                           for note in plan["skipped"]), plan["skipped"]
 
 
+@pytest.mark.integration
 def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengths(tmp_path):
     """`plan RUN --concurrency C --input-len N --output-len M`: closed-loop clients on the steps fitted
     on a committed vLLM CPU run, its baseline and each draft × K with the acceptance it measured. At

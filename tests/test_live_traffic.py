@@ -127,13 +127,13 @@ def test_the_slo_gate_passes_fails_and_cannot_answer():
     assert table.set_index("cell_id").loc["chat|R4|T0|autoregressive", "goodput_rps"] == pytest.approx(400 / 2.0)
     capacity = slo_capacity(table).set_index("draft")["max_load"]
     assert capacity["autoregressive"] == 4.0 and capacity["d"] == 1.0
-    assert evaluate_slo(cells, requests, slo).exit_code == FAIL  # speculation lowers the sustainable rate
-    few = evaluate_slo(*_cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5}, count=4), slo)
+    assert evaluate_slo(cells, requests, slo, state=None).exit_code == FAIL  # speculation lowers the sustainable rate
+    few = evaluate_slo(*_cells_and_requests({1.0: 0.5, 4.0: 0.8}, {1.0: 0.4, 4.0: 1.5}, count=4), slo, state=None)
     assert few.exit_code == 3 and "from 368 requests on" in few.advice  # 4 requests cannot bound a p99
     cells, requests = _cells_and_requests({1.0: 0.5, 4.0: 1.8}, {1.0: 0.4, 4.0: 0.9})
-    assert evaluate_slo(cells, requests, slo).exit_code == PASS
+    assert evaluate_slo(cells, requests, slo, state=None).exit_code == PASS
     cells, requests = _cells_and_requests({1.0: 3.0, 4.0: 3.0}, {1.0: 3.0, 4.0: 3.0})
-    result = evaluate_slo(cells, requests, slo)
+    result = evaluate_slo(cells, requests, slo, state=None)
     assert result.exit_code == UNANSWERABLE and "no measured load meets" in result.message
 
 
@@ -432,7 +432,7 @@ def test_the_reports_answer_names_the_draft_check_judges():
                                                                        "chat|R4|T0|d": "chat|R4|T0|a"}}), b_cells])
     requests = pd.concat([requests.replace({"cell_id": {"chat|R1|T0|d": "chat|R1|T0|a",
                                                         "chat|R4|T0|d": "chat|R4|T0|a"}}), b_requests])
-    result = evaluate_slo(cells, requests, slo)
+    result = evaluate_slo(cells, requests, slo, state=None)
     assert result.draft == "b" and result.exit_code == PASS
     capacity = slo_capacity(slo_table(cells, requests, slo)).assign(cost_per_1m=float("nan"))
     analysis = SimpleNamespace(capacity=capacity, slo=slo, load="request_rate", price=None, replayed=None)

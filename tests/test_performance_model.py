@@ -1,4 +1,4 @@
-"""The roofline performance model (specbench.fit.roofline, specbench.fit.cost): it recovers a known
+"""The roofline performance model (specbench.fit.roofline, step_times, cost): it recovers a known
 roofline from step times, the speed-up arithmetic on hand-built step times, held-out validation
 printed by report and plan, plan's marks and other devices, and the context-length axis."""
 
@@ -14,7 +14,8 @@ from specbench.cli import app, token_count
 from specbench.fit import (
     Architecture, CostModel, ForwardTimeModel, StepTimes, expected_tau, fit_forward_time, tokens_per_step_moments,
 )
-from specbench.fit.cost import expected_longest, prefill_forwards
+from specbench.fit.cost import expected_longest
+from specbench.fit.prefill_times import prefill_forwards
 from specbench.fit.roofline import ForwardProfile, slower_than_larger
 from specbench.grid import Cell, SweepConfig, plan_cells
 from specbench.synthetic import shipped_config
@@ -258,6 +259,7 @@ def test_plan_marks_what_it_never_measured(timing_run):
     assert "–" in longer.output  # no measurement shown beside a prediction for other output lengths
 
 
+@pytest.mark.integration
 def test_plan_labels_acceptance_from_another_target_and_names_every_draft_it_leaves_out(tmp_path):
     """--timings of one target with --acceptance of another: the predictions say the α was
     transferred (text and JSON), and a draft with step times but no α is named, not dropped."""
@@ -314,6 +316,7 @@ def test_bad_plan_input_is_one_line(timing_run, args, message):
         result.output
 
 
+@pytest.mark.integration
 def test_plan_carries_a_gpu_run_to_another_device():
     run = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
     here = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--json"]).output)

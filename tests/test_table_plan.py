@@ -421,7 +421,8 @@ def test_a_batch_prefill_is_corrected_at_the_batch_size_it_was_fitted_at():
     fitted per batch (measured batch / the tables' forwards summed), so a prediction scales the sum by
     the correction at the batch's size, not each forward by the correction at its own rows."""
     from specbench.fit.calibration import Correction, TableForward
-    from specbench.fit.cost import StepTimes, prefill_forwards
+    from specbench.fit.prefill_times import prefill_forwards
+    from specbench.fit.step_times import StepTimes
     from specbench.fit.kernel_tables import Forward
 
     forward = Forward(shipped_config("llama3-8b")[1], "h100_sxm", "vllm", 1, name="llama3-8b")

@@ -14,12 +14,14 @@ part 3).
     python benchmarks/fleet-2026-11-25/cpu_replays.py [--calibration DIR ...] [--acceptance-from DIR ...]
         [--reread-cached-tokens N] [--out DIR] [REPLAY_DIR ...]
 
-Writes cpu_replays.csv and cpu_replays.md next to this file (or in --out).
+Writes cpu_replays.csv and cpu_replays.md next to this file (or in --out); with --validation, also
+the replay check a plan on a vLLM CPU run prints (specbench/data/validation.json's "replay").
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specbench.fleet.served import (  # noqa: E402
     cell_loads, fit_served, row_step_acceptance, served_replica, simulate_load,
 )
-from specbench.results import load_run, pool_runs  # noqa: E402
+from specbench.measured import replay_figures, write_validation  # noqa: E402
+from specbench.results import cpu_name, load_run, pool_runs  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +51,15 @@ ACCEPTANCE_FROM = sorted((HERE / "cpu" / "replays").glob("*/")) + sorted(
 LABELS = ("calibration", "workload", "replay")
 TARGETS = {"tpot": 0.10, "ttft": 0.20, "e2e": 0.10}  # issue 40: p50 within 10 %, 20 %, 10 %
 METRICS = ("ttft", "tpot", "e2e")
+REPLAY_WHAT = ("the simulator on a served run's fitted steps against vLLM CPU trace replays it never saw: one sitting, "
+               "azure-conv and azure-code each below and past the knee, the baseline, ngram K=2 and the self draft, "
+               "priced on that sitting's closed-loop calibration")
+
+
+def shown(path: Path) -> str:
+    """`path` as the repository names it, where it is inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def calibration_acceptance(cells: pd.DataFrame, requests: pd.DataFrame) -> dict[tuple[str, int], tuple[float, ...]]:
@@ -105,6 +117,9 @@ def main() -> None:
                         help="hold the decoding context a verify's re-reads find in a cache at this (fitted on the "
                              "calibration otherwise)")
     parser.add_argument("--out", type=Path, default=HERE, help="where cpu_replays.csv and .md go")
+    parser.add_argument("--validation", action="store_true",
+                        help="also write these cells' figures as the replay check a plan on a vLLM CPU run prints "
+                             "(specbench/data/validation.json's \"replay\"; the full sitting's, as its README runs it)")
     parser.add_argument("replays", nargs="*", type=Path, default=REPLAYS)
     args = parser.parse_args()
     runs = [load_run(path) for path in args.calibration or CALIBRATION]
@@ -157,6 +172,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "cpu_replays.csv", index=False, float_format="%.6g")
     write_summary(table, price, [run.path for run in runs], args.out, held=bool(args.reread_cached_tokens))
+    if args.validation:
+        replays = sorted({Path(path).name for path in table["replay"]})
+        write_validation("replay", replay_figures(table), what=REPLAY_WHAT, source=shown(args.out / "cpu_replays.csv"),
+                         machine=f"vLLM CPU replays ({', '.join(replays)}) and their calibration, predicted on "
+                                 f"{cpu_name()}, {os.cpu_count()} CPUs",
+                         command=" ".join(["python", shown(Path(__file__)), *sys.argv[1:]]))
 
 
 def write_summary(table: pd.DataFrame, price, calibration: list[Path], out: Path = HERE, held: bool = False) -> None:

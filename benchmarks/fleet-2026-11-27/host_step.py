@@ -12,7 +12,8 @@ greedy, sent at once (the prefill steps admit them, then every row decodes); eac
 the second timed.
 
 The fit, least squares over every timed step: host ms = a + b · running rows + c · new requests
-+ d · prompt tokens. `specbench.fit.host_cost.VLLM_HOST_STEP` holds it (tests hold the two equal);
++ d · prompt tokens. specbench/data/measured.json's `vllm_host_step` holds it (`fit.host_cost.VLLM_HOST_STEP`;
+tests hold the two equal);
 the simulator adds it to a synchronously scheduled step's kernel time and overlaps it with an
 async-scheduled one's.
 
@@ -36,7 +37,7 @@ lookup, which scans each row's whole context on one thread (vLLM 0.32 caps its n
 one), is timed apart, directly on vLLM's `batch_propose_numba` at 8-128 rows and 1k-9k tokens of
 context. The fit: speculation's host ms = a + b · rows + c · rows · context tokens, c the lookup's
 and a, b least squares over every sitting's differences less the lookup.
-`specbench.fit.host_cost.NGRAM_HOST_STEP` holds it (tests hold the two equal). Writes
+specbench/data/measured.json's `ngram_host_step` holds it (tests hold the two equal). Writes
 host_step-ngram.csv (every timed step of both engines), host_step-ngram.json and host_step-ngram.md.
 
 With --executor mp: what vLLM's multiprocess executor adds to a step, as every server at TP > 1
@@ -47,7 +48,7 @@ calls (timed in the worker process): serialising the step's inputs and outputs, 
 through shared memory and receiving them. Fitted as the baseline's host time is (a + b · running
 rows + c · new requests + d · prompt tokens, least squares over each step shape's median weighted
 by its steps), over
---sittings fresh processes. `specbench.fit.host_cost.MULTIPROC_EXECUTOR_STEP` holds it. Writes
+--sittings fresh processes. specbench/data/measured.json's `multiproc_executor_step` holds it. Writes
 host_step-executor.csv, .json and .md.
 """
 

@@ -28,8 +28,8 @@ say how far the host constants measured on this VM (host_step.py) carry to a GPU
     python benchmarks/fleet-2026-11-27/launch_host.py --summarize FILE.jsonl  # FILE.md beside it
 
 Writes DIR/launch_host.jsonl (one line a measurement) and prints a table. `--summarize` writes the
-measurements as a markdown table with the per-layer medians `specbench.fit.host_cost.COMPILED_LAUNCH`
-holds (compiled, up to 1,024 tokens: TP1 alone, and every TP > 1 shard together).
+measurements as a markdown table with the per-layer medians specbench/data/measured.json's
+`compiled_launch` holds (compiled, up to 1,024 tokens: TP1 alone, and every TP > 1 shard together).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ timestamped in the engine core. The API server's share is the client's TTFT less
 Prompts of 16 to 4,096 tokens, in a shuffled order, repeated.
 
 The fit, least squares over every request: API server ms = a + b · prompt tokens
-(`specbench.fit.host_cost.VLLM_API_SERVER_REQUEST` holds it; tests hold the two equal).
+(specbench/data/measured.json's `vllm_api_server_request` holds it; tests hold the two equal).
 
     python benchmarks/fleet-2026-11-28/api_server.py [--repeats 6]     # ~4 minutes on this 2-core VM
 

@@ -27,7 +27,7 @@ import pandas as pd
 
 from specbench.fit import device_key
 from specbench.fit.calibration import calibrate, carried, held_out_on_tables, predicted_with, run_system
-from specbench.fit.cost import StepTimes, fit_step_times
+from specbench.fit.step_times import StepTimes, fit_step_times
 from specbench.results import load_run
 
 HERE = Path(__file__).parent

@@ -1,5 +1,5 @@
 """What every command shares: the consoles, bad input as one line (exit 2), list and token-count
-parsing, the exit codes, and picking a run's cells (one kind of hardware, one context length)."""
+parsing and the exit codes. Picking a run's cells is specbench.api.runs'."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from specbench.api.errors import UsageError
+from specbench.api.inputs import check_price  # noqa: F401  (report's and plan's --gpu-price)
+
 # Without a terminal (a log file, CI, nohup) rich would cut lines at 80 columns: there, lines are as
 # wide as their content unless COLUMNS says otherwise; in a terminal, table cells fold, never cut.
 _LOG_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000
 # Emoji codes off: "--trace-window 5000:100: no request ..." printed ":100:" as an emoji.
 console = Console(width=_LOG_WIDTH, emoji=False)
 errors = Console(stderr=True, width=_LOG_WIDTH, emoji=False)
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line, exit code 2."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -108,64 +107,6 @@ def known_errors():
     return (UsageError, ModelNotAvailable, IncompatibleModels, WorkloadError, RunNotFound, ValueError, ServerError,
             StageFailed)
 
-def check_price(gpu_price: float | None, gpus: int) -> None:
-    if gpu_price is not None and not (math.isfinite(gpu_price) and gpu_price >= 0):
-        raise UsageError(f"--gpu-price must be a number of dollars >= 0, got {gpu_price:g}")
-    if gpus < 1:
-        raise UsageError(f"--gpus must be >= 1, got {gpus}")
-
-
-def on_hardware(run, hardware: str | None):
-    """The run's cells on one kind of hardware: a speed-up is never taken across two (fit.nodes).
-    A run on several kinds needs --hardware; one on a single kind is returned as it is."""
-    from specbench.fit.nodes import hardware_kinds
-
-    kinds = hardware_kinds(run.cells)
-    if hardware is None:
-        if len(kinds) > 1:
-            raise UsageError(f"the run's cells ran on {len(kinds)} kinds of hardware ({'; '.join(kinds)}): no speed-up "
-                             f"is taken across two; pass --hardware to pick one")
-        return run
-    chosen = [kind for kind in kinds if hardware.lower() in kind.lower()]
-    if len(chosen) != 1:
-        raise UsageError(f"--hardware {hardware}: the run's cells ran on {'; '.join(kinds) or 'unrecorded hardware'}"
-                         + (" (it names several)" if chosen else ""))
-    return keep_cells(run, run.cells[run.cells["gpu_model"] == chosen[0]])
-
-
-def keep_cells(run, chosen):
-    """The run with only the `chosen` cells, and their requests, steps and baseline copies."""
-    from dataclasses import replace
-
-    keep = set(chosen["cell_id"])
-    pick = lambda frame: frame[frame["cell_id"].isin(keep)] if frame is not None and not frame.empty else frame  # noqa: E731
-    return replace(run, cells=chosen, requests=pick(run.requests), steps=pick(run.steps),
-                   baseline_copies=pick(run.baseline_copies))
-
-
-def at_context(run, length: int):
-    """The run with only its cells (and their requests and steps) at one context length."""
-    from specbench.fit import with_context
-
-    cells = with_context(run.cells)
-    chosen = cells[cells["context_length"] == length]
-    if chosen.empty:
-        measured = sorted(int(c) for c in cells["context_length"].unique())
-        raise UsageError(f"--context-length {length}: the run measured context lengths "
-                         f"{', '.join(str(c) if c else '0 (the prompts as they are)' for c in measured)}")
-    return keep_cells(run, chosen)
-
-
-def measured_batch_sizes(cells) -> list[int]:
-    """Batch sizes with at least one finished cell, ascending."""
-    if cells.empty or "batch_size" not in cells:
-        return []
-    from specbench.fit import closed_loop
-
-    ok = closed_loop(cells[cells["status"] == "ok"] if "status" in cells else cells)
-    return sorted(int(b) for b in ok["batch_size"].dropna().unique())
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised wherever the program is, so that it stops as on Ctrl-C: finished cells kept,
     servers stopped, run.json `interrupted`."""
@@ -203,16 +144,3 @@ INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, S
 # The gate's exit codes for what is not a verdict (specbench.gate holds them all; main() needs these two
 # before any command ran, and importing the gate would load pandas and scipy for `--help`)
 UNANSWERABLE, INTERNAL_ERROR = 2, 4
-
-
-
-def runnable_advice(result, run) -> None:
-    """A verdict's advice made runnable as printed: the run's own path for RUN, and where
-    --until-decided already spent its budget, a bigger budget instead of the same again."""
-    result.advice = result.advice.replace("--output RUN", f"--output {run.path}")
-    if str(run.meta.get("until_decided") or "").startswith("budget spent") and "--until-decided" in result.advice:
-        max_repeats = (run.meta.get("config") or {}).get("max_repeats", "?")
-        result.advice = (f"--until-decided already spent its budget here ({max_repeats} repeats): "
-                         f"`specbench sweep --resume --output {run.path} --until-decided --max-repeats "
-                         f"{2 * max_repeats if isinstance(max_repeats, int) else 'N'}` adds more, or "
-                         "a --min-speedup margin decides a speed-up that sits on the bar")

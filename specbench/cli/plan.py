@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from specbench.cli.common import (UsageError, check_price, console, fail, known_errors, split_list, token_counts,
-                                  typed_options)
+from specbench.api.inputs import check_grid
+from specbench.cli.common import UsageError, check_price, fail, known_errors, split_list, token_counts, typed_options
 from specbench.cli.plan_options import check_options
-from specbench.cli.render import print_plan, print_trust, print_warnings
+from specbench.cli.render import print_prediction
 
 
 def plan(
@@ -47,7 +47,8 @@ def plan(
                                               "Needs pip install 'specbench\\[gpu-tables]'."),
     drafts: str = typer.Option("1b,8b", rich_help_panel="On kernel tables, no run",
                                help="Drafters to price with --target: model aliases or sizes in the target's "
-                                    "family, config directories, ngram, eagle (a 1-layer head), mtp or mtp:N."),
+                                    "family, config directories, ngram, eagle (a 1-layer head), eagle3 (that "
+                                    "head over 3 target layers), mtp or mtp:N."),
     tp: str = typer.Option("1", "--tp", rich_help_panel="On kernel tables, no run",
                            help="Tensor-parallel sizes of the target, e.g. 4,8."),
     draft_tp: Optional[str] = typer.Option(None, "--draft-tp", rich_help_panel="On kernel tables, no run",
@@ -140,182 +141,98 @@ def plan(
                                                   "(decode, verify, draft, prefill; vLLM: per step), any model "
                                                   "size."),
 ) -> None:
-    """What-if: predicted speed-up, tokens/s, B* and cost for K, batch sizes and context lengths
-    not measured, from the roofline performance model fitted on the run (docs/performance-model.md);
-    with --target, from NVIDIA's measured kernel tables at any GPU and TP size, with no run."""
-    import pandas as pd
+    """What-if: speed-up, tokens/s and cost of speculative decoding where nothing was measured.
 
+    \b
+    The options given pick the question:
+    RUN_DIR: the model fitted on a run, at K, batch sizes and context lengths it did not measure.
+    --target MODEL --tp 4,8: static batches priced on NVIDIA's kernel tables at any GPU, no run.
+    --concurrency 4,16 (with --target, or a vLLM RUN_DIR): one replica under closed-loop clients.
+    --trace T --slo S (with --target, or a vLLM RUN_DIR): the fewest replicas that meet the SLO.
+    An option that does not apply to the question asked is refused, naming the one that does."""
     try:
         mode = check_options(typed_options(ctx), target is not None)
     except UsageError as error:
         fail(str(error))
-    if mode in ("tables-concurrency", "tables-trace"):
-        _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len,
-                    alpha, acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup,
-                    headroom, router, chart, gpu_price, clients, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-                    async_scheduling, draft_dtype, prefix_caching, prefix_len)
-        return
-    if mode == "run-trace":
-        _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                           json_output, prefix_caching, extrapolate)
-        return
-    if mode == "run-concurrency":
-        _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
-                                 prefix_caching, chart, gpu_price, json_output, extrapolate)
-        return
-    if mode == "tables":
-        _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes,
-                        context_lengths, max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output,
-                        calibrate, dtype, kv_cache_dtype, draft_dtype)
-        return
-    try:
-        alpha = _one_alpha(alpha)
-    except known_errors() as error:
-        fail(str(error))
+    from specbench import api
 
-    from specbench import fit
-    from specbench.fit.noise import run_noise
+    def on_tables() -> dict:  # the replica on the tables, as --target's options say
+        return {"drafts": split_list(drafts, str, "--drafts"), "tp": split_list(tp, int, "--tp"),
+                "draft_tp": None if draft_tp in (None, "tp") else split_list(draft_tp, int, "--draft-tp")[0],
+                "alpha": alpha, "acceptance": acceptance, "device": device or "h100", "backend": backend,
+                "dtype": dtype, "draft_dtype": draft_dtype, "kv_cache_dtype": kv_cache_dtype}
+
+    def served() -> dict:  # vLLM's server flags, for a replica on the tables
+        return {"ks": split_list(k, int, "--k"), "max_num_seqs": max_num_seqs,
+                "max_num_batched_tokens": max_num_batched_tokens, "async_scheduling": async_scheduling}
+
+    try:
+        if mode == "tables":
+            ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
+            answer = api.price(target, **on_tables(), ks=ks, batch_sizes=sizes, context_lengths=contexts or [1024],
+                               output_tokens=max_new_tokens or 128, gpu_price=gpu_price, slo=slo, calibrate=calibrate)
+        elif mode.endswith("-concurrency"):
+            from specbench.cli.plan_fleet import progress
+
+            load = {"concurrency": split_list(concurrency, int, "--concurrency"), "input_len": input_len,
+                    "output_len": output_len, "clients": clients, "prefix_len": prefix_len,
+                    "prefix_caching": prefix_caching, "gpu_price": gpu_price, "slo": slo, "chart": chart}
+            with progress("simulating") as on_progress:
+                answer = api.closed_loop(target, **load, **on_tables(), **served(), on_progress=on_progress) \
+                    if target is not None else \
+                    api.closed_loop_on_run(run_dir, **load, extrapolate=extrapolate, on_progress=on_progress)
+        elif mode.endswith("-trace"):
+            from specbench.cli.plan_fleet import progress
+
+            load = {"trace": trace, "slo": slo, "trace_window": trace_window, "headroom": headroom, "router": router,
+                    "scales": split_list(trace_speedup, float, "--trace-speedup"), "prefix_caching": prefix_caching,
+                    "gpu_price": gpu_price, "chart": chart}
+            with progress("sizing") as on_progress:
+                answer = api.size_fleet(target, **load, **on_tables(), **served(), on_progress=on_progress) \
+                    if target is not None else \
+                    api.size_fleet_on_run(run_dir, **load, extrapolate=extrapolate, on_progress=on_progress)
+        else:
+            answer = _on_run(run_dir, timings, acceptance, alpha, k, batch_sizes, context_lengths, max_new_tokens,
+                             device, gpu_price, gpus)
+    except known_errors() as error:  # TablesUnavailable is a ValueError
+        fail(str(error))
+    _show(answer, json_output)
+
+
+def _show(answer, json_output: bool) -> None:
+    """An api answer as --json prints it, or as tables and lines."""
+    from specbench import api
+
+    if json_output:
+        print(json.dumps(answer.to_dict(), indent=2))
+    elif isinstance(answer, api.Prediction):
+        print_prediction(answer)
+    elif isinstance(answer, api.TablePrice):
+        from specbench.cli.plan_tables import print_price
+
+        print_price(answer)
+    else:
+        from specbench.cli.plan_fleet import print_closed_loop, print_fleet
+
+        (print_closed_loop if isinstance(answer, api.ClosedLoop) else print_fleet)(answer)
+
+
+def _on_run(run_dir, timings, acceptance, alpha, k, batch_sizes, context_lengths, max_new_tokens, device, gpu_price,
+            gpus):
+    """`plan RUN`: api.predict on the run's fit; a CPU run with --device: priced on that GPU's tables."""
+    from specbench import api
     from specbench.results import load_run
 
-    try:
-        ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
-        check_price(gpu_price, gpus)
-        timings = load_run(timings or run_dir)
-        if device is not None and _ran_on_a_cpu(timings.meta):
-            _cpu_run_on_tables(timings, acceptance, device, ks, sizes, contexts, max_new_tokens, alpha, gpu_price,
-                               gpus, json_output)
-            return
-        if device is not None and device.lower() not in fit.DEVICES:
-            raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
-        run_tokens = int((timings.meta.get("config") or {}).get("max_new_tokens", 1))
-        output_tokens = max_new_tokens or run_tokens
-        if contexts or max_new_tokens:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
-            from specbench.grid import SweepConfig, check_context_limit, target_shape
-
-            recorded = timings.meta.get("config") or {}
-            asked = SweepConfig(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,
-                                max_new_tokens=output_tokens)
-            check_context_limit(asked, target_shape(asked))
-        accept_run = load_run(acceptance or run_dir) if (acceptance or run_dir) else timings
-        models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
-        engine = (timings.meta.get("engine") or {}).get("name", "native")
-        if not models and engine != "native":
-            raise UsageError(f"{timings.path}: a {'vLLM' if engine == 'vllm' else engine} run has no decode step "
-                             f"times (a served engine is timed per request, not per step), and plan fits its model on "
-                             f"them; measure the target on the native engine (`specbench sweep --target ...`) and "
-                             f"plan from that run (its acceptance may still come from this one: --acceptance)")
-        if not models:
-            raise UsageError(f"{timings.path}: no finished autoregressive cells with step times to fit (or the "
-                             f"target's shapes are unknown)")
-        models = fit.with_output_tokens(models, output_tokens) if max_new_tokens else models
-        alphas = fit.model_alphas(accept_run.cells, accept_run.steps)
-        drafts = _plan_drafts(models, alphas, alpha)
-        left_out = _drafts_left_out(models, alphas, alpha, drafts, timings.path, accept_run.path)
-        if not drafts:
-            raise UsageError("no draft has both step times and an α (give --acceptance RUN or --alpha)"
-                             + (f": {'; '.join(left_out)}" if left_out else ""))
-        transferred = _transferred(timings, accept_run) if alpha is None else ""
-        if alpha is not None:
-            alphas = pd.DataFrame([{"draft": d, "workload": w, "temperature": t, "context_length": c,
-                                    "alpha_iid": alpha} for d in drafts for (w, t, c) in models])
-        note = ""
-        if device is not None:
-            models, note = _on_device(models, timings.meta, device.lower())
-        price, price_note = (gpu_price, "given") if gpu_price is not None else \
-            fit.default_gpu_price({"gpus": [{"name": fit.DEVICES[device.lower()]["name"]}]} if device else
-                                  timings.meta.get("hardware", {}))
-        table = fit.plan_table(models, alphas, drafts, ks, sizes, price, gpus, contexts)
-        comparable = alpha is None and accept_run.path == timings.path and device is None \
-            and output_tokens == run_tokens  # the run measured what the model predicts at its cells
-        table = fit.attach_measured(table, timings.cells) if comparable else table.assign(speedup_measured=float("nan"))
-    except known_errors() as error:
-        fail(str(error))
-    unit = "$/1M tok" if price is not None else "device-h/1M tok"
-    trust = fit.trust_lines(timings, pd.DataFrame(), fit.held_out(timings.cells, timings.steps, timings.requests,
-                                                              timings.meta))
-    stopped = fit.completeness(timings.meta, timings.cells).describe()
-    warnings = ([stopped] if stopped else []) + fit.measurement_warnings(
-        timings.cells, noise=run_noise(timings.cells, timings.requests, timings.steps))
-    simulated = alpha is None and not alphas.empty and "alpha_source" in alphas \
-        and (alphas[alphas["draft"].isin(drafts)]["alpha_source"] == "simulated").any()
-    alpha_source = f"--alpha {alpha:g}" if alpha is not None else \
-        str(accept_run.path) + (" (the α it simulated: a timing-only run)" if simulated else "")
-    if json_output:
-        print(json.dumps({"step_times_from": str(timings.path), "alpha_from": alpha_source,
-                          "output_tokens": output_tokens, "estimate": note or None, "price": price_note,
-                          "acceptance_transferred": transferred or None, "drafts_left_out": left_out,
-                          "trust": trust, "warnings": warnings,
-                          "predictions": json.loads(table.to_json(orient="records"))}, indent=2))
-        return
-    label = "[bold red]ESTIMATE[/] for " + note if note else "[bold yellow]PREDICTIONS[/]"
-    console.print(f"{label} from step times of {timings.path} and α of {alpha_source} (not measurements; "
-                  f"{price_note}); {output_tokens} output tokens per request"
-                  + (" (--max-new-tokens)" if max_new_tokens else " (the run's; --max-new-tokens to change)"),
-                  highlight=False, soft_wrap=True)
-    for line in ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
-            [f"left out: {why}" for why in left_out]:
-        console.print(line, highlight=False, soft_wrap=True)
-    print_warnings(warnings)
-    print_trust(trust)
-    print_plan(table, sizes, unit)
-    console.print(f"{fit.b_star_rule()}; {fit.best_draft_rule()}", highlight=False, soft_wrap=True)
-
-
-def _plan_drafts(models: dict, alphas, alpha: float | None) -> list[str]:
-    """Drafts with step times in the timing run and an α (from the acceptance run, or --alpha)."""
-    from specbench.fit import base_draft
-
-    timed = {base_draft(d) for m in models.values() for d in list(m.times.drafts) + list(m.measured_ks)}
-    if alpha is not None:
-        return sorted({d for m in models.values() for d in m.measured_ks})
-    known = set(alphas["draft"]) if not alphas.empty else set()
-    return sorted(d for d in known if base_draft(d) in timed)
-
-
-def _drafts_left_out(models: dict, alphas, alpha: float | None, planned: list[str], timings: Path,
-                     acceptance: Path) -> list[str]:
-    """Each draft one run has and the other lacks, and why it is not planned: never dropped silently."""
-    from specbench.fit import base_draft
-
-    timed = {base_draft(d) for m in models.values() for d in list(m.times.drafts) + list(m.measured_ks)}
-    known = set(alphas["draft"]) if alpha is None and not alphas.empty else set()
-    chosen = {base_draft(d) for d in planned}
-    why = [f"{d}: an α in {acceptance} but no step times in {timings}" for d in sorted(known)
-           if base_draft(d) not in timed]
-    why += [f"{d}: step times in {timings} but no α in {acceptance} (give --alpha to plan it)"
-            for d in sorted(timed - chosen - {base_draft(k) for k in known}) if alpha is None]
-    return why
-
-
-def _transferred(timings, acceptance) -> str:
-    """The label of acceptance measured with another target than the step times' (or a timing-only
-    run's simulated α on a real run's times): a transfer, never silent."""
-    theirs = (acceptance.meta.get("config") or {}).get("target", "?")
-    ours = (timings.meta.get("config") or {}).get("target", "?")
-    if acceptance.path == timings.path or theirs == ours:
-        return ""
-    return (f"the α was measured with target {theirs} ({acceptance.path}) and is applied to {ours}'s step times "
-            f"({timings.path}); a draft accepted by one target is not always accepted as often by another")
-
-
-def _on_device(models: dict, meta: dict, device: str) -> tuple[dict, str]:
-    """Every model's step times carried to `device`'s datasheet peaks (the efficiencies kept)."""
-    import copy
-
-    from specbench import fit
-
-    gpus = (meta.get("hardware") or {}).get("gpus") or []
-    measured = fit.device_key(gpus[0]["name"]) if gpus else None
-    if measured is None:
-        raise UsageError(f"--device needs a run on a known GPU ({', '.join(fit.DEVICES)}); this one ran on "
-                         f"{gpus[0]['name'] if gpus else 'a CPU'}, whose efficiencies do not carry to a GPU")
-    moved = {}
-    for key, model in models.items():
-        clone = copy.copy(model)
-        clone.times = model.times.on_datasheet(measured, device)
-        moved[key] = clone
-    return moved, (f"{fit.DEVICES[device]['name']}: efficiencies fitted on {gpus[0]['name']} carried to its "
-                   f"datasheet bandwidth and FLOP/s; overheads kept")
+    alpha = _one_alpha(alpha)
+    ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
+    check_price(gpu_price, gpus)
+    timings = load_run(timings or run_dir)
+    if device is not None and _ran_on_a_cpu(timings.meta):
+        return _cpu_run_on_tables(timings, acceptance, device, ks, sizes, contexts, max_new_tokens, alpha, gpu_price,
+                                  gpus)
+    return api.predict(run_dir, timings=timings, acceptance=acceptance, alpha=alpha, ks=ks, batch_sizes=sizes,
+                       context_lengths=contexts, device=device, gpu_price=gpu_price, gpus=gpus,
+                       max_new_tokens=max_new_tokens)
 
 
 def _ran_on_a_cpu(meta: dict) -> bool:
@@ -324,11 +241,13 @@ def _ran_on_a_cpu(meta: dict) -> bool:
 
 def _cpu_run_on_tables(run, acceptance: Path | None, device: str, ks: list[int], sizes: list[int],
                        contexts: list[int] | None, max_new_tokens: int | None, alpha: float | None,
-                       gpu_price: float | None, gpus: int, json_output: bool) -> None:
+                       gpu_price: float | None, gpus: int):
     """`plan CPU_RUN --device GPU`: a CPU's fitted efficiencies say nothing of a GPU's, so the run's
     target and drafts are priced on that GPU's kernel tables instead, with the α the run measured
     (as `plan --target T --drafts D --acceptance RUN --device GPU` would)."""
-    from specbench.cli.plan_tables import plan_from_tables
+    from dataclasses import replace
+
+    from specbench import api
     from specbench.fit.calibration import run_configs
 
     if gpus != 1:
@@ -345,13 +264,17 @@ def _cpu_run_on_tables(run, acceptance: Path | None, device: str, ks: list[int],
     note = (f"NOTE: {run.path} ran on a CPU, whose efficiencies do not carry to a GPU: its models are priced on the "
             f"{device} kernel tables with its measured α (as `specbench plan {asked}`)")
     given, measured = (f"{alpha:g}", None) if alpha is not None else (None, acceptance or run.path)
-    plan_from_tables(target, ",".join(drafts), device, "vllm", "1", None, ks, sizes, contexts or [1024],
-                     max_new_tokens or int(config.get("max_new_tokens") or 128), given, measured, gpu_price, None,
-                     json_output, notes=[note])
+    priced = api.price(target, drafts=drafts, device=device, ks=ks, batch_sizes=sizes,
+                       context_lengths=contexts or [1024],
+                       output_tokens=max_new_tokens or int(config.get("max_new_tokens") or 128), alpha=given,
+                       acceptance=measured, gpu_price=gpu_price)
+    return replace(priced, notes=[note])
 
 
 def _one_alpha(text: str | None) -> float | None:
     """A run's plan takes one i.i.d. α."""
+    from specbench.api.inputs import check_alpha
+
     if text is None:
         return None
     try:
@@ -359,95 +282,13 @@ def _one_alpha(text: str | None) -> float | None:
     except ValueError:
         raise UsageError(f"--alpha: with a run, one number in [0, 1) (lists and profiles plan with --target), "
                          f"got {text!r}") from None
-    if not 0 <= value < 1:
-        raise UsageError(f"--alpha must be in [0, 1), got {value:g}")
+    check_alpha(value)
     return value
-
-
-def _plan_on_tables(run_dir, timings, target, drafts, device, backend, tp, draft_tp, k, batch_sizes, context_lengths,
-                    max_new_tokens, alpha, acceptance, gpu_price, gpus, slo, json_output, calibrate, dtype=None,
-                    kv_cache_dtype="auto", draft_dtype=None) -> None:
-    from specbench.cli.plan_tables import check_precision, plan_from_tables
-
-    try:
-        gemm_quant, draft_gemm_quant = check_precision(dtype, kv_cache_dtype, draft_dtype)
-        if calibrate is not None and (gemm_quant or draft_gemm_quant or kv_cache_dtype != "auto"):
-            raise UsageError("--calibrate corrects the tables' 16-bit forwards by what a run measured: leave --dtype, "
-                             "--draft-dtype and --kv-cache-dtype out with it")
-        ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
-        check_price(gpu_price, 1)
-        plan_from_tables(target, drafts, device or "h100", backend, tp, draft_tp, ks, sizes, contexts or [1024],
-                         max_new_tokens or 128, alpha, acceptance, gpu_price, slo, json_output, calibrate,
-                         gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype, draft_gemm_quant=draft_gemm_quant)
-    except known_errors() as error:  # TablesUnavailable is a ValueError
-        fail(str(error))
-
-
-def _plan_fleet(run_dir, target, drafts, device, backend, tp, draft_tp, k, concurrency, input_len, output_len, alpha,
-                acceptance, dtype, json_output, slo, calibrate, trace, trace_window, trace_speedup, headroom, router,
-                chart, gpu_price, clients, kv_cache_dtype="auto", max_num_seqs=None, max_num_batched_tokens=None,
-                async_scheduling=None, draft_dtype=None, prefix_caching=None, prefix_len=0) -> None:
-    from specbench.cli.plan_fleet import FleetAsk, TrafficAsk, plan_fleet
-
-    try:
-        if chart is not None and chart.suffix.lower() != ".png":
-            raise UsageError(f"--chart {chart}: write a .png file")
-        if trace is not None and slo is None:
-            raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
-        ks = split_list(k, int, "--k")
-        if any(x < 1 for x in ks):
-            raise UsageError("--k must be >= 1")
-        check_price(gpu_price, 1)
-        traffic = TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"), slo, headroom,
-                             router, chart, gpu_price) if trace is not None else None
-        ask = FleetAsk(target=target, drafts=drafts, device=device or "h100", backend=backend, tps=tp,
-                       draft_tp=draft_tp, ks=ks, alpha=alpha, acceptance=acceptance, dtype=dtype,
-                       concurrencies=split_list(concurrency, int, "--concurrency") if concurrency else [],
-                       input_len=input_len, output_len=output_len, traffic=traffic, clients=clients,
-                       kv_cache_dtype=kv_cache_dtype, draft_dtype=draft_dtype, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-                       prefix_caching=prefix_caching, prefix_len=prefix_len, gpu_price=gpu_price, slo=slo if trace is None else None,
-                       chart=chart if trace is None else None)
-        plan_fleet(ask, json_output)
-    except known_errors() as error:
-        fail(str(error))
-
-
-def _plan_served_fleet(run_dir, trace, trace_window, trace_speedup, slo, headroom, router, chart, gpu_price,
-                       json_output, prefix_caching=None, extrapolate=False) -> None:
-    from specbench.cli.plan_fleet import TrafficAsk, plan_served_fleet
-
-    try:
-        if slo is None:
-            raise UsageError("--trace sizes the fleet that meets an SLO: give --slo (e.g. ttft=2,tpot=0.05,p90)")
-        check_price(gpu_price, 1)
-        plan_served_fleet(run_dir, TrafficAsk(trace, trace_window, split_list(trace_speedup, float, "--trace-speedup"),
-                                              slo, headroom, router, chart, gpu_price), json_output, prefix_caching,
-                          extrapolate)
-    except known_errors() as error:
-        fail(str(error))
-
-
-def _plan_served_closed_loop(run_dir, concurrency, input_len, output_len, clients, slo, prefix_len, trace,
-                             prefix_caching, chart, gpu_price, json_output, extrapolate=False) -> None:
-    from specbench.cli.plan_fleet import ClosedLoopAsk, plan_served_closed_loop
-
-    try:
-        if run_dir is None:
-            raise UsageError("--concurrency simulates served replicas: give --target MODEL (on the kernel tables) "
-                             "or RUN_DIR (the servers a vLLM run measured)")
-        check_price(gpu_price, 1)
-        plan_served_closed_loop(run_dir, ClosedLoopAsk(split_list(concurrency, int, "--concurrency"), input_len,
-                                                       output_len, clients, prefix_len, slo, chart),
-                                json_output, prefix_caching, gpu_price, extrapolate)
-    except known_errors() as error:
-        fail(str(error))
 
 
 def _grid(k: str, batch_sizes: str, context_lengths: str | None, max_new_tokens: int | None):
     """(K, batch sizes, context lengths) asked, each >= 1 (no context lengths: [])."""
     ks, sizes = split_list(k, int, "--k"), split_list(batch_sizes, int, "--batch-sizes")
     contexts = token_counts(context_lengths, "--context-lengths") if context_lengths else []
-    if any(x < 1 for x in ks + sizes + contexts + [max_new_tokens or 1]):
-        raise UsageError("--k, --batch-sizes, --context-lengths and --max-new-tokens must be >= 1")
+    check_grid(ks, sizes, contexts, max_new_tokens)
     return ks, sizes, contexts

@@ -247,6 +247,43 @@ def print_gate_warnings(warnings: list[str]) -> None:
         console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def print_check(result, every_batch_size: bool) -> None:
+    """A check's question, its verdict and the run's warnings (`every_batch_size`: none was named)."""
+    verdict, run = result.verdict, result.run
+    if result.judges_slo:
+        unit = "request rate" if verdict.load == "request_rate" else "concurrency"
+        question = f"does speculation keep the highest {unit} meeting the SLO ({verdict.slo})?"
+        text = slo_gate_text(verdict)
+    else:
+        which = " (every batch size the run measured; --batch-sizes to choose)" if every_batch_size else ""
+        question = (f"does speculation keep ≥ {verdict.min_speedup:g}× at batch size(s) "
+                    f"{', '.join(map(str, verdict.batch_sizes))}?{which}")
+        text = gate_text(verdict)
+    console.print(f"{question} (run {run.path})", highlight=False, soft_wrap=True)
+    console.print(text, highlight=False, soft_wrap=True)
+    print_gate_warnings(verdict.warnings)
+
+
+def print_prediction(prediction) -> None:
+    """`plan RUN`'s answer: where its step times and α come from, what it rests on, the tables."""
+    from specbench import fit
+
+    label = "[bold red]ESTIMATE[/] for " + prediction.estimate if prediction.estimate else "[bold yellow]PREDICTIONS[/]"
+    console.print(f"{label} from step times of {prediction.step_times_from} and α of {prediction.alpha_from} (not "
+                  f"measurements; {prediction.price_note}); {prediction.output_tokens} output tokens per request"
+                  + (" (--max-new-tokens)" if prediction.output_tokens_given else
+                     " (the run's; --max-new-tokens to change)"),
+                  highlight=False, soft_wrap=True)
+    for line in ([f"TRANSFERRED ACCEPTANCE: {prediction.transferred}"] if prediction.transferred else []) + \
+            [f"left out: {why}" for why in prediction.left_out]:
+        console.print(line, highlight=False, soft_wrap=True)
+    print_warnings(prediction.warnings)
+    print_trust(prediction.trust)
+    print_plan(prediction.table, prediction.batch_sizes,
+               "$/1M tok" if prediction.price is not None else "device-h/1M tok")
+    console.print(f"{fit.b_star_rule()}; {fit.best_draft_rule()}", highlight=False, soft_wrap=True)
+
+
 def print_plan(table, sizes: list[int], unit: str) -> None:
     from specbench.fit import AR, crossover, pick_best_draft
     from specbench.gate import format_speedup

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from specbench.cli.common import (check_price, console, errors, fail, known_errors, measured_batch_sizes, on_hardware,
-                                  runnable_advice)
+from specbench.api.runs import measured_batch_sizes, on_hardware, runnable_advice
+from specbench.cli.common import check_price, console, errors, fail, known_errors
 from specbench.cli.render import gate_text, print_analysis, print_warnings, slo_gate_text
 
 def report(

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.grid import SCHEDULE_MARK, Cell, ReplayShape, SweepConfig, requests_per_cell, split_schedule
 from specbench.models import lookup_alias, parse_draft_spec, parse_dtype
 from specbench.synthetic import shipped_config
@@ -110,11 +111,12 @@ def _draft_costs(config: SweepConfig) -> Callable[[str], tuple[float, float]]:
         layers = 0
 
     def ratio(spec) -> float:
-        if spec.kind == "ngram":
+        kind = drafter_kind(spec.kind)
+        if kind.host_drafting:
             return 0.0
-        if spec.kind == "self":
+        if kind.target_prefix_layers:
             return min(1.0, spec.layers / layers) if layers else 0.5
-        if spec.kind != "model":
+        if not kind.separate_model:
             return UNKNOWN_DRAFT_RATIO  # a head (EAGLE, MTP) or a config passed through
         width = parse_dtype(spec.dtype).itemsize / config.torch_dtype.itemsize if spec.dtype else 1.0
         if spec.model == config.target:

@@ -132,7 +132,8 @@ def bound_to(cores: list[int]):
     """The group on `cores`: this process, its torch threads and the servers it starts (their
     compute threads by VLLM_CPU_OMP_THREADS_BIND), so that two groups never compete for a core.
     (Binding only the compute threads, the API servers and load generators float: measured no
-    faster, benchmarks/cpu-2026-11-24/README.md.) Undone after: Ray reuses its workers."""
+    faster: specbench/data/measured.json's finding ray_compute_threads_binding.) Undone after: Ray
+    reuses its workers."""
     if not cores:
         yield
         return

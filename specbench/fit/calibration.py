@@ -15,8 +15,8 @@ through each measured batch size's median ratio, held at the nearest measured si
 kernels already carry how a forward grows with the batch, so what is left (the engine's own
 overhead) has no trend to trust past the last size measured; and a least-squares line in log2 B
 (`loglinear`) does not even reproduce the sizes it was fitted on. Checked by hiding each H100 run's
-largest batch size (benchmarks/tables-2026-11-25/held_out_corrected.md). `TableForward` turns a
-corrected table into the forward-time model the cost model asks (`seconds(rows, positions,
+largest batch size (specbench/data/measured.json's finding held_out_correction). `TableForward`
+turns a corrected table into the forward-time model the cost model asks (`seconds(rows, positions,
 context)`), so a calibrated plan and the held-out check use exactly the arithmetic the run's own
 roofline uses.
 """
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.fit import kernel_tables
 from specbench.fit.cells import ok_closed_loop
 from specbench.models import lookup_alias, parse_draft_spec
@@ -107,7 +108,7 @@ class TableForward:
 
     def table_prefill_ms(self, lengths) -> float:
         """A whole batch's prefill on the uncorrected tables: its forwards as the engine groups them."""
-        from specbench.fit.cost import prefill_forwards
+        from specbench.fit.prefill_times import prefill_forwards
 
         return float(sum(self.forward.prefill_ms(rows, positions) for rows, positions in prefill_forwards(lengths)))
 
@@ -146,7 +147,7 @@ class MeasuredModel:
 class Calibration:
     """A run's forwards against the tables: the corrected step times, and what each correction is."""
 
-    times: object  # fit.cost.StepTimes (None from a served run: it has no forwards to model)
+    times: object  # fit.step_times.StepTimes (None from a served run: it has no forwards to model)
     corrections: dict[str, Correction]
     system: str
     backend: str
@@ -198,7 +199,7 @@ def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
             spec = parse_draft_spec(label)
         except ValueError:
             continue
-        if spec.kind == "model" and lookup_alias(spec.model, family) is not None:
+        if drafter_kind(spec.kind).separate_model and lookup_alias(spec.model, family) is not None:
             drafts[label] = shipped_config(spec.model, family)
     return name, target, drafts
 
@@ -209,9 +210,8 @@ def calibrate(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, 
     """The run's step times on the tables of `system` (at TP1, as the native engine runs), each
     kind of forward corrected by the run's own (`correct=False`: the bare tables; `shape`: how a
     correction varies with the batch, `Correction.fit`)."""
-    from specbench.fit.cost import (
-        StepTimes, _points, fit_step_times, forward_table, measured_draft_prefills, measured_prefills,
-    )
+    from specbench.fit.prefill_times import measured_draft_prefills, measured_prefills
+    from specbench.fit.step_times import StepTimes, _points, fit_step_times, forward_table
 
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
@@ -276,7 +276,7 @@ def predicted_with(times, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd
                    meta: dict) -> pd.DataFrame:
     """Every speculative cell of a run predicted with step times from elsewhere (`times`: another
     GPU's corrections carried, the bare tables) and the run's own α: the columns of `fit.held_out`."""
-    from specbench.fit.cost import _finished, _predict_held_out, _with_side
+    from specbench.fit.validation import _finished, _predict_held_out, _with_side
 
     ok = _finished(cells)
     return _with_side(_predict_held_out(cells, steps, requests, meta, set(ok["cell_id"]), ok,
@@ -285,11 +285,11 @@ def predicted_with(times, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd
 
 def carried(source: Calibration, cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame, meta: dict,
             system: str, backend: str = "vllm") -> object:
-    """A run's step times (fit.cost.StepTimes) on `system`'s tables, corrected by `source`, a run
+    """A run's step times (fit.step_times.StepTimes) on `system`'s tables, corrected by `source`, a run
     measured on another GPU's tables, as `plan --calibrate` corrects a plan: the target's forwards by
     `source`'s target's, each model draft's by those of `source`'s measured model nearest its size.
-    Checked on the committed H100 and H200 runs (benchmarks/tables-2026-11-28/cross_gpu.md)."""
-    from specbench.fit.cost import StepTimes
+    Checked on the committed H100 and H200 runs (measured.json's finding cross_gpu_correction)."""
+    from specbench.fit.step_times import StepTimes
 
     bare = calibrate(cells, steps, requests, meta, system, backend, correct=False).times
     found, name = source.corrections, source.target
@@ -357,7 +357,7 @@ def held_out_on_tables(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.Da
     """The largest batch size hidden: the tables corrected on the smaller sizes predict each of its
     speculative cells, with α from the smaller sizes (`speedup_error`) and with the cell's own α and
     prompts (`speedup_error_at_traffic`): the columns of `fit.held_out`, by the same arithmetic."""
-    from specbench.fit.cost import MIN_BATCH_SIZES_FOR_HOLDOUT, _finished, _predict_held_out, _with_side
+    from specbench.fit.validation import MIN_BATCH_SIZES_FOR_HOLDOUT, _finished, _predict_held_out, _with_side
 
     ok = _finished(cells)
     sizes = sorted(ok["batch_size"].unique().astype(int).tolist()) if not ok.empty else []

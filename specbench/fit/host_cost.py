@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from specbench import measured
+
 
 @dataclass(frozen=True)
 class HostCost:
@@ -24,22 +26,20 @@ class HostCost:
                 + self.per_prompt_token_ms * prompt_tokens)
 
 
+# The measured constants below are read from specbench/data/measured.json (`specbench.measured`),
+# which says for each the committed result, date, machine and command that measured it; tests hold
+# each to that result.
+
 # vLLM 0.32's engine core (its GPUModelRunner's host path, run by its CPU build) on this project's
-# 2-core AMD EPYC VM, measured by benchmarks/fleet-2026-11-27/host_step.py (host_step.json; a test
-# holds the two equal). A GPU server's host CPU and vLLM version differ; this is the one measured.
-VLLM_HOST_STEP = HostCost(intercept_ms=0.742, per_running_row_ms=0.0240, per_new_request_ms=0.0233,
-                          per_prompt_token_ms=0.000149)
-VLLM_HOST_STEP_SOURCE = ("vLLM 0.32's engine core on a 2-core AMD EPYC VM "
-                         "(specbench's benchmarks/fleet-2026-11-27/host_step.md)")
+# 2-core AMD EPYC VM. A GPU server's host CPU and vLLM version differ; this is the one measured.
+VLLM_HOST_STEP = HostCost(**measured.value("vllm_host_step"))
+VLLM_HOST_STEP_SOURCE = measured.described("vllm_host_step")
 # What vLLM 0.32's multiprocess executor adds to a step (every server at TP > 1 runs its model runners
 # in worker processes): the step's two calls to a worker (execute_model, sample_tokens) less the
-# worker's own time in them, on the same VM, measured by host_step.py --executor mp
-# (host_step-executor.json; a test holds the two equal). One worker's cost: the wait for the slowest
-# of several is not in it.
-MULTIPROC_EXECUTOR_STEP = HostCost(intercept_ms=0.207, per_running_row_ms=0.00236, per_new_request_ms=0.0151,
-                                   per_prompt_token_ms=0.0000787)
-MULTIPROC_EXECUTOR_STEP_SOURCE = ("vLLM 0.32's multiprocess executor, one worker process, on a 2-core AMD EPYC VM "
-                                  "(specbench's benchmarks/fleet-2026-11-27/host_step-executor.md)")
+# worker's own time in them, on the same VM. One worker's cost: the wait for the slowest of several
+# is not in it.
+MULTIPROC_EXECUTOR_STEP = HostCost(**measured.value("multiproc_executor_step"))
+MULTIPROC_EXECUTOR_STEP_SOURCE = measured.described("multiproc_executor_step")
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,11 @@ class SpeculationHostCost:
 
 
 # vLLM 0.32's ngram drafting (K=2, prompt lookup 1-3) against its baseline on a 2-core AMD EPYC VM, in
-# the same sittings, measured by benchmarks/fleet-2026-11-27/host_step.py --speculative ngram
-# (host_step-ngram.json; a test holds the two equal): the host's own phases of a decode step (schedule,
-# update_from_output, _prepare_inputs, _bookkeeping_sync, propose_draft_token_ids), and the lookup
-# (`batch_propose_numba`, one thread: 0.715 ns a context token) timed on its own.
-NGRAM_HOST_STEP = SpeculationHostCost(intercept_ms=0.276, per_row_ms=0.00976, per_context_token_ms=0.000000715)
-NGRAM_HOST_STEP_SOURCE = ("vLLM 0.32's ngram drafting against its baseline, the same sittings, on a 2-core AMD EPYC VM "
-                          "(specbench's benchmarks/fleet-2026-11-27/host_step-ngram.md)")
+# the same sittings: the host's own phases of a decode step (schedule, update_from_output,
+# _prepare_inputs, _bookkeeping_sync, propose_draft_token_ids), and the lookup (`batch_propose_numba`,
+# one thread: 0.715 ns a context token) timed on its own.
+NGRAM_HOST_STEP = SpeculationHostCost(**measured.value("ngram_host_step"))
+NGRAM_HOST_STEP_SOURCE = measured.described("ngram_host_step")
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,9 @@ class ApiServerCost:
 
 # vLLM 0.32's OpenAI API server (/v1/completions, streamed) in front of its CPU engine core on the same
 # VM: a client's TTFT less the engine core's own queue and prefill time (its timestamps, from the
-# server's histograms), one request at a time, prompts of 16-4,096 tokens, measured by
-# benchmarks/fleet-2026-11-28/api_server.py (api_server.json; a test holds the two equal).
-VLLM_API_SERVER_REQUEST = ApiServerCost(intercept_ms=4.51, per_prompt_token_ms=0.00317)
-VLLM_API_SERVER_REQUEST_SOURCE = ("vLLM 0.32's API server on a 2-core AMD EPYC VM "
-                                  "(specbench's benchmarks/fleet-2026-11-28/api_server.md)")
+# server's histograms), one request at a time, prompts of 16-4,096 tokens.
+VLLM_API_SERVER_REQUEST = ApiServerCost(**measured.value("vllm_api_server_request"))
+VLLM_API_SERVER_REQUEST_SOURCE = measured.described("vllm_api_server_request")
 
 
 def described(host: HostCost | LaunchCost | SpeculationHostCost | ApiServerCost | None) -> dict | None:
@@ -118,13 +114,11 @@ class LaunchCost:
 
 
 # A decoder layer's compiled forward (Inductor, one compiled call a layer as vLLM's piecewise forward
-# makes it, 17-18 kernels) launched without a CUDA graph from an H100 server's host CPU (torch 2.11),
-# measured by benchmarks/fleet-2026-11-27/launch_host.py (benchmarks/gpu/h100-2026-11-27): the median
-# over 5 token counts of Llama-3-8B at TP1 (0.471 ms a layer) and of Llama-3-70B at TP8 and Qwen3-32B
-# at TP2 together (0.687; a test holds these to launch_host.jsonl).
-COMPILED_LAUNCH = LaunchCost(per_layer_ms=0.471, per_layer_tp_ms=0.687)
-COMPILED_LAUNCH_SOURCE = ("a compiled decoder layer's kernels launched without a CUDA graph on an H100 server's host "
-                          "(specbench's benchmarks/gpu/h100-2026-11-27/README.md)")
+# makes it, 17-18 kernels) launched without a CUDA graph from an H100 server's host CPU (torch 2.11):
+# the median over 5 token counts of Llama-3-8B at TP1 (0.471 ms a layer) and of Llama-3-70B at TP8 and
+# Qwen3-32B at TP2 together (0.687).
+COMPILED_LAUNCH = LaunchCost(**measured.value("compiled_launch"))
+COMPILED_LAUNCH_SOURCE = measured.described("compiled_launch")
 # vLLM's largest CUDA-graph-captured step by default (max_cudagraph_capture_size): a step of more
 # tokens (a long prefill chunk) runs its compiled forward without a graph
 GRAPH_CAPTURE_TOKENS = 512
@@ -142,18 +136,14 @@ def check_cudagraph_mode(cudagraph_mode: str) -> str:
 
 # A decode step replayed as CUDA-graph pieces, each layer's attention (its KV-cache write and kernel)
 # called between two pieces as vLLM's PIECEWISE mode runs it, against the same step from one graph
-# (torch 2.11, no vLLM): benchmarks/fleet-2026-11-27/piecewise_decode.py, on two H100 machines
-# (benchmarks/gpu/h100-2026-11-27/piecewise: median 11.2 µs over 33 cells, 12.4 and 9.5 by machine)
-# and an H200 (benchmarks/gpu/h200-2026-11-28/piecewise: 9.7 µs over 34): 7-20 µs more a decoder
-# layer, median 10.0 over all 67 cells, of Llama-3-70B at TP 2/4/8 (and at TP16 in bf16, an fp8 TP8
-# shard's weight bytes), Qwen3-32B at TP4 and Llama-3-8B at TP1, 1-128 rows, 2k and 8k of context (a
-# test holds this to the cells). One constant for both GPUs: the H200's cells differ from the H100's
-# by less than the two H100 machines' did. The GPU's time between pieces, not the host's: the host's
-# calls ran ahead of the GPU in every cell.
-PIECEWISE_LAYER_MS = 0.0100
-PIECEWISE_SOURCE = ("a decode step's CUDA-graph pieces with attention called between them, against one graph, on "
-                    "two H100s and an H200 (specbench's benchmarks/gpu/h100-2026-11-27/piecewise/README.md and "
-                    "benchmarks/gpu/h200-2026-11-28/README.md)")
+# (torch 2.11, no vLLM), on two H100 machines (median 11.2 µs over 33 cells, 12.4 and 9.5 by machine)
+# and an H200 (9.7 µs over 34): 7-20 µs more a decoder layer, median 10.0 over all 67 cells, of
+# Llama-3-70B at TP 2/4/8 (and at TP16 in bf16, an fp8 TP8 shard's weight bytes), Qwen3-32B at TP4
+# and Llama-3-8B at TP1, 1-128 rows, 2k and 8k of context. One constant for both GPUs: the H200's
+# cells differ from the H100's by less than the two H100 machines' did. The GPU's time between
+# pieces, not the host's: the host's calls ran ahead of the GPU in every cell.
+PIECEWISE_LAYER_MS = measured.value("piecewise_layer_ms")
+PIECEWISE_SOURCE = measured.described("piecewise_layer_ms")
 
 
 def runs_without_graph(tokens: int, prefill_tokens: int, cudagraph_mode: str = "FULL_AND_PIECEWISE",

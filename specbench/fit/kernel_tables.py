@@ -284,6 +284,7 @@ class Forward:
 
         self.tp, self.nextn, self.name = tp, nextn, name
         self.layers = int(config.get("num_hidden_layers", 0))  # what a step's kernel launches scale with
+        self.hidden_size = int(config.get("hidden_size", 0))
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
         quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
         if kv_quant:  # the KV cache's precision (vLLM's --kv-cache-dtype fp8): what decode attention reads
@@ -295,6 +296,7 @@ class Forward:
         except Exception as error:  # noqa: BLE001 - its errors name the config field it could not use
             raise self._unavailable(error) from None
         self._logits_cache: dict[int, float] = {}
+        self._gemm_cache: dict[tuple[int, int, int], float] = {}
 
     def _unavailable(self, error: Exception) -> TablesUnavailable:
         """A kernel the tables did not measure (a head size, a quantisation): one line naming it."""
@@ -348,6 +350,23 @@ class Forward:
                 raise self._unavailable(error) from None
             self._logits_cache[tokens] = sum(float(op[1]) for op in ops if op[0] == "generation_logits_gemm")
         return self._logits_cache[tokens]
+
+    def gemm_ms(self, tokens: int, n: int, k: int) -> float:
+        """One 16-bit GEMM of `tokens` rows through an n × k weight held whole on each GPU (not split
+        over TP), on the tables' GEMM timings: an op the model's own forward does not run (EAGLE-3's
+        fusing of the target's features)."""
+        key = (tokens, n, k)
+        if key not in self._gemm_cache:
+            from aiconfigurator_core.sdk import common, operations
+            from aiconfigurator_core.sdk.engine import build_ops_json
+
+            ops_json = build_ops_json([operations.GEMM("gemm", 1, n, k, common.GEMMQuantMode.bfloat16)])
+            try:
+                values = self._engine.evaluate_ops_json(ops_json, is_context=True, batch_size=max(tokens, 1), s=1)
+            except Exception as error:  # noqa: BLE001
+                raise self._unavailable(error) from None
+            self._gemm_cache[key] = sum(float(value[1]) for value in values)
+        return self._gemm_cache[key]
 
     def mixed_ms(self, prefill_tokens: int, decode_rows: int, isl: int, osl: int) -> float:
         """One continuous-batching step: `prefill_tokens` prompt tokens (chunks of requests of `isl`

@@ -9,7 +9,8 @@ half the output), each forward from `kernel_tables`:
   per row over C as prefix. The first draft forward runs over every token the target verified
   and, for a draft model, the one sampled after them (K + 2 positions a row; an EAGLE head, K + 1),
   as vLLM's proposers run it (`first_draft_positions`): K one-token decodes plus what the first
-  forward's extra positions add (`Forward.extra_positions_ms`);
+  forward's extra positions add (`Forward.extra_positions_ms`); an EAGLE-3 head also fuses three
+  target layers' features over those positions (a 3 × hidden → hidden GEMM);
 - n-gram lookup: the verify alone (drafting is a CPU lookup; its α must come from a run);
 - MTP with N layers: aiconfigurator's own pricing (the target compiled with `nextn` N: its decode
   step carries the N layers and a verify of N + 1 tokens per row as decode rows), K = N.
@@ -47,12 +48,12 @@ from specbench.fit.host_cost import (
     served_step_ms,
 )
 from specbench.fit.prices import cost_per_million
+from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_token
 from specbench.models import REGISTRY, lookup_alias, routed_experts
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use
-BYTES_PER_VALUE = 2  # bf16 weights and KV cache, as the tables price them
 # Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
 # vLLM keeps it unless --kv-cache-dtype says otherwise (KV_BYTES).
 WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
@@ -67,15 +68,14 @@ class Drafter:
     """A proposer as the tables price it."""
 
     name: str  # as written: "1b", "ngram", "eagle", "mtp:2"
-    kind: str  # "model" | "ngram" | "eagle" | "mtp"
-    config: dict | None = None  # the model priced for K draft decodes (model, eagle)
+    kind: str  # a drafter_kinds.KINDS name: "model" | "ngram" | "eagle" | "eagle3" | "mtp"
+    config: dict | None = None  # the model priced for K draft decodes (model, eagle, eagle3)
     label: str = ""  # what it is: "llama3.2-1b", "EAGLE head: 1 layer of llama3-70b"
     layers: int = 0  # MTP layers
 
-
-def eagle_config(target: dict) -> dict:
-    """An EAGLE-style head: one decoder layer at the target's width, with its embedding and LM head."""
-    return {**target, "num_hidden_layers": 1}
+    @property
+    def draft_kind(self) -> DrafterKind:
+        return drafter_kind(self.kind)
 
 
 @dataclass(frozen=True)
@@ -125,31 +125,20 @@ def parameters(config: dict, layers: int | None = None) -> int:
     return config_parameters(config, layers)
 
 
-def kv_bytes_per_token(config: dict, tp: int, layers: int | None = None) -> float:
-    """K and V per token on one GPU: KV heads split over TP, replicated where TP exceeds them."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_gpu = max(1.0, kv_heads / tp)
-    return 2 * (config["num_hidden_layers"] if layers is None else layers) * per_gpu * head_dim * BYTES_PER_VALUE
-
-
 def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int,
            device: kernel_tables.Device, gemm_quant: str | None = None, kv_cache_dtype: str = "auto",
            draft_gemm_quant: str | None = None) -> Memory:
-    """The target's weights at `gemm_quant`'s bytes (an MTP head's as the target's, a draft model's at
-    `draft_gemm_quant`'s, an EAGLE head's at 16 bits), every KV cache at `kv_cache_dtype`'s (vLLM's one
-    cache config serves the draft too)."""
+    """The target's weights at `gemm_quant`'s bytes and the drafter's its kind states (an MTP head's
+    as the target's, a draft model's at `draft_gemm_quant`'s, an EAGLE head's at 16 bits), every KV
+    cache at `kv_cache_dtype`'s (vLLM's one cache config serves the draft too)."""
     weight_bytes = WEIGHT_BYTES.get(gemm_quant, BYTES_PER_VALUE)
     weights = parameters(target) * weight_bytes / tp
     kv = kv_bytes_per_token(target, tp) * tokens_per_row
-    if drafter is not None and drafter.kind in ("model", "eagle") and drafter.config:
-        draft_bytes = WEIGHT_BYTES.get(draft_gemm_quant, BYTES_PER_VALUE) if drafter.kind == "model" else BYTES_PER_VALUE
-        weights += parameters(drafter.config) * draft_bytes / draft_tp
-        kv += kv_bytes_per_token(drafter.config, draft_tp) * tokens_per_row
-    elif drafter is not None and drafter.kind == "mtp":
-        per_layer = (parameters(target) - parameters(target, 0)) / target["num_hidden_layers"]
-        weights += per_layer * drafter.layers * weight_bytes / tp
-        kv += kv_bytes_per_token(target, tp, drafter.layers) * tokens_per_row
+    if drafter is not None:
+        kind = drafter.draft_kind
+        draft_bytes = WEIGHT_BYTES.get(draft_gemm_quant, BYTES_PER_VALUE) if kind.takes_draft_dtype else BYTES_PER_VALUE
+        weights += kind.draft_weight_bytes(drafter, target, tp, draft_tp, weight_bytes, draft_bytes)
+        kv += kind.draft_kv_bytes_per_token(drafter, target, tp, draft_tp) * tokens_per_row
     kv *= KV_BYTES[kv_cache_dtype] / BYTES_PER_VALUE
     return Memory(weights, kv, float(device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))),
                   GPU_MEMORY_UTILIZATION * device.memory_bytes)
@@ -209,8 +198,8 @@ class TablePlanner:
         if self.corrections:
             return kernels_ms
         target_layers = int(self.target["num_hidden_layers"])
-        draft_layers = int(drafter.config["num_hidden_layers"]) if drafter is not None and drafter.kind == "model" \
-            and drafter.config else 0
+        draft_layers = int(drafter.config["num_hidden_layers"]) if drafter is not None \
+            and drafter.draft_kind.separate_model and drafter.config else 0
         floor = 0.0 if self.launch is None else self.launch.ms(target_layers, tp) + (
             self.launch.ms(draft_layers, draft_tp) if draft_layers else 0.0)
         # a prefill replayed as graph pieces runs the target's layers and a draft model's (its
@@ -221,9 +210,10 @@ class TablePlanner:
         host_ms = self.host.ms(rows, new_requests, prompt_tokens)
         if self.executor is not None and tp > 1:
             host_ms += self.executor.ms(rows, new_requests, prompt_tokens)
-        if self.speculation_host is not None and context is not None and drafter is not None and drafter.kind == "ngram":
+        host_drafting = drafter is not None and drafter.draft_kind.host_drafting
+        if self.speculation_host is not None and context is not None and host_drafting:
             host_ms += self.speculation_host.ms(rows, context)
-        return served_step_ms(kernels_ms, host_ms, async_scheduling=drafter is None or drafter.kind != "ngram")
+        return served_step_ms(kernels_ms, host_ms, async_scheduling=not host_drafting)
 
     def described_host(self) -> dict:
         """What --json says the steps were priced with beside the kernels (each cost's terms and
@@ -249,7 +239,7 @@ class TablePlanner:
     def draft_forward(self, drafter: Drafter, tp: int) -> kernel_tables.Forward:
         """A drafter's own forward: a draft model's GEMMs at `draft_gemm_quant`, an EAGLE head's at 16 bits."""
         return self.forward(drafter.config, tp, name=drafter.label,
-                            gemm_quant=self.draft_gemm_quant if drafter.kind == "model" else None)
+                            gemm_quant=self.draft_gemm_quant if drafter.draft_kind.takes_draft_dtype else None)
 
     def _scale(self, kind: str, batch_size: int) -> float:
         correction = self.corrections.get(kind)
@@ -281,7 +271,8 @@ class TablePlanner:
     def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
         """One speculative step: K draft forwards (the first over `first_draft_positions`) plus the
         verify of K + 1 positions."""
-        if drafter.kind == "mtp":
+        kind = drafter.draft_kind
+        if kind.in_target_forward:
             kernels = self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
                 * self._scale("decode", batch_size)
             return self._served(kernels, drafter, batch_size, tokens=batch_size * (drafter.layers + 1), tp=tp)
@@ -289,15 +280,15 @@ class TablePlanner:
         verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
         verify *= 1.0 if whole else self._scale("verify", batch_size)
         draft = 0.0
-        if drafter.kind != "ngram":
-            draft_tp = tp if drafter.kind == "eagle" else draft_tp
+        if kind.forwards_per_step(k):
+            draft_tp = kind.draft_tp(tp, draft_tp)
             drafter_forward = self.draft_forward(drafter, draft_tp)
             # vLLM's first draft forward runs over every verified token; the engine a native run's
             # corrections describe (not a whole served step) feeds its draft only what it has not cached
             native = bool(self.corrections) and not whole
-            positions = 1 if native else first_draft_positions(drafter.kind, k)
-            draft = k * drafter_forward.decode_ms(batch_size, context) + drafter_forward.extra_positions_ms(
-                batch_size, context, positions)
+            positions = 1 if native else kind.first_draft_positions(k)
+            draft = kind.draft_ms(drafter_forward, k, drafter_forward.decode_ms(batch_size, context), batch_size,
+                                  context, positions)
             draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
         return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
                             batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp, context=context)
@@ -305,19 +296,16 @@ class TablePlanner:
     def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
         """The batch's prefill: the target's, then a draft model's."""
         total = self.forward(self.target, tp).prefill_ms(batch_size, prompt) * self._scale("prefill", batch_size)
-        if drafter is not None and drafter.kind == "model":
+        if drafter is not None and drafter.draft_kind.separate_model:
             draft = self.draft_forward(drafter, draft_tp).prefill_ms(batch_size, prompt)
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
         return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
                             tp=tp, draft_tp=draft_tp)
 
 
-def first_draft_positions(kind: str, k: int) -> int:
-    """Positions a row of a speculative step's first draft forward, as vLLM 0.32's proposers run it
-    (`SpecDecodeBaseProposer.set_inputs_first_pass`): every token the target verified (K + 1: the
-    last step's token and its K drafts) and, for a draft model, one more slot for the token sampled
-    after them (`DraftModelProposer`); an EAGLE head shifts its inputs by one and needs no slot."""
-    return k + (1 if kind == "eagle" else 2)
+def first_draft_positions(kind: str | DrafterKind, k: int) -> int:
+    """Positions a row of a speculative step's first draft forward (`DrafterKind.first_draft_positions`)."""
+    return drafter_kind(kind).first_draft_positions(k)
 
 
 def check_tp(config: dict, tp: int, what: str, option: str = "--tp") -> None:
@@ -338,7 +326,7 @@ def plan_on_tables(planner: TablePlanner, drafters: list[Drafter], acceptances: 
     for tp in tps:
         check_tp(planner.target, tp, planner.target_name)
         for drafter in drafters:
-            if drafter.kind == "model":
+            if drafter.draft_kind.separate_model:
                 check_tp(drafter.config, draft_tp or tp, drafter.label, "--draft-tp")
         for context in contexts:
             ar_rows, ar = _autoregressive(planner, batch_sizes, context, tp, output_tokens)
@@ -347,7 +335,7 @@ def plan_on_tables(planner: TablePlanner, drafters: list[Drafter], acceptances: 
                 mine = [a for a in acceptances if a.draft == drafter.name]
                 try:
                     rows += _speculative(planner, drafter, mine, ks, batch_sizes, context, tp,
-                                         tp if drafter.kind != "model" else (draft_tp or tp), output_tokens, ar)
+                                         drafter.draft_kind.draft_tp(tp, draft_tp or tp), output_tokens, ar)
                 except kernel_tables.TablesUnavailable as error:
                     left_out.append(f"{drafter.name} at TP{tp}: {error}")
     table = pd.DataFrame(rows)
@@ -385,7 +373,7 @@ def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acce
                  ar: dict[int, tuple[float, float]]) -> list[dict]:
     rows = []
     prefills: dict[int, float] = {}  # B -> the batch's prefill, the same at every K
-    for k in ([drafter.layers] if drafter.kind == "mtp" else ks):
+    for k in drafter.draft_kind.ks(ks, drafter.layers):
         need = planner.memory(drafter, tp, draft_tp, context + output_tokens + k)
         for b in batch_sizes:
             fits = need.need(b) <= need.usable and b in ar
@@ -604,15 +592,16 @@ def refuse_experts(name: str, config: dict) -> None:
 
 
 def parse_drafters(names: list[str], target_name: str, target: dict, family: str | None) -> list[Drafter]:
-    """`1b`, `llama3-8b`, a config path, `ngram`, `eagle`, `mtp` or `mtp:N`."""
+    """`1b`, `llama3-8b`, a config path, `ngram`, `eagle`, `eagle3`, `mtp` or `mtp:N`."""
     import re
 
     drafters = []
     for name in names:
         if name == "ngram" or re.fullmatch(r"ngram:\d+", name):
             drafters.append(Drafter(name, "ngram", label="n-gram lookup"))
-        elif name == "eagle":
-            drafters.append(Drafter(name, "eagle", eagle_config(target), f"EAGLE head: 1 layer of {target_name}"))
+        elif name in ("eagle", "eagle3"):
+            head = drafter_kind(name)
+            drafters.append(Drafter(name, name, head.draft_config(target), head.label(target_name)))
         elif m := re.fullmatch(r"mtp(?::(\d+))?", name):
             layers = int(m.group(1) or 1)
             if layers < 1:
@@ -663,12 +652,7 @@ def run_acceptance(cells: pd.DataFrame, steps: pd.DataFrame, run_target: str, dr
 
     def same(run_label: str, drafter: Drafter) -> bool:
         model = base_draft(run_label).partition("@")[0]
-        if drafter.kind == "ngram":
-            return model.startswith("ngram")
-        if drafter.kind != "model":
-            return model == drafter.name
-        ours, theirs = lookup_alias(drafter.name.partition("@")[0], family), lookup_alias(model, run_family)
-        return (ours is not None and theirs is not None and ours.alias == theirs.alias) or model == drafter.name
+        return drafter.draft_kind.is_measured_by(model, drafter.name, family, run_family)
 
     labelled = label_synthetic(cells[cells["status"] == "ok"]) if not cells.empty else cells
     out, missing = [], []

@@ -3,7 +3,7 @@ speculation and with each drafter × K at each acceptance (`configurations`), ei
 
 - as one vLLM-like replica serving C closed-loop clients (`closed_loop_table`; `Clients` says how
   they send: a steady state, or as InferenceMAX's benchmark, which took NVIDIA's measured rows, so
-  the same simulator is checked against them: benchmarks/fleet-2026-11-25/silicon.py), or
+  the same simulator is checked against them: specbench/data/validation.json's "silicon"), or
 - as a fleet of replicas behind a router serving a trace at one or more speeds, sized to the
   fewest replicas that meet an SLO with headroom (`traffic_table`, over `sizing.size_fleets`,
   which also sizes a vLLM run's own configurations: `served.served_configurations`).
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from specbench import measured
 from specbench.fit import kernel_tables
 from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
@@ -56,12 +57,13 @@ class Clients:
 
 
 # A benchmark's burst does not reach the engine at one instant: its client sends one request at a
-# time (specbench's own 0.11-0.16 ms apart, benchmarks/fleet-2026-11-28/served_closed_loop), the API
+# time (specbench's own 0.11-0.16 ms apart: measured.json's finding client_send_spacing), the API
 # server takes them in one after another (0.77 ms a request before it stamps one's arrival, a burst
-# of 1-32 on vLLM 0.32: benchmarks/fleet-2026-11-28/api_burst.md; a test holds this to it), and the
-# idle engine starts its first step on the first to arrive, the others queued behind that step. At
-# the clients' next requests the cohorts that first step made persist (fixed lengths end together).
-BURST_SPACING_S = 0.8e-3
+# of 1-32 on vLLM 0.32: measured.json's burst_spacing_s, which says where; a test holds this to it),
+# and the idle engine starts its first step on the first to arrive, the others queued behind that
+# step. At the clients' next requests the cohorts that first step made persist (fixed lengths end
+# together).
+BURST_SPACING_S = measured.value("burst_spacing_s")
 
 # a steady state: what one replica serves once the benchmark's start is forgotten
 STEADY = Clients("steady", together=False, requests_per_client=REQUESTS_PER_CLIENT, shortest_share=1.0,
@@ -146,14 +148,16 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
                            spec, None)]
     for acceptance in accepted:
         drafter = next((d for d in drafters if d.name == acceptance.draft), None)
-        if drafter is None or drafter.kind == "mtp":
+        if drafter is None or drafter.draft_kind.in_target_forward:
             continue
+        kind = drafter.draft_kind
         size = tp if draft_tp is None else draft_tp
         draft = planner.draft_forward(drafter, size) if drafter.config else None
         with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
                                                  size, kv_cache_dtype, draft_gemm_quant=planner.draft_gemm_quant
-                                                 if drafter.kind == "model" else None), drafter.kind == "ngram") \
-            if drafter.config else server.applied(spec, drafter.kind == "ngram")
+                                                 if kind.takes_draft_dtype else None, draft_kind=drafter.kind),
+                                    kind.host_drafting) \
+            if drafter.config else server.applied(spec, kind.host_drafting)
         cost = step_cost(target, isl, osl, draft, async_scheduling=with_draft.async_scheduling,
                          draft_kind=drafter.kind, **priced)
         found += [Configuration(tp, drafter.name, k, acceptance.key, cost, with_draft,
@@ -198,7 +202,7 @@ def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, 
 
 def mtp_left_out(drafters: list[Drafter]) -> list[str]:
     return [f"{d.name}: the fleet simulator prices draft models, EAGLE heads and n-gram drafting; MTP is priced by "
-            f"`plan --target` without --concurrency or --trace" for d in drafters if d.kind == "mtp"]
+            f"`plan --target` without --concurrency or --trace" for d in drafters if d.draft_kind.in_target_forward]
 
 
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],

@@ -19,7 +19,8 @@ prompt emits its first token, each decode step one token per row.
 
 Speculative decoding (`Speculation`): each decoding row drafts K tokens and the target verifies
 K + 1 positions; the row emits 1 + the tokens accepted, drawn each step from the per-position
-acceptance (P(position i accepted), as a run measures it), so rows move apart as real ones do.
+acceptance (P(position i accepted), as a run measures it; `fleet.acceptance_draws`), so rows move apart as
+real ones do.
 The step is priced with its K (`cost(prefill, rows, k)`: the draft's K forwards and the verify),
 each decoding row takes K + 1 of the token budget and K + 1 KV slots, and K may follow the running
 batch (a K schedule: {rows: K}, 0 turning speculation off).
@@ -32,7 +33,7 @@ a key of its own. A request admitted from the queue starts from the longest run 
 cache holds (at most its tokens less one: the last is computed again for its logits), and the step
 computes only the rest; a unit is cached as soon as a step schedules its last token, and a freed
 unit stays cached until its blocks are taken again, the least recently freed first, after every
-free block that holds nothing cached (`PrefixCache`, vLLM's block pool). With units of more than one
+free block that holds nothing cached (`fleet.prefix_cache.PrefixCache`, vLLM's block pool). With units of more than one
 block the cache is coarser than vLLM's (a unit is found or evicted whole); a unit two requests both
 compute, each before the other cached it, is cached twice, as vLLM caches it.
 
@@ -55,13 +56,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from specbench.fleet.acceptance_draws import AcceptanceDraws
+from specbench.fleet.prefix_cache import OwnRun, PrefixCache
 from specbench.schema import chain_keys
 
 MOST_STEPS_DRAWN = 512  # a speculative decode-only stretch draws its rows' acceptance this many steps at most
@@ -174,7 +176,7 @@ class _Request:
     units: list = field(default_factory=list)
     own_units: int = 0
     commit_at: int = 0  # tokens scheduled at which its next unit is full (0: not known)
-    free_run: "_OwnRun | None" = None  # its own units left cached by its latest preemption
+    free_run: "OwnRun | None" = None  # its own units left cached by its latest preemption
     cached_tokens: int = -1  # tokens its first admission found in the prefix cache (-1: not admitted yet)
 
     def __post_init__(self) -> None:
@@ -322,189 +324,6 @@ def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
     if blocks_for(prompt + output, spec.block_size) > spec.kv_blocks:
         raise ValueError(f"request {index} ({prompt} + {output} tokens) needs more KV cache than the replica "
                          f"has ({spec.kv_capacity_tokens} tokens)")
-
-
-@dataclass(eq=False)
-class _OwnRun:
-    """Units `low` to `high` of one request's own (after its shared prefix), freed and still cached:
-    evicted from `high` down (a request's blocks are freed last first). Only the request whose
-    `free_run` it is looks for them."""
-
-    low: int
-    high: int
-
-
-class PrefixCache:
-    """vLLM's block pool with automatic prefix caching, in units of `unit_blocks` KV blocks.
-
-    A unit is cached as soon as a step schedules its last token: a unit of a shared prefix under its
-    key (one computed twice, each time before the other was cached, is cached twice; a hit takes the
-    older copy), a unit of a request's own (no other request has its tokens) as that request's. A
-    cached unit no running request holds is free but keeps its contents: the replica's free blocks
-    count it, and a request that finds it takes it back instead of computing it (a preempted request
-    its own units). New blocks come first from the free blocks that hold nothing cached (vLLM
-    prepends those to its free queue) and then from the cached units in the order they were freed
-    (appended to its end: least recently used first), a unit forgotten when its blocks are taken. A
-    request's blocks are freed last block first, so its tail is evicted before its head. A request's
-    own units are kept as one run, so a trace without shared prefixes costs no bookkeeping per unit."""
-
-    def __init__(self, unit_blocks: int, unit_tokens: int) -> None:
-        self.unit_blocks, self.unit_tokens = unit_blocks, unit_tokens
-        self.copies: dict = {}  # key -> its cached shared units (ids), the oldest first
-        self.key_of: dict[int, object] = {}  # cached shared unit -> its key
-        self.users: dict[int, int] = {}  # cached shared unit -> the running requests holding it (0: free)
-        # the free cached units, least recently freed first: shared unit ids and requests' own runs
-        self.evictable: OrderedDict = OrderedDict()
-        self.free_units = 0  # units the evictable entries hold
-        self.next_unit = 0
-
-    def found(self, keys: tuple) -> list[int]:
-        """The cached units (the oldest copy of each) of the longest run of `keys` from the first that
-        the cache holds."""
-        units = []
-        for key in keys:
-            copies = self.copies.get(key)
-            if not copies:
-                break
-            units.append(copies[0])
-        return units
-
-    def hits(self, request: _Request) -> tuple[list[int], int]:
-        """The longest run of `request`'s units from its first that the cache holds, at most its tokens
-        less one (vLLM computes the last prompt token again for its logits): its shared units found,
-        and how many of its own units after them (left cached by a preemption)."""
-        most = (request.to_prefill - 1) // self.unit_tokens
-        shared = request.shared_units(self.unit_tokens)
-        found = self.found(request.prefix[:min(most, shared)])
-        run = request.free_run
-        own = min(run.high - run.low, most - len(found)) if run is not None and len(found) == shared else 0
-        return found, max(own, 0)
-
-    def free_cached_blocks(self, units: list[int], own: int) -> int:
-        """Of these hits, the blocks that sit free in the cache (taking them back takes free blocks)."""
-        return self.unit_blocks * (own + sum(1 for unit in units if not self.users[unit]))
-
-    def take_back(self, request: _Request, units: list[int], own: int) -> None:
-        """`request` holds its hits from now on; what is left of its own cached run no one looks for."""
-        for unit in units:
-            if not self.users[unit]:
-                del self.evictable[unit]
-                self.free_units -= 1
-            self.users[unit] += 1
-        run, request.free_run = request.free_run, None
-        if run is not None:
-            run.low += own
-            self.free_units -= own
-            if run.low >= run.high:  # (evicted whole already, or taken back whole)
-                self.evictable.pop(run, None)
-
-    def evict_for(self, blocks: int, plain_free: int) -> None:
-        """Forget the least recently freed units whose blocks `blocks` new blocks take beyond the
-        `plain_free` free blocks that hold nothing cached."""
-        while blocks > plain_free and self.evictable:
-            entry = next(iter(self.evictable))
-            if isinstance(entry, _OwnRun):
-                taken = min(entry.high - entry.low, -(-(blocks - plain_free) // self.unit_blocks))
-                entry.high -= taken
-                if entry.high <= entry.low:
-                    del self.evictable[entry]
-            else:
-                taken = 1
-                del self.evictable[entry]
-                del self.users[entry]
-                key = self.key_of.pop(entry)
-                self.copies[key].remove(entry)
-                if not self.copies[key]:
-                    del self.copies[key]
-            self.free_units -= taken
-            plain_free += taken * self.unit_blocks
-
-    def register(self, key) -> int:
-        """A shared unit a request has computed: cached under `key`, held by it; its id."""
-        unit = self.next_unit
-        self.next_unit += 1
-        self.copies.setdefault(key, []).append(unit)
-        self.key_of[unit] = key
-        self.users[unit] = 1
-        return unit
-
-    def release(self, request: _Request) -> tuple[int, int]:
-        """`request` lets go of its cached units, its own first then its shared ones from the last: how
-        many are free now (the rest other requests still hold), and how many it held. Its own units
-        are those its computed tokens fill after its shared ones (every step cached them as it
-        scheduled them: their count is known now)."""
-        low = request.shared_units(self.unit_tokens)
-        if len(request.units) == low:
-            filled = min(request.computed, request.prompt + request.generated) // self.unit_tokens
-            request.own_units = max(request.own_units, filled - low)
-        held = freed = request.own_units
-        if request.own_units:
-            request.free_run = _OwnRun(low, low + request.own_units)
-            self.evictable[request.free_run] = None
-        for unit in reversed(request.units):
-            self.users[unit] -= 1
-            if not self.users[unit]:
-                self.evictable[unit] = None
-                freed += 1
-        held += len(request.units)
-        self.free_units += freed
-        request.units, request.own_units = [], 0
-        return freed, held
-
-
-class AcceptanceDraws:
-    """Each decoding row's tokens at each speculative step, drawn: one uniform u per row and step,
-    the drafts at positions i with u < P(the first i + 1 drafts accepted) accepted. Accepted drafts
-    are a prefix (rejection sampling stops at the first rejection), so one draw per row-step gives
-    every position its measured share and the counts between them theirs (P(exactly j accepted) =
-    P(j) - P(j + 1)). Uniforms come in blocks from one generator, turned into tokens a block and a K
-    at a time: a stretch of few rows and steps adds them up in plain Python (numpy's calls cost more
-    than the sums there), a large one with numpy; the same tokens either way."""
-
-    BLOCK = 4096  # uniforms drawn at a time
-    PYTHON_MOST = 512  # row-steps a stretch adds up in plain Python
-
-    def __init__(self, acceptance, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        chance = np.minimum.accumulate(np.asarray(acceptance, float)) if len(acceptance) else np.zeros(0)
-        self.ascending = [chance[:k][::-1].copy() for k in range(len(chance) + 1)]  # by K, the last position first
-        self.block = np.zeros(0)
-        self.tokens: dict[int, np.ndarray] = {}  # by K: the block's uniforms as tokens a row-step emits
-        self.listed: dict[int, list[int]] = {}  # the same as lists
-        self.at = 0
-
-    def _take(self, count: int, k: int) -> tuple[np.ndarray, list[int], int]:
-        """The block's tokens at K = `k` (an array and a list), and where the next `count` start."""
-        if self.at + count > len(self.block):
-            self.block = np.concatenate([self.block[self.at:], self.rng.random(max(self.BLOCK, count))])
-            self.tokens, self.listed, self.at = {}, {}, 0
-        if k not in self.tokens:  # 1 + the positions whose chance exceeds u
-            self.tokens[k] = 1 + k - np.searchsorted(self.ascending[k], self.block, side="right")
-            self.listed[k] = self.tokens[k].tolist()
-        start, self.at = self.at, self.at + count
-        return self.tokens[k], self.listed[k], start
-
-    def stretch(self, k: int, left: list[int], steps: int) -> tuple[int, list[int], list[int]]:
-        """Rows that each need `left` more tokens, at K = `k`, for at most `steps` steps: (the steps run,
-        up to and with the first at which a row has all its tokens; each row's tokens over them, not
-        capped at its `left`; each row's tokens in the first step). Every call takes steps × rows
-        uniforms, however many steps run."""
-        rows = len(left)
-        tokens, listed, start = self._take(steps * rows, k)
-        if steps * rows > self.PYTHON_MOST:
-            drawn = tokens[start:start + steps * rows].reshape(steps, rows)
-            running = drawn.cumsum(axis=0)
-            reached = (running >= np.asarray(left)).any(axis=1)
-            ran = int(reached.argmax()) + 1 if reached.any() else steps
-            return ran, running[ran - 1].tolist(), drawn[0].tolist()
-        first = totals = listed[start:start + rows]
-        for step in range(1, steps + 1):
-            if any(map(operator.ge, totals, left)):
-                return step, totals, first
-            if step < steps:
-                at = start + step * rows
-                totals = list(map(operator.add, totals, listed[at:at + rows]))
-        return steps, totals, first
 
 
 def _capped_pairs(computed: float, tokens: float, limit: float) -> float:
@@ -718,21 +537,48 @@ class Replica:
     def step(self, until_s: float = math.inf) -> list[_Request]:
         """One engine step (or a stretch of identical decode-only steps, up to the next known
         arrival or `until_s`, whichever is first); the requests it finished."""
-        spec, running, waiting, cache = self.spec, self.running, self.waiting, self.cache
-        block_size = spec.block_size
-        budget = spec.max_num_batched_tokens
-        # this step's K, by the rows decoding now (a K schedule), 0 without speculation
-        k = 0
-        if self.speculation is not None:
-            if self.speculation.schedule:
-                decoding = sum(1 for r in running if r.computed >= r.to_prefill)
-                k = self.speculation.k_at(decoding) if decoding else 0
-            elif any(r.computed >= r.to_prefill for r in running):  # (one K: whether any row decodes)
-                k = self.speculation.k
+        k = self._step_k()
         prefills: dict[_Request, int] = {}  # prompt tokens each prefilling request computes this step
         decodes: list[_Request] = []
-        # 1. running requests, in admission order
         preempted_before = self.preemptions
+        budget = self._schedule_running(k, prefills, decodes)
+        single = self._admit_waiting(budget, prefills, decodes, preempted_before)
+        preempted = self.preemptions != preempted_before
+        if self.spec.async_scheduling and self.now == self.step_ended:  # the step before's stats come once
+            self._publish()  # this one is scheduled (after an idle spell there was no step before)
+        if not prefills and not decodes:
+            if preempted:  # the one running request gave its blocks back (with async scheduling the blocks
+                # the step before finished were still held): vLLM runs the step empty, in no time
+                self.step_started = self.now
+                self.last_finished = []
+                if not self.spec.async_scheduling:
+                    self._publish()
+                return []
+            raise RuntimeError("the replica scheduled nothing although requests are waiting")  # a lone request fits
+        # a step that preempted admitted no one; the next may admit what waits (the freed blocks): not stretched
+        single = single or (preempted and bool(self.waiting))
+        step_s, repeat, emitted = self._run_steps(prefills, decodes, k, single, until_s)
+        return self._record(prefills, decodes, step_s, repeat, emitted)
+
+    def _step_k(self) -> int:
+        """This step's K, by the rows decoding now (a K schedule); 0 without speculation."""
+        speculation, running = self.speculation, self.running
+        if speculation is None:
+            return 0
+        if speculation.schedule:
+            decoding = sum(1 for r in running if r.computed >= r.to_prefill)
+            return speculation.k_at(decoding) if decoding else 0
+        if any(r.computed >= r.to_prefill for r in running):  # (one K: whether any row decodes)
+            return speculation.k
+        return 0
+
+    def _schedule_running(self, k: int, prefills: dict, decodes: list) -> int:
+        """The running requests into the step, in admission order, while the token budget lasts: a
+        decode takes K + 1 slots, a prefill its next chunk; a request whose KV blocks run out preempts
+        the most recently admitted (itself, if it is the last). The budget left."""
+        running, cache = self.running, self.cache
+        block_size = self.spec.block_size
+        budget = self.spec.max_num_batched_tokens
         position = 0
         decode_need = 1 + k
         while position < len(running) and budget > 0:
@@ -759,37 +605,23 @@ class Replica:
                 decodes.append(request)
             budget -= need
             position += 1
-        # 2. waiting requests, first come first served; none in a step that preempted (as vLLM's
-        # scheduler: the blocks a preemption freed go to the running requests, the queue waits)
+        return budget
+
+    def _admit_waiting(self, budget: int, prefills: dict, decodes: list, preempted_before: int) -> bool:
+        """Waiting requests into the step, first come first served, while the budget, the sequence
+        limit and the KV cache allow; none in a step that preempted (as vLLM's scheduler: the blocks a
+        preemption freed go to the running requests, the queue waits). With async scheduling, the
+        requests the step before finished let go of their slots and blocks here. Whether the step
+        must run alone (not stretched): the next step may admit what still waits."""
+        waiting, spec = self.waiting, self.spec
         single = False
         while True:
-            while (waiting and budget > 0 and len(running) + len(self.held) < spec.max_num_seqs
+            while (waiting and budget > 0 and len(self.running) + len(self.held) < spec.max_num_seqs
                    and self.preemptions == preempted_before):
                 request = waiting[0]  # (computed is 0: new, or preempted)
-                # prefix caching: it starts where the longest run of its units the cache holds ends
-                hits, own = cache.hits(request) if cache is not None else ([], 0)
-                hit_tokens = (len(hits) + own) * spec.prefix_unit_tokens
-                hit_blocks = (len(hits) + own) * spec.prefix_unit_blocks
-                need = min(request.to_prefill - hit_tokens, budget)
-                blocks = -(-(hit_tokens + need) // block_size)
-                # a cached unit no one holds sits among the free blocks: taking it back takes them
-                retaken = cache.free_cached_blocks(hits, own) if cache is not None else 0
-                # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
-                admitted = (-(-request.to_prefill // block_size) if spec.reserve_full_input else blocks) - hit_blocks
-                if admitted + retaken > self.free_blocks:
+                need = self._admit(request, budget)
+                if not need:
                     break
-                waiting.popleft()
-                request.computed, request.blocks = hit_tokens, hit_blocks
-                if request.cached_tokens < 0:
-                    request.cached_tokens = hit_tokens
-                if cache is not None:
-                    cache.take_back(request, hits, own)
-                    self.free_blocks -= retaken
-                    request.units, request.own_units = hits, own
-                self._take(request, blocks - hit_blocks)
-                if cache is not None:
-                    self._commit(request, hit_tokens + need)
-                running.append(request)
                 prefills[request] = need
                 budget -= need
             held = bool(self.held)  # (their blocks come with them)
@@ -799,81 +631,146 @@ class Replica:
             single = single or (held and bool(waiting))
             self._release_held()
             if prefills or decodes or not held:
-                break
-        preempted = self.preemptions != preempted_before
-        if spec.async_scheduling and self.now == self.step_ended:  # the step before's stats come once
-            self._publish()  # this one is scheduled (after an idle spell there was no step before)
-        if not prefills and not decodes:
-            if preempted:  # the one running request gave its blocks back (with async scheduling the blocks
-                # the step before finished were still held): vLLM runs the step empty, in no time
-                self.step_started = self.now
-                self.last_finished = []
-                if not spec.async_scheduling:
-                    self._publish()
-                return []
-            raise RuntimeError("the replica scheduled nothing although requests are waiting")  # a lone request fits
-        # a step that preempted admitted no one; the next may admit what waits (the freed blocks): not stretched
-        single = single or (preempted and bool(waiting))
+                return single
+
+    def _admit(self, request: _Request, budget: int) -> int:
+        """The first waiting request admitted, if its KV blocks are free: the prompt tokens it computes
+        this step (0: it waits). With prefix caching it starts where the longest run of its units the
+        cache holds ends."""
+        spec, cache = self.spec, self.cache
+        block_size = spec.block_size
+        hits, own = cache.hits(request) if cache is not None else ([], 0)
+        hit_tokens = (len(hits) + own) * spec.prefix_unit_tokens
+        hit_blocks = (len(hits) + own) * spec.prefix_unit_blocks
+        need = min(request.to_prefill - hit_tokens, budget)
+        blocks = -(-(hit_tokens + need) // block_size)
+        # a cached unit no one holds sits among the free blocks: taking it back takes them
+        retaken = cache.free_cached_blocks(hits, own) if cache is not None else 0
+        # admission asks for the whole prompt's blocks (or only this chunk's); the chunk's are taken
+        admitted = (-(-request.to_prefill // block_size) if spec.reserve_full_input else blocks) - hit_blocks
+        if admitted + retaken > self.free_blocks:
+            return 0
+        self.waiting.popleft()
+        request.computed, request.blocks = hit_tokens, hit_blocks
+        if request.cached_tokens < 0:
+            request.cached_tokens = hit_tokens
+        if cache is not None:
+            cache.take_back(request, hits, own)
+            self.free_blocks -= retaken
+            request.units, request.own_units = hits, own
+        self._take(request, blocks - hit_blocks)
+        if cache is not None:
+            self._commit(request, hit_tokens + need)
+        self.running.append(request)
+        return need
+
+    def _next_arrival(self, until_s: float) -> float:
+        """Where a stretch must end: the next known arrival, or `until_s` if sooner."""
+        return min(self.pending[0][0] if self.pending else math.inf, until_s)
+
+    def _run_steps(self, prefills: dict, decodes: list, k: int, single: bool,
+                   until_s: float) -> tuple[float, int, list[int]]:
+        """The scheduled step priced, stretched over the identical decode-only steps after it where it
+        may be: (seconds a step, steps run, with speculation the tokens each decoding row emits over
+        them; else [])."""
         prefill_tokens = sum(prefills.values())
-        decode_rows = len(decodes)
-        # a stretch ends at the next arrival: before the step it arrives in, or with async scheduling
-        # after it (that step was scheduled before the arrival either way)
-        lag = 1 if spec.async_scheduling else 0
-        repeat = 1
-        emitted: list[int] = []  # speculation: tokens each decoding row emits this step
         if k > 0 and decodes:  # each row's accepted drafts drawn every step (rows move apart)
-            step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
-            left = [r.output - r.generated for r in decodes]
-            steps = 1
-            if prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival or the first finish
-                next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
-                most = min(left)
-                if math.isfinite(next_arrival):
-                    most = min(most, int((next_arrival - self.now) // step_s) + lag)
-                steps = max(1, min(most, MOST_STEPS_DRAWN))
-            steps, totals, first = self.draws.stretch(k, left, steps)
-            if steps > 1:
-                totals = list(map(min, totals, left))
-                grow = sum(-(-(r.computed + t) // block_size) - r.blocks for r, t in zip(decodes, totals))
-                if grow > self.free_blocks:  # the KV cache would run out within the stretch: one step
-                    steps = 1
-            if steps == 1:
-                totals = list(map(min, first, left))
-            else:  # the blocks beyond the first step's K + 1 slots, reserved above
-                self._take_each(decodes, totals)
-            emitted = totals
-            repeat = steps
-            # one gap per step that gave the row tokens: every step gives every row one at least, and no
-            # row finishes before the stretch's last step (steps <= its tokens left)
-            gapped = steps * decode_rows
+            return self._speculative_steps(prefills, prefill_tokens, decodes, k, single, until_s)
+        if prefill_tokens == 0 and not single:
+            return (*self._decode_stretch(decodes, until_s), [])
+        return self._price(prefill_tokens, decodes, k, prefills=prefills), 1, []
+
+    def _speculative_steps(self, prefills: dict, prefill_tokens: int, decodes: list, k: int, single: bool,
+                           until_s: float) -> tuple[float, int, list[int]]:
+        """A speculative step, or a decode-only stretch of them to the next arrival or the first finish:
+        (seconds a step, steps, each row's tokens over them), the rows' acceptance drawn every step."""
+        block_size = self.spec.block_size
+        step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
+        left = [r.output - r.generated for r in decodes]
+        steps = 1
+        if prefill_tokens == 0 and not single:
+            # a stretch ends at the next arrival: before the step it arrives in, or with async
+            # scheduling after it (that step was scheduled before the arrival either way)
+            lag = 1 if self.spec.async_scheduling else 0
+            next_arrival = self._next_arrival(until_s)
+            most = min(left)
+            if math.isfinite(next_arrival):
+                most = min(most, int((next_arrival - self.now) // step_s) + lag)
+            steps = max(1, min(most, MOST_STEPS_DRAWN))
+        steps, totals, first = self.draws.stretch(k, left, steps)
+        if steps > 1:
+            totals = list(map(min, totals, left))
+            grow = sum(-(-(r.computed + t) // block_size) - r.blocks for r, t in zip(decodes, totals))
+            if grow > self.free_blocks:  # the KV cache would run out within the stretch: one step
+                steps = 1
+        if steps == 1:
+            totals = list(map(min, first, left))
+        else:  # the blocks beyond the first step's K + 1 slots, reserved above
+            self._take_each(decodes, totals)
+        return step_s, steps, totals
+
+    def _decode_stretch(self, decodes: list, until_s: float) -> tuple[float, int]:
+        """Plain decode-only steps to the next arrival, the first finish or the KV cache's limit:
+        (seconds a step, steps)."""
+        block_size = self.spec.block_size
+        lag = 1 if self.spec.async_scheduling else 0  # (as in `_speculative_steps`)
+        left = min(r.output - r.generated for r in decodes)
+        next_arrival = self._next_arrival(until_s)
+        step_s = self._price(0, decodes, 0)
+        repeat = max(1, min(left, int((next_arrival - self.now) // step_s + lag)
+                            if math.isfinite(next_arrival) else left))
+        if self.uses_context and repeat > 1:  # the rows' context grows along the stretch: its middle
+            step_s = self._price(0, decodes, 0, grown=repeat // 2)
+        # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
+        while repeat > 1:
+            grow = sum(-(-(r.computed + repeat) // block_size) - r.blocks for r in decodes)
+            if grow <= self.free_blocks:
+                break
+            repeat //= 2
+        if repeat > 1:
+            self._take_each(decodes, [repeat] * len(decodes))
+        return step_s, repeat
+
+    def _record(self, prefills: dict, decodes: list, step_s: float, repeat: int,
+                emitted: list[int]) -> list[_Request]:
+        """The steps run: the clock, the inter-token gaps, each request's tokens, the requests
+        finished (their blocks freed, or held a step with async scheduling), the stats and the
+        timeline. The requests finished, in order."""
+        if decodes:
+            # one gap per step that gave a row tokens (every step gives every row one at least, and no
+            # row finishes before a stretch's last step); a speculative step's further tokens: gaps of 0
+            gapped = len(decodes) * repeat
             self.itl_gap_s.append(step_s)
             self.itl_count.append(gapped)
-            self.itl_zeros += sum(totals) - gapped
-        elif prefill_tokens == 0 and not single:  # a decode-only stretch: to the next arrival, finish or KV limit
-            left = min(r.output - r.generated for r in decodes)
-            next_arrival = min(self.pending[0][0] if self.pending else math.inf, until_s)
-            step_s = self._price(0, decodes, 0)
-            repeat = max(1, min(left, int((next_arrival - self.now) // step_s + lag)
-                                if math.isfinite(next_arrival) else left))
-            if self.uses_context and repeat > 1:  # the rows' context grows along the stretch: its middle
-                step_s = self._price(0, decodes, 0, grown=repeat // 2)
-            # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
-            while repeat > 1:
-                grow = sum(-(-(r.computed + repeat) // block_size) - r.blocks for r in decodes)
-                if grow <= self.free_blocks:
-                    break
-                repeat //= 2
-            if repeat > 1:
-                self._take_each(decodes, [repeat] * len(decodes))
-        else:
-            step_s = self._price(prefill_tokens, decodes, k, prefills=prefills)
-        if decodes and not emitted:
-            self.itl_gap_s.append(step_s)
-            self.itl_count.append(len(decodes) * repeat)
+            if emitted:
+                self.itl_zeros += sum(emitted) - gapped
         self.step_started = self.now + step_s * (repeat - 1)
         self.now += step_s * repeat
         self.step_ended = self.now
         self.steps += repeat
+        now = self.now
+        finished = self._emit(prefills, decodes, repeat, emitted)
+        if self.cache is not None and repeat > 1:  # what the stretch's later steps scheduled
+            for request in decodes:
+                if request.computed >= request.commit_at:
+                    self._commit(request, request.computed)
+        for request in finished:
+            self.running.remove(request)
+            if self.spec.async_scheduling:
+                self.held.append(request)
+            else:
+                self._release(request)
+            request.finish_s = now
+        self.last_finished = finished
+        if not self.spec.async_scheduling:
+            self._publish()
+        if finished or len(self.running) != self.timeline[-1][1]:
+            self.timeline.append((now, len(self.running)))
+        return finished
+
+    def _emit(self, prefills: dict, decodes: list, repeat: int, emitted: list[int]) -> list[_Request]:
+        """Each request's tokens computed and emitted over the steps (the step that ends a prefill
+        samples the first token); the requests that have all their output now, in order."""
         now = self.now
         finished = []
         for request, n in prefills.items():
@@ -896,22 +793,6 @@ class Replica:
                 request.generated += repeat
                 if request.generated >= request.output:
                     finished.append(request)
-        if cache is not None and repeat > 1:  # what the stretch's later steps scheduled
-            for request in decodes:
-                if request.computed >= request.commit_at:
-                    self._commit(request, request.computed)
-        for request in finished:
-            running.remove(request)
-            if spec.async_scheduling:
-                self.held.append(request)
-            else:
-                self._release(request)
-            request.finish_s = now
-        self.last_finished = finished
-        if not spec.async_scheduling:
-            self._publish()
-        if finished or len(running) != self.timeline[-1][1]:
-            self.timeline.append((now, len(running)))
         return finished
 
 

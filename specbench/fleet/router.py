@@ -17,10 +17,11 @@ as a serving gateway chooses (llm-d, vLLM's production stack, a Kubernetes servi
   held to vLLM's own `make_stats` in tests/test_replica_vs_vllm_scheduler.py), which do not count
   the requests that arrived during the step. Requests arriving together therefore see the same
   reports and go to one server. Checked against two vLLM CPU servers behind specbench's client
-  routing the same way (benchmarks/fleet-2026-11-28/prefix_router): where requests went and what
-  their caches found as predicted; prompts new to every server herd onto one several at a time, and
-  the tail that costs (p90 TTFT 5.2 s measured) is predicted at 5.1 s once the steps are priced at
-  the pace the other router's replay of the same sitting ran at (2.2 s at the calibration's).
+  routing the same way (specbench/data/measured.json's finding prefix_router_check): where
+  requests went and what their caches found as predicted; prompts new to every server herd onto one
+  several at a time, and the tail that costs (p90 TTFT 5.2 s measured) is predicted at 5.1 s once
+  the steps are priced at the pace the other router's replay of the same sitting ran at (2.2 s at
+  the calibration's).
 
 An `SloWatch` stops a fleet early once so many requests have missed the SLO that its percentile
 cannot be met any more: near and past the knee a queue grows without end, and simulating the rest

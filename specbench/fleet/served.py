@@ -38,6 +38,7 @@ from specbench.fit.acceptance import row_step_acceptance
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
 from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import COMMON_SEED, Configuration
+from specbench.measured import validation
 from specbench.schema import AR
 from specbench.shapes import Architecture
 from specbench.synthetic import shipped_config
@@ -63,7 +64,7 @@ class DraftPrice:
     spec_fixed_s: float = 0.0  # per step that drafts (the proposer's and rejection sampler's own work)
     # per draft position of each decoding row (an n-gram lookup, a position's rejection sampling);
     # per position alone (constant in the rows) fitted the calibration worse: rms 0.071 / 0.088 against
-    # 0.061 / 0.071 for ngram / a self draft (benchmarks/fleet-2026-11-25/cpu)
+    # 0.061 / 0.071 for ngram / a self draft (measured.json's finding draft_price_per_row)
     per_draft_s: float = 0.0
     model_share: float = 0.0  # a draft model's forwards (prefill and K decodes) as a share of the target's
 
@@ -110,7 +111,7 @@ class ServedPrice:
     # step's decoding context (tokens, every row's) fits this many tokens the re-reads come from a
     # cache, free; the part beyond it pays the first read's price again (fitted on the speculative
     # cells; infinite, every re-read free, where a run has none). On vLLM's CPU kernel the re-reads
-    # alone turn dear past ~15k tokens (benchmarks/fleet-2026-11-26/verify_attention.md); a fit
+    # alone turn dear past ~15k tokens (measured.json's finding verify_reread_attention); a fit
     # finds less, as the term also carries the rest of a verify's cost that grows with the context
     reread_cached_tokens: float = math.inf
     # past what the run measured, the price held (`held_price`; plan --extrapolate); None: as fitted
@@ -177,9 +178,9 @@ def head_share(meta: dict) -> float:
 @dataclass(frozen=True)
 class ReplayCheck:
     """How far the simulator on a served run's fitted steps was from vLLM CPU replays it never saw
-    (`benchmarks/fleet-2026-11-27/full-sitting/cpu_replays.csv`: one sitting, azure-conv and
-    azure-code each below and past the knee, the baseline, ngram K=2 and the self draft, priced on
-    that sitting's closed-loop calibration; `tests/test_fleet.py` holds these figures to the csv)."""
+    (one sitting: azure-conv and azure-code each below and past the knee, the baseline, ngram K=2 and
+    the self draft, priced on that sitting's closed-loop calibration): specbench/data/validation.json's
+    "replay", which the replay check's command writes and names."""
 
     cells: int
     ttft_median_abs: float
@@ -189,21 +190,23 @@ class ReplayCheck:
     signs: int
 
 
-REPLAY_CHECK = ReplayCheck(12, 0.031, 0.070, 0.024, 20, 24)
+REPLAY_CHECK = ReplayCheck(**{name: validation("replay")[name] for name in ReplayCheck.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
 class EffectBand:
-    """Over every committed CPU-replay sitting's predictions (`benchmarks/fleet-2026-11-27/decided_signs.md`,
-    a replay predicted from two calibrations counted twice): of the predicted effects of speculation on
-    a p50 (TTFT, TPOT, E2E) smaller than `below`, how many had the measured direction."""
+    """Over every committed CPU-replay sitting's predictions (a replay predicted from two calibrations
+    counted twice): of the predicted effects of speculation on a p50 (TTFT, TPOT, E2E) smaller than
+    `below`, how many had the measured direction. specbench/data/validation.json's
+    "direction_by_effect", which its command writes and names."""
 
     below: float
     right: int
     predictions: int
 
 
-DIRECTION_BY_EFFECT = (EffectBand(0.10, 27, 52), EffectBand(0.20, 8, 11), EffectBand(math.inf, 86, 87))
+DIRECTION_BY_EFFECT = tuple(EffectBand(math.inf if band["below"] is None else band["below"], band["right"],
+                                       band["predictions"]) for band in validation("direction_by_effect")["bands"])
 
 
 def effect_bands(bands: tuple[EffectBand, ...] = DIRECTION_BY_EFFECT):
@@ -571,7 +574,7 @@ def beyond_measured(table: pd.DataFrame, reach: dict[str, MeasuredReach], prompt
     measured: more requests at once than a configuration's cells ran, prompts longer than any it
     measured. There the fitted price is read where nothing was measured: a roofline's knee or a
     cache's edge past the run's batches would not be in it. (On the committed CPU replays such cells
-    were not predicted worse: benchmarks/fleet-2026-11-27/beyond_calibration.md; it is a label of
+    were not predicted worse: measured.json's finding beyond_calibration; it is a label of
     where the price is read, not an error bar.) One sentence each, none where the run covers the fleets.
     `table` has a `configuration` and a `running_p90` column (`running_said` says what it is; `who`
     names what ran it)."""

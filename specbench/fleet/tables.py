@@ -23,8 +23,10 @@ from specbench.fit.host_cost import (
     graph_bound_ms,
     served_step_ms,
 )
-from specbench.fit.table_plan import KV_BYTES, Drafter, first_draft_positions, memory
+from specbench.drafter_kinds import DrafterKind, drafter_kind
+from specbench.fit.table_plan import KV_BYTES, Drafter, memory
 from specbench.fleet.replica import ReplicaSpec, StepCost
+from specbench.measured import validation
 
 GIB = 1024 ** 3
 # what `plan --kv-cache-dtype` offers: the model's own 16 bits, or fp8 (the tables' kvcache_quant_mode)
@@ -34,8 +36,8 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 @dataclass(frozen=True)
 class SiliconCheck:
     """How far this simulator's mean TPOT and TTFT were from NVIDIA's measured vLLM serving rows on
-    one GPU (`benchmarks/fleet-2026-11-25/silicon.md`, every row simulated, nothing fitted to them;
-    `tests/test_fleet.py` holds these figures to the committed silicon.csv)."""
+    one GPU (every row simulated, nothing fitted to them): specbench/data/validation.json's "silicon",
+    which the silicon check's command writes and names."""
 
     rows: int
     tpot_median_abs: float
@@ -55,30 +57,15 @@ class SiliconCheck:
                 f"TTFT {self.ttft_median_abs:.1%} ({self.ttft_median:+.1%})")
 
 
-SILICON_CHECKS = {
-    "b200_sxm": SiliconCheck(120, 0.073, -0.032, 0.180, -0.179),
-    "h100_sxm": SiliconCheck(138, 0.041, -0.029, 0.258, -0.250),
-    "h200_sxm": SiliconCheck(81, 0.066, 0.066, 0.100, -0.007),
-}
+SILICON_CHECKS = {system: SiliconCheck(**figures) for system, figures in validation("silicon")["by_system"].items()}
 
 
 # The same per GPU and TP: the errors differ by TP more than by anything else on a GPU (B200's TTFT:
 # -14 % signed at TP1, -27 % at TP8, where an eager prefill step's launches outlast its kernels;
 # docs/fleet-validation.md), so a plan at a TP says that TP's
-SILICON_CHECKS_BY_TP = {
-    ("b200_sxm", 1): SiliconCheck(30, 0.084, -0.084, 0.136, -0.136),
-    ("b200_sxm", 2): SiliconCheck(30, 0.070, -0.042, 0.155, -0.130),
-    ("b200_sxm", 4): SiliconCheck(30, 0.059, -0.020, 0.221, -0.221),
-    ("b200_sxm", 8): SiliconCheck(30, 0.093, 0.029, 0.272, -0.272),
-    ("h100_sxm", 1): SiliconCheck(1, 0.977, 0.977, 1.160, 1.160),
-    ("h100_sxm", 2): SiliconCheck(46, 0.046, -0.014, 0.283, -0.272),
-    ("h100_sxm", 4): SiliconCheck(45, 0.032, -0.032, 0.275, -0.275),
-    ("h100_sxm", 8): SiliconCheck(46, 0.050, -0.042, 0.241, -0.215),
-    ("h200_sxm", 1): SiliconCheck(25, 0.109, 0.109, 0.212, -0.045),
-    ("h200_sxm", 2): SiliconCheck(20, 0.080, 0.080, 0.092, -0.037),
-    ("h200_sxm", 4): SiliconCheck(19, 0.053, 0.050, 0.051, -0.035),
-    ("h200_sxm", 8): SiliconCheck(17, 0.034, 0.034, 0.048, 0.044),
-}
+SILICON_CHECKS_BY_TP = {(system, int(tp)): SiliconCheck(**figures)
+                        for system, by_tp in validation("silicon")["by_system_tp"].items()
+                        for tp, figures in by_tp.items()}
 TP_CHECK_MIN_ROWS = 5  # fewer rows at a TP say nothing of it (H100 has one TP1 row)
 
 
@@ -158,7 +145,7 @@ class ServerFlags:
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
               async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
               launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE",
-              piecewise_layer_ms: float = PIECEWISE_LAYER_MS, draft_kind: str = "model",
+              piecewise_layer_ms: float = PIECEWISE_LAYER_MS, draft_kind: str | DrafterKind = "model",
               speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP,
               executor: HostCost | None = MULTIPROC_EXECUTOR_STEP) -> StepCost:
     """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
@@ -169,13 +156,14 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     adds what that context adds to its attention on the tables (`Forward.over_context_ms`). A
     speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
     `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
-    less its one-token decode); the draft's first forward runs over `first_draft_positions` a row
-    (`draft_kind`, a `Drafter.kind`: the tokens the target verified, and a draft model's extra
-    slot; an "eagle" head has none), which adds `Forward.extra_positions_ms` to its K decodes. The host's time (`host`;
-    None: none) is added to the kernels' when the replica schedules synchronously, and overlaps
-    them with `async_scheduling` (the step takes the longer of the two). A step's prompt tokens
-    count as ceil(tokens / isl) requests, each new and running. An n-gram step (`draft_kind` "ngram",
-    k > 0) adds speculation's own host work (`speculation_host` at its decoding rows and their mean
+    less its one-token decode); the draft's forwards are as `draft_kind` (a drafter_kinds name)
+    states them (`DrafterKind.draft_ms`): its first runs over `first_draft_positions` a row (the
+    tokens the target verified, and a draft model's extra slot; an EAGLE head has none), which adds
+    `Forward.extra_positions_ms` to its K decodes, and an EAGLE-3 head adds its fusing GEMM. The
+    host's time (`host`; None: none) is added to the kernels' when the replica schedules
+    synchronously, and overlaps them with `async_scheduling` (the step takes the longer of the two).
+    A step's prompt tokens count as ceil(tokens / isl) requests, each new and running. A step of a
+    kind drafting on the host (`draft_kind` "ngram", k > 0) adds speculation's own host work (`speculation_host` at its decoding rows and their mean
     context: the proposer's lookup, the handling of draft tokens; None: none), with the host's; a
     draft model's proposer works on the GPU, its host work beside the kernels is not priced. At
     TP > 1 the host's time also holds what vLLM's multiprocess executor adds (`executor`: the step's
@@ -189,6 +177,7 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
     `piecewise_layer_ms` for each layer of each forward it runs (the target's, and a draft model's
     prefill and K decodes)."""
     check_cudagraph_mode(cudagraph_mode)
+    kind = drafter_kind(draft_kind)
     parts: dict[tuple[int, int, int], tuple[float, int, float | None]] = {}
     over_context: dict[tuple[int, int], float] = {}
     fresh: dict[tuple[int, int, int], float] = {}  # a step's seconds when no chunk attends over earlier tokens
@@ -206,8 +195,8 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
             if k > 0 and decode_rows > 0:
                 ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
                 if draft is not None:
-                    ms += k * draft.mixed_ms(0, decode_rows, isl, osl) + draft.extra_positions_ms(
-                        decode_rows, context, first_draft_positions(draft_kind, k))
+                    ms += kind.draft_ms(draft, k, draft.mixed_ms(0, decode_rows, isl, osl), decode_rows, context,
+                                        kind.first_draft_positions(k))
             draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
             layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
             host_ms = None
@@ -216,7 +205,7 @@ def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_
                 host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
                 if executor is not None and forward.tp > 1:
                     host_ms += executor.ms(decode_rows + prompts, prompts, prefill_tokens)
-                if speculation_host is not None and draft_kind == "ngram" and k > 0 and decode_rows > 0:
+                if speculation_host is not None and kind.host_drafting and k > 0 and decode_rows > 0:
                     host_ms += speculation_host.ms(decode_rows, context)
             parts[key] = ms, layers, host_ms
         return parts[key]
@@ -272,18 +261,19 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
                  draft_tp: int | None = None, kv_cache_dtype: str = "auto",
                  async_scheduling: bool = True, draft_gemm_quant: str | None = None,
                  prefix_caching: bool = True,
-                 api_server: ApiServerCost | None = VLLM_API_SERVER_REQUEST) -> ReplicaSpec:
+                 api_server: ApiServerCost | None = VLLM_API_SERVER_REQUEST,
+                 draft_kind: str = "model") -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
     default on a GPU since v0.14; vLLM turns it off for n-gram drafting), prefix caching (its
     default in v1: what a request finds cached it does not compute), and the KV cache in
-    tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft model's
-    too, at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV
+    tokens that 90 % of the GPUs' memory leaves after the weights (split over TP; a draft's too, as
+    its `draft_kind` holds them: a draft model's at `draft_tp` and `draft_gemm_quant`'s bytes) and the tables' runtime reserve (a draft's KV
     shares every token's slot), at `kv_cache_dtype`'s bytes per value (vLLM's --kv-cache-dtype:
     "auto" keeps 16 bits): the static plan's `table_plan.memory` at one token a row. Each request's
     TTFT and E2E hold its API server's time (`api_server`, measured on vLLM's CPU build; None: none)."""
     if kv_cache_dtype not in KV_BYTES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
-    drafter = Drafter("draft", "model", draft) if draft is not None else None
+    drafter = Drafter("draft", draft_kind, draft) if draft is not None else None
     need = memory(config, drafter, tp, draft_tp or tp, 1, kernel_tables.device(system), gemm_quant, kv_cache_dtype,
                   draft_gemm_quant)
     if need.usable - need.weights - need.reserved <= 0:

@@ -12,6 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.grid import Cell, SweepConfig, plan_cells, requests_per_cell, split_schedule, target_shape
 from specbench.models import dtype_name, lookup_alias, parse_draft_spec
 from specbench.shapes import Architecture
@@ -116,7 +117,7 @@ def native_dtypes(config: SweepConfig) -> dict[str, str]:
     dtypes = {"target": target}
     for draft in config.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
-        if spec.kind == "model":
+        if drafter_kind(spec.kind).separate_model:
             dtypes[draft] = dtype_name(spec.dtype) if spec.dtype else target
     return dtypes
 
@@ -136,12 +137,13 @@ def estimate_native(config: SweepConfig, rates: Rates, tokens: dict[str, float],
     drafts: dict[str, tuple[Architecture, str]] = {}
     for draft in config.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
-        if spec.kind == "model":
+        kind = drafter_kind(spec.kind)
+        if kind.separate_model:
             shape = _architecture(spec.model, family, dtypes[draft])
             if shape is None:
                 return None
             drafts[draft] = (shape, dtypes[draft])
-        elif spec.kind == "self":
+        elif kind.target_prefix_layers:
             layers = min(spec.layers, target.layers)
             drafts[draft] = (Architecture(**{**target.to_dict(), "layers": layers}), dtypes["target"])
 
@@ -193,6 +195,6 @@ def estimate_native(config: SweepConfig, rates: Rates, tokens: dict[str, float],
     sizes = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if s <= 2 * widest]
     start = sum(forward(target, dtypes["target"], 6, 6 * s, 16) for s in sizes)
     for label, (shape, dtype) in drafts.items():
-        if parse_draft_spec(split_schedule(label)[0]).kind == "model":
+        if drafter_kind(parse_draft_spec(split_schedule(label)[0]).kind).separate_model:
             start += sum(forward(shape, dtype, 6, 6 * s, 16) for s in sizes if s <= 2 * max(config.batch_sizes or [1]))
     return Estimate(estimated, start + 2.0, rates, dtypes)

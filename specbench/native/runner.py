@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.engines import CellOutcome, Engine, Stage
 from specbench.grid import Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
@@ -162,12 +163,12 @@ class Models:
         return {"target": shape(self.target.model, self.target_scaler), "drafts": drafts}
 
     def drafter(self, label: str) -> Drafter:
+        """The native engine's proposer of the draft's kind (the kinds it runs: ngram, self, model)."""
         spec = self.drafts[label]
-        if spec.kind == "ngram":
-            return NGramDrafter(max_ngram=spec.ngram)
-        if spec.kind == "self":
-            return SelfDrafter(self.target.model, spec.layers)
-        return ModelDrafter(self.draft_models[label].model, name=label)
+        proposers = {"ngram": lambda: NGramDrafter(max_ngram=spec.ngram),
+                     "self": lambda: SelfDrafter(self.target.model, spec.layers),
+                     "model": lambda: ModelDrafter(self.draft_models[label].model, name=label)}
+        return proposers[spec.kind]()
 
 
 def _context_estimate(config: SweepConfig) -> int:
@@ -219,7 +220,7 @@ def load_random_models(config: SweepConfig) -> Models:
     for label in config.drafts:
         spec = parse_draft_spec(label)
         drafts[label] = spec
-        if spec.kind == "model":
+        if drafter_kind(spec.kind).separate_model:
             draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
             alias, draft_config = shipped_config(spec.model, family)
             draft_sizes[label] = (alias, draft_config, draft_dtype,
@@ -269,7 +270,7 @@ def load_models(config: SweepConfig) -> Models:
     for label in config.drafts:
         spec = parse_draft_spec(label)
         drafts[label] = spec
-        if spec.kind != "model":
+        if not drafter_kind(spec.kind).separate_model:
             continue
         draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
         loaded = load_model(spec.model, str(target.model.devices()[0]), draft_dtype, family=family,

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from specbench.drafter_kinds import drafter_kind
 from specbench.engines import Stage, StageFailed
 from specbench.grid import Cell, SweepConfig, speculative_config, split_schedule, vllm_schedule
 from specbench.models import (
@@ -88,13 +89,14 @@ def validate_vllm(config: SweepConfig) -> None:
     target_dtype = dtype_name(config)
     for text in config.drafts:
         spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
-        if spec.kind == "self":
+        kind = drafter_kind(spec.kind)
+        if not kind.runs_on_vllm:
             raise ValueError(f"draft {text!r}: self:N (the target's first layers) runs only on the native engine; "
                              f"on vLLM draft with ngram[:N], a model, eagle:PATH, eagle3:PATH, mtp or json:{{...}}")
-        if spec.kind == "model" and spec.dtype and str(parse_dtype(spec.dtype)).replace("torch.", "") != target_dtype:
+        if kind.separate_model and spec.dtype and str(parse_dtype(spec.dtype)).replace("torch.", "") != target_dtype:
             raise ValueError(f"draft {text!r}: vLLM runs a draft model in the target's dtype ({target_dtype}); "
                              f"drop @{spec.dtype} or pass --dtype {spec.dtype}")
-        if config.synthetic and spec.kind in ("eagle", "eagle3", "mtp", "json"):
+        if config.synthetic and not kind.random_weights:
             raise ValueError(f"draft {text!r}: --weights random builds registry models only (ngram or a model alias)")
 
 
@@ -223,7 +225,7 @@ class VllmEngine(ServedEngine):
                                             trust_remote_code=config.trust_remote_code)
         for text in config.drafts:
             spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
-            if spec.kind != "model":
+            if not drafter_kind(spec.kind).separate_model:
                 continue
             if config.synthetic:
                 self.draft_dirs[text] = str(dummy_model_dir(spec.model, self.family))

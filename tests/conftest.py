@@ -17,6 +17,64 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 # to go with it.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# The tiers (docs/testing.md): a test marked `integration` (tiny models through the CLI, the stand-in
+# vLLM server) or `e2e` (real vLLM, a Ray cluster, the real default model) runs only when its tier is
+# chosen; every other test is the unit tier, which `python -m pytest` runs after each edit.
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", default="unit", metavar="TIERS",
+                     help="the tiers to run, comma-separated: unit, integration, e2e, or all (default: unit)")
+
+
+def chosen_tiers(config) -> set[str]:
+    given = {name.strip() for name in config.getoption("--tier").split(",") if name.strip()}
+    if given == {"all"}:
+        return set(TIERS)
+    unknown = given - set(TIERS)
+    if unknown or not given:
+        raise pytest.UsageError(f"--tier takes {', '.join(TIERS)} or all, comma-separated; got "
+                                f"{config.getoption('--tier')!r}")
+    return given
+
+
+# A test that takes one of these fixtures is in their tier without a mark of its own.
+E2E_FIXTURES = {"vllm_run", "endpoints", "cluster", "background_cluster", "on_cluster"}
+INTEGRATION_FIXTURES = {"tiny_model_dirs", "fake_vllm", "fake_server", "timing_run", "finished_run"}
+
+
+def tier_of(item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("e2e") or fixtures & E2E_FIXTURES:
+        return "e2e"
+    if item.get_closest_marker("integration") or fixtures & INTEGRATION_FIXTURES:
+        return "integration"
+    return "unit"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A file marked whole (`pytestmark = pytest.mark.e2e`) is not even imported outside its tier:
+    importing vLLM or Ray alone takes longer than many unit tests."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    source = collection_path.read_text()
+    marked = [name for name in ("e2e", "integration") if f"pytestmark = pytest.mark.{name}" in source]
+    return True if marked and marked[0] not in chosen_tiers(config) else None
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers = chosen_tiers(config)
+    kept = [item for item in items if tier_of(item) in tiers]
+    left_out = [item for item in items if tier_of(item) not in tiers]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
+def pytest_report_header(config):
+    return f"tiers: {', '.join(sorted(chosen_tiers(config), key=TIERS.index))} (--tier all runs every tier)"
+
 
 def tiny_model(
     family: str = "llama",

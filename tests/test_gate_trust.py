@@ -384,6 +384,7 @@ def test_a_cluster_runs_nodes_are_compared_and_no_speedup_crosses_two_gpu_models
     assert "1.40× faster on b (n2) than on a (n1)" in said[0] and "interval" in said[0]
 
 
+@pytest.mark.integration
 def test_a_report_stopped_half_way_leaves_the_earlier_report_and_no_partial_one(tmp_path, capsys, monkeypatch):
     import shutil
     from pathlib import Path

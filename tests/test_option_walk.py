@@ -77,6 +77,7 @@ def offline_sweep(monkeypatch):
     monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=190e9,bfloat16=850e9,bandwidth=37e9")
 
 
+@pytest.mark.integration
 def test_sweep_option_walk(offline_sweep, tmp_path):
     """Every (mode, option) pair of `specbench sweep --dry-run`: where cli.sweep.APPLIES says the
     option does not apply, exit 2 and one line naming it; elsewhere it runs, or a one-line error

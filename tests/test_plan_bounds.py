@@ -14,6 +14,7 @@ from conftest import azure_csv
 RUN = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"  # 41- to 64-token prompts
 
 
+@pytest.mark.integration
 def test_a_served_plan_far_past_the_runs_prompts_or_clients_is_one_line_naming_what_to_measure(tmp_path):
     from typer.testing import CliRunner
 
@@ -93,6 +94,7 @@ def test_capped_pairs_match_the_replicas_count_within_the_cap_and_are_linear_pas
     assert _capped_pairs(40, 60, 64) == pytest.approx(_capped_pairs(40, 24, 64) + _capped_pairs(64, 36, 64))
 
 
+@pytest.mark.integration
 def test_extrapolate_plans_the_trace_held_and_says_so(tmp_path):
     from typer.testing import CliRunner
 

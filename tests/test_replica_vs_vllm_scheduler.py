@@ -12,6 +12,8 @@ pytest.importorskip("vllm")
 from specbench.fleet.replica import ReplicaSpec, Speculation, simulate  # noqa: E402
 from specbench.fleet.vllm_oracle import run_vllm_scheduler, vllm_scheduler  # noqa: E402
 
+pytestmark = pytest.mark.integration  # vLLM's own scheduler, imported
+
 
 @pytest.fixture(scope="module")
 def model_config_dir(tmp_path_factory):

@@ -19,6 +19,8 @@ from specbench.native.drafters import ModelDrafter, NGramDrafter
 from specbench.native.engine import GenerationConfig, generate_speculative
 from specbench.native.sampling import SamplingParams, logits_to_probs
 
+pytestmark = pytest.mark.integration  # tiny models sampled many thousands of times: 20 s in all
+
 P_VALUE_FLOOR = 1e-3
 
 

@@ -62,6 +62,7 @@ def test_shipped_configs_match_registry_sizes(alias):
     assert config_parameters(config) / 1e9 == pytest.approx(REGISTRY[alias].params_b, rel=0.01)
 
 
+@pytest.mark.integration
 def test_random_model_has_the_real_shapes():
     built = build_random_model("smollm2-135m", torch.float32, "cpu", num_layers=3)
     _, config = shipped_config("smollm2-135m")
@@ -89,6 +90,7 @@ def test_layer_scaler_and_rescaled_timeline():
         assert len(times) == len(tokens) and times == sorted(times)
 
 
+@pytest.mark.integration
 def test_random_weight_sweep_of_the_default_pair(tmp_path):
     args = ["sweep", "--weights", "random", "--alpha", "0.5,0.9", "--drafts", "smollm2-135m@bf16", "--k", "2",
             "--batch-sizes", "2", "--temperatures", "0", "--workloads", "chat", "--max-new-tokens", "8",
@@ -131,6 +133,7 @@ def test_random_weights_needs_alpha_and_aliases(tmp_path):
     assert result.exit_code == 2 and "registry alias" in result.output
 
 
+@pytest.mark.integration
 def test_plan_combines_timings_of_one_run_with_acceptance_of_another(tmp_path):
     """Issue 6's combine step: hardware from a timing-only run, α from a real run."""
 

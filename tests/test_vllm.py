@@ -26,6 +26,8 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.results import load_run
 
+pytestmark = pytest.mark.e2e  # real vLLM servers
+
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SPECBENCH_REQUIRE_VLLM") == "1":
         raise RuntimeError("SPECBENCH_REQUIRE_VLLM=1 but vLLM is not installed (docs/engines.md: the vLLM engine)")

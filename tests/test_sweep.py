@@ -393,6 +393,7 @@ def test_a_dry_run_of_a_resume_shows_the_cells_it_will_run(tiny_model_dirs, tmp_
         done = runner.invoke(app, ["sweep", "--resume", "--output", str(run_dir), *extra])
         assert done.exit_code == 0, done.output
         assert f"--resume: all 5 cells of {run_dir} are finished: nothing to do" in done.output.replace("\n", "")
+        assert "sweep results" not in done.output  # the table is the run's own; not printed again
 
 
 def test_ctrl_c_between_repeats_keeps_the_measured_ones(tiny_model_dirs, tmp_path, monkeypatch):

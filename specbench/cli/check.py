@@ -26,7 +26,7 @@ def check(
     slo: Optional[str] = typer.Option(None, help="Judge the SLO instead: speculation must not lower the highest "
                                                  "load meeting it, e.g. ttft=1.0,tpot=0.05[,p90] (default: the "
                                                  "run's --slo on a request-rate run)."),
-    allow_incomplete: bool = typer.Option(False, help="Judge a run that did not finish (stopped, failed cells) on "
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Judge a run that did not finish (stopped, failed cells) on "
                                                       "what it measured, instead of exit 2."),
     hardware: Optional[str] = typer.Option(None, help="A cluster run on several kinds of GPU: judge the cells of "
                                                       "this one (a part of its name, e.g. H100)."),

@@ -24,7 +24,8 @@ def print_price(priced) -> None:
     console.print(f"[bold red]ESTIMATE[/] from {priced.tables}: {priced.target}{priced.precision} with "
                   f"{', '.join(f'{name} ({label})' for name, label in priced.drafters.items())}; "
                   f"α from {priced.alpha_from}; "
-                  f"{priced.output_tokens} output tokens per request; prices {priced.price_note}; not measurements",
+                  f"{priced.output_tokens} output tokens per request, its prompt's prefill counted in tok/s, "
+                  f"speed-up and $; prices {priced.price_note}; not measurements",
                   highlight=False, soft_wrap=True)
     for line in [*priced.notes] + ([f"TRANSFERRED ACCEPTANCE: {priced.transferred}"] if priced.transferred else []) \
             + [f"left out: {why}" for why in priced.left_out] + [("CORRECTED: " if not n else "") + line

@@ -74,17 +74,17 @@ def sweep(
     top_k: int = typer.Option(0, help="Top-k for sampled cells (0 = off)."),
     chat_template: bool = typer.Option(True, help="Apply the target's chat template to prompts."),
     output: Optional[Path] = typer.Option(None, help="Run directory (default: results/<time>_<target>)."),
-    resume: bool = typer.Option(False, help="Skip cells already finished in --output (default: the latest run)."),
-    until_decided: bool = typer.Option(False, help="After the grid, while `check` (every measured batch size, "
+    resume: bool = typer.Option(False, "--resume", help="Skip cells already finished in --output (default: the latest run)."),
+    until_decided: bool = typer.Option(False, "--until-decided", help="After the grid, while `check` (every measured batch size, "
                                                    "--min-speedup) would be inconclusive, measure the cells that leave "
                                                    "it open again, doubling their repeats up to --max-repeats."),
     max_repeats: Optional[int] = typer.Option(None, help="--until-decided: the most repeats a cell gets "
                                                           "(default 12)."),
     min_speedup: float = typer.Option(1.0, help="--until-decided: the bar the verdict is about (as check's)."),
-    dry_run: bool = typer.Option(False, help="Print the plan (a resume's cells left to run) and the time "
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (a resume's cells left to run) and the time "
                                              "estimate, and exit."),
-    download: bool = typer.Option(False, help="Allow downloading models from the hub."),
-    trust_remote_code: bool = typer.Option(False, help="Allow model code from the hub (off by default)."),
+    download: bool = typer.Option(False, "--download", help="Allow downloading models from the hub."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub (off by default)."),
     weights: str = typer.Option("real", help="real, or random: timing-only runs of the real architectures "
                                              "with random weights (no download), needs --alpha."),
     alpha: Optional[str] = typer.Option(None, "--alpha", help="With --weights random: acceptance to simulate, comma "
@@ -92,7 +92,7 @@ def sweep(
     target_layers: Optional[int] = typer.Option(None, help="With --weights random: build only this many target "
                                                            "layers and scale step times to full depth "
                                                            "(automatic when the target does not fit)."),
-    cuda_graphs: bool = typer.Option(False, help="Replay decode, draft and verify steps from CUDA graphs "
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Replay decode, draft and verify steps from CUDA graphs "
                                                  "(fixed shapes over one reused cache; one CUDA device)."),
     engine: str = typer.Option("native", help="native (specbench's own exact engine, step-level detail) or vllm "
                                               "(a vLLM server per speculative configuration; batch size = "
@@ -101,7 +101,7 @@ def sweep(
     pipeline_parallel_size: int = typer.Option(1, help="vLLM: pipeline-parallel stages."),
     max_model_len: Optional[int] = typer.Option(None, help="vLLM: --max-model-len of every server."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: --gpu-memory-utilization."),
-    enforce_eager: bool = typer.Option(False, help="vLLM: no CUDA graphs or compilation (starts in ~1 min on a CPU)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs or compilation (starts in ~1 min on a CPU)."),
     vllm_args: str = typer.Option("", help="vLLM: more server arguments, e.g. '--max-num-seqs 64'."),
     vllm_python: Optional[str] = typer.Option(None, help="vLLM: the Python that runs the servers (another "
                                                          "environment); default: this one."),
@@ -110,7 +110,7 @@ def sweep(
                                                                   "several nodes (ray); default vLLM's choice. "
                                                                   "--executor ray sets ray for a server bigger "
                                                                   "than a node."),
-    allow_pp_speculation: bool = typer.Option(False, help="vLLM: run speculative decoding with "
+    allow_pp_speculation: bool = typer.Option(False, "--allow-pp-speculation", help="vLLM: run speculative decoding with "
                                                           "--pipeline-parallel-size > 1 although vLLM has open bugs "
                                                           "there (#49355, #57755)."),
     trace: Optional[str] = typer.Option(None, help="Served engines: replay a request trace, its arrivals and lengths "
@@ -345,8 +345,9 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
         if resume and not left and status == "complete" and not config.until_decided:
             console.print(f"--resume: all {len(planned)} cells of {resume_dir} are finished: nothing to do",
                           highlight=False, soft_wrap=True)
-            if not dry_run:
-                print_summary(resume_dir)
+            if not dry_run:  # its table is the run's own: report and check read it
+                console.print(f"next:    specbench report {resume_dir}  ·  specbench check {resume_dir}",
+                              highlight=False, soft_wrap=True)
             return
         # the defaults fitted to this CPU where the user left them (a resume runs the run's own)
         timing = plan_time(config, workloads, None if resume else given, left if resume else None)

@@ -144,3 +144,16 @@ INTERRUPTED, TERMINATED, PIPE_CLOSED = 130, 143, 141  # 128 + SIGINT, SIGTERM, S
 # The gate's exit codes for what is not a verdict (specbench.gate holds them all; main() needs these two
 # before any command ran, and importing the gate would load pandas and scipy for `--help`)
 UNANSWERABLE, INTERNAL_ERROR = 2, 4
+# What each exit code means for every command; check's verdicts are specbench.gate.EXIT_CODES.
+# docs/reference/exit-codes.md is generated from both (docs/generate_reference.py).
+COMMAND_EXIT_CODES = {
+    0: "the command did what it was asked",
+    1: "`sweep` only: a speculative cell failed the lossless check",
+    UNANSWERABLE: "bad input, a path that cannot be read or written, or nothing measured: one line on stderr",
+    INTERNAL_ERROR: "internal error: a bug in specbench; one line, the traceback saved to a file it names",
+    INTERRUPTED: "stopped by Ctrl-C (SIGINT): a sweep keeps its finished cells and `run.json` says `interrupted`; "
+                 "a `plan` simulation prints the configurations it finished",
+    TERMINATED: "stopped by SIGTERM, as by Ctrl-C",
+    PIPE_CLOSED: "its output pipe was closed (a reader that stops early, under `set -o pipefail`): "
+                 "write `check --json` to a file to keep the verdict",
+}

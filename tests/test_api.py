@@ -1,5 +1,5 @@
 """specbench.api: the commands' answers as result objects. `api.check` gives `specbench check`'s
-verdict and exit code on the committed runs, and the gate can no longer be asked without a run's
+verdict and exit code on the committed runs, and the gate cannot be asked without a run's
 completeness and noise tables."""
 
 import json
@@ -76,8 +76,9 @@ def test_check_refuses_as_the_command_does(run, options, arguments, words):
 
 
 def test_the_gate_needs_the_runs_completeness_and_noise():
-    """Left out, `state` judged a stopped run as complete and the noise band lacked the run's
-    requests and steps: api.check's verdict and a bare evaluate's differed. Now they must be named."""
+    """Left out, `state` would judge a stopped run as complete and the noise band would lack the
+    run's requests and steps, so api.check's verdict and a bare evaluate's would differ: they must be
+    named."""
     run = api.check(CONTEXT).run
     with pytest.raises(TypeError):
         evaluate(run.cells, [16])

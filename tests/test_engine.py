@@ -81,8 +81,8 @@ def test_greedy_lossless_on_qwen2():
 
 def test_a_draft_with_fewer_padded_rows_shares_the_targets_ids():
     """Qwen2.5-7B's embedding has 152,064 rows and its 0.5B draft's 151,936 (one tokenizer): random
-    weights of such a pair (H100, 2026-11-25) were refused as a vocabulary mismatch. Both now sample
-    and verify the ids they share, and greedy speculation still reproduces the target's tokens."""
+    weights of such a pair (H100, 2026-11-25) are not a vocabulary mismatch: both sample and verify
+    the ids they share, and greedy speculation still reproduces the target's tokens."""
     from specbench.native.loading import share_vocabulary
 
     target = CausalLM.from_hf(tiny_model("qwen2", layers=3, seed=3, vocab=101))

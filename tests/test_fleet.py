@@ -1427,7 +1427,7 @@ def test_a_closed_loop_cell_is_simulated_as_a_closed_loop():
     from dataclasses import replace
 
     replayed = simulate_load(dearer, spec, replace(load, concurrency=None))["tpot_p50_s"]
-    assert replayed > measured * 1.3  # the open-loop replay of a closed loop: what the fix removed
+    assert replayed > measured * 1.3  # the open-loop replay of a closed loop, which the fitter does not do
 
 
 def test_a_served_fit_on_a_measured_calibration_reproduces_its_cells():

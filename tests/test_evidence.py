@@ -119,7 +119,7 @@ def test_a_one_repeat_point_at_0_99_is_within_noise_and_a_large_effect_is_decide
     set_speedup(run_dir, "chat|B1|T0.7|ngram|K4", 0.98)  # so the real 0.994× K=2 is the best K there
     narrowed = [run_dir, "--draft", "ngram", "--workloads", "chat", "--temperatures", "0.7", "--batch-sizes", "1"]
     code, out = check(*narrowed)
-    assert code == 3 and "0.994× (K=2, NOISE; 1 repeat: within noise" in out and "FAIL" not in out, out
+    assert code == 3 and "0.994× K=2 NOISE" in out and "ngram at B=1: 1 repeat: within noise" in out and "FAIL" not in out, out
     code, payload = check_json(*narrowed)
     assert payload["verdicts"][0]["decisions"] == {"1": "inconclusive"} and payload["verdicts"][0]["repeats"] == {"1": 1}
 

@@ -184,8 +184,10 @@ def test_check_json_is_written_even_on_an_internal_error(crafted, capsys, monkey
 def test_check_codes_pass_fail_and_json(crafted, capsys):
     assert run_cli(["check", crafted, "--batch-sizes", "1"], capsys)[0] == 0
     code, out, _ = run_cli(["check", crafted], capsys)
-    assert code == 1 and "0.80× at B=4, its worst measured batch size" in out  # the headline names the worst
-    assert "one K measured: no K comparison" in out
+    answer, header, row = out.splitlines()[:3]
+    assert code == 1 and answer == "FAIL (exit 1): speculation with ngram is below 1× at B=4 (0.800×)", out
+    assert header.split()[:4] == ["draft", "verdict", "B=1", "B=4"] and row.split()[:2] == ["ngram", "FAIL"], out
+    assert "ngram: one K measured, so no K comparison" in out
     code, out, _ = run_cli(["check", crafted, "--json"], capsys)
     payload = json.loads(out)
     assert code == 1 and payload["verdict"] == "FAIL" and payload["warnings"] == [] and payload["incomplete"] == ""

@@ -371,8 +371,8 @@ def test_a_fleets_batch_is_each_servers_and_its_timeline_their_sum():
 
 def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, target_dir, tmp_path):
     """--endpoint alone (a mode sweep accepts): no baseline, and a server without speculation counts
-    no drafts. report was a ZeroDivisionError (exit 4) in the acceptance chart and left a partial
-    report/; it now reports, and a report that fails half way leaves none."""
+    no drafts. report reports it (no ZeroDivisionError in the acceptance chart), and a report that
+    fails half way leaves no partial report/."""
     port = free_port()
     # a server that serves 2048 positions (as /v1/models says): the trace's 9000-token row is left
     # out, where it was sent and refused (HTTP 400)
@@ -474,7 +474,7 @@ def test_a_trace_replay_sends_each_request_at_its_time_with_its_lengths(fake_vll
     assert (cells["late_sends_machine"] <= cells["late_sends"]).all()
     assert (cells["running_max"] >= 1).all() and all(len(t) > 2 for t in cells["running_timeline"])
     judged = runner.invoke(app, ["check", str(run_dir)])
-    assert judged.exit_code in (0, 1, 3) and "verdict:" in judged.output, judged.output
+    assert judged.exit_code in (0, 1, 3) and judged.output.startswith(("PASS", "FAIL", "INCONCLUSIVE")), judged.output
     reported = runner.invoke(app, ["report", str(run_dir)])
     assert reported.exit_code == 0, reported.output
     assert "azure 0–" in reported.output and "B ≥ 32" in reported.output

@@ -188,40 +188,71 @@ def print_trust(lines: list[str]) -> None:
             console.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
-def gate_text(result) -> str:
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Plain aligned columns, for a terminal, a CI log and summary.md alike."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
+
+
+def gate_answer(result) -> str:
+    """The verdict in one sentence: the line a pipeline's log shows first."""
+    from specbench.gate import FAIL, INCONCLUSIVE, PASS, format_speedup
+
+    head = f"{result.verdict} (exit {result.exit_code})" + (" on an incomplete run" if result.incomplete else "")
+    chosen = next((v for v in result.verdicts if v.draft == result.draft), None)
+    if chosen is None or result.exit_code not in (PASS, FAIL, INCONCLUSIVE):
+        return f"{head}: {result.message}"
+    bar = result.min_speedup
+
+    def at(decision: str) -> str:
+        return ", ".join(f"B={b} ({format_speedup(chosen.speedups[b], bar)})"
+                         for b, d in chosen.decisions.items() if d == decision)
+
+    if result.exit_code == FAIL:
+        return f"{head}: speculation with {chosen.draft} is below {bar:g}× at {at('fail')}"
+    if result.exit_code == INCONCLUSIVE:
+        return f"{head}: speculation with {chosen.draft} is within noise of {bar:g}× at {at('inconclusive')}"
+    return f"{head}: speculation with {chosen.draft} keeps at least {bar:g}× at B={', '.join(map(str, chosen.speedups))}"
+
+
+def gate_text(result, question: str = "") -> str:
+    """The answer line, a row per draft (its speed-up, K and decision at each batch size judged, its
+    K schedule and B*), then the notes: what each decision rests on and what the terms mean."""
     from specbench.fit import b_star_rule, best_draft_rule
     from specbench.gate import DECISION_LABELS, evidence_text, format_speedup
 
-    lines = [result.headline] if result.headline else []
+    bar = result.min_speedup
+    header = ["draft", "verdict", *(f"B={b}" for b in result.batch_sizes), "K schedule", "crossing the bar"]
+    rows, notes = [], [f"question: {question}"] if question else []
+    notes.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
     for v in result.verdicts:
-        speedups = ", ".join(
-            f"B={b}: {format_speedup(s, result.min_speedup)} (K={v.best_k[b]}, "
-            f"{DECISION_LABELS.get(v.decisions.get(b), 'N/A').strip()}{evidence_text(v, b)})"
-            for b, s in v.speedups.items()) or "none measured"
-        missing = f"; not measured at B={','.join(map(str, v.missing))}" if v.missing else ""
-        single = " (one K measured: no K comparison)" if v.ks_measured == 1 else ""
-        lines.append(f"{DECISION_LABELS.get(v.decision, 'N/A ')} {v.draft}: {speedups}{missing}; K schedule {v.schedule}{single}; "
-                     f"{v.crossover}")
-    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+        at = [f"{format_speedup(v.speedups[b], bar)} K={v.best_k[b]} "
+              f"{DECISION_LABELS.get(v.decisions.get(b), 'N/A').strip()}" if b in v.speedups else "not measured"
+              for b in result.batch_sizes]
+        rows.append([v.draft, DECISION_LABELS.get(v.decision, "N/A").strip(), *at, v.schedule, v.crossover])
+        notes += [f"{v.draft} at B={b}: {evidence_text(v, b).lstrip(';, ')}" for b in v.speedups if evidence_text(v, b)]
+        if v.ks_measured == 1:
+            notes.append(f"{v.draft}: one K measured, so no K comparison")
     if result.advice:
-        lines.append(f"  next: {result.advice}")
+        notes.append(f"next: {result.advice}")
     if result.noise.get("text") and any(n == 1 for v in result.verdicts for n in v.repeats.values()):
-        lines.append(f"  {result.noise['text']}")
-    lines.append(f"  {best_draft_rule(result.min_speedup)}")
-    lines.append(f"  {b_star_rule(result.min_speedup)}, over the worst workload and temperature")
-    lines.append("  K schedule = at each measured batch size the fastest K shown to pay there (its interval, or one "
-                 "repeat's noise band, above the bar; never where that evidence lies above what acceptance allows), off elsewhere")
+        notes.append(result.noise["text"])
+    notes += [best_draft_rule(bar), f"{b_star_rule(bar)}, over the worst workload and temperature",
+              "K schedule = at each measured batch size the fastest K shown to pay there (its interval, or one "
+              "repeat's noise band, above the bar; never where that evidence lies above what acceptance allows), "
+              "off elsewhere"]
+    lines = [gate_answer(result), *(text_table(header, rows) if rows else []), "notes:", *(f"  {n}" for n in notes)]
     for v in result.verdicts:
         if v.speculative_config:
             lines.append(f"vLLM, {v.draft}: --speculative-config '{json.dumps(v.speculative_config)}'")
     return "\n".join(lines)
 
 
-def slo_gate_text(result) -> str:
+def slo_gate_text(result, question: str = "") -> str:
     from specbench.fit import capacity_text
     from specbench.gate import DECISION_LABELS, bounds_text
 
-    lines = []
+    lines = [f"{result.verdict} (exit {result.exit_code}): {result.message}"]
     for v in result.verdicts:
         state = DECISION_LABELS.get(v.decision, "N/A ")
         with_k = f" (K={v.k})" if v.k is not None else ""
@@ -232,7 +263,7 @@ def slo_gate_text(result) -> str:
                      f"{capacity_text(v.capacity, v.max_measured, result.load)}{with_k}, {fmt(v.tokens_per_s, '.1f')} tok/s; "
                      f"without {capacity_text(v.baseline_capacity, v.max_measured, result.load)}, "
                      f"{fmt(v.baseline_tokens_per_s, '.1f')} tok/s")
-    lines.append(f"verdict: {result.verdict}: {result.message} (exit {result.exit_code})")
+    lines += ["notes:", *([f"  question: {question}"] if question else [])]
     if result.advice:
         lines.append(f"  next: {result.advice}")
     lines.append("  capacity = the highest measured load up to which every measured load meets the SLO (at each load "
@@ -252,15 +283,13 @@ def print_check(result, every_batch_size: bool) -> None:
     verdict, run = result.verdict, result.run
     if result.judges_slo:
         unit = "request rate" if verdict.load == "request_rate" else "concurrency"
-        question = f"does speculation keep the highest {unit} meeting the SLO ({verdict.slo})?"
-        text = slo_gate_text(verdict)
+        question = f"does speculation keep the highest {unit} meeting the SLO ({verdict.slo})? (run {run.path})"
+        console.print(escape(slo_gate_text(verdict, question)), highlight=False, soft_wrap=True)
     else:
         which = " (every batch size the run measured; --batch-sizes to choose)" if every_batch_size else ""
         question = (f"does speculation keep ≥ {verdict.min_speedup:g}× at batch size(s) "
-                    f"{', '.join(map(str, verdict.batch_sizes))}?{which}")
-        text = gate_text(verdict)
-    console.print(f"{question} (run {run.path})", highlight=False, soft_wrap=True)
-    console.print(text, highlight=False, soft_wrap=True)
+                    f"{', '.join(map(str, verdict.batch_sizes))}?{which} (run {run.path})")
+        console.print(escape(gate_text(verdict, question)), highlight=False, soft_wrap=True)
     print_gate_warnings(verdict.warnings)
 
 

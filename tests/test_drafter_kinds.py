@@ -6,6 +6,12 @@ from pathlib import Path
 import pytest
 
 from specbench.drafter_kinds import KINDS, BYTES_PER_VALUE, drafter_kind
+from specbench.step_model import StepShape
+
+
+def at(model, prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
+    return model.seconds(StepShape(prefill_tokens, decode_rows, k))
+
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 
@@ -91,7 +97,7 @@ def test_the_served_replica_prices_eagle3s_fusing_gemm_too(heads):
     bare = {"async_scheduling": False, "host": None, "launch": None, "speculation_host": None, "executor": None}
     eagle = step_cost(target, 1024, 128, head, draft_kind="eagle", **bare)
     eagle3 = step_cost(target, 1024, 128, head, draft_kind="eagle3", **bare)
-    assert (eagle3(0, rows, k) - eagle(0, rows, k)) * 1e3 == pytest.approx(
+    assert (at(eagle3, 0, rows, k) - at(eagle, 0, rows, k)) * 1e3 == pytest.approx(
         head.gemm_ms(rows * (k + 1), hidden, 3 * hidden), rel=1e-9)
     with_eagle, with_eagle3 = (replica_spec(planner.target, "h100_sxm", 4, draft=drafters[kind].config, draft_kind=kind)
                                for kind in ("eagle", "eagle3"))

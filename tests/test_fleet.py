@@ -14,6 +14,12 @@ import pytest
 
 from conftest import azure_csv
 from specbench.fleet import ReplicaSpec, Speculation, simulate
+from specbench.step_model import StepShape
+
+
+def at(model, prefill_tokens: int, decode_rows: int, k: int = 0, **shape) -> float:
+    """`model`'s seconds for a step of that shape (`StepShape`'s fields)."""
+    return model.seconds(StepShape(prefill_tokens, decode_rows, k, **shape))
 
 
 def linear_cost(per_step=0.010, per_prefill_token=1e-5, per_row=1e-4, per_draft=0.002):
@@ -66,24 +72,26 @@ def test_a_long_prompt_is_chunked_by_the_token_budget():
 
 
 def test_a_chunk_that_attends_over_tokens_before_it_is_told_so():
-    """A cost with `uses_prefill_chunks` learns, for each prompt chunk of a step, the tokens before
-    it: an earlier chunk of its prompt, or a prefix found cached (none for a fresh prompt)."""
-    calls = []
+    """A step model learns, for each prompt chunk of a step, the tokens before it: an earlier chunk
+    of its prompt, or a prefix found cached (none for a fresh prompt)."""
+    shapes = []
 
-    def cost(prefill_tokens, decode_rows, k=0, prefill_chunks=()):
-        calls.append((prefill_tokens, decode_rows, prefill_chunks))
-        return 0.01
+    class Recorded:
+        reads_context = False
 
-    cost.uses_prefill_chunks = True
-    simulate([2500], [2], cost, ReplicaSpec(max_num_batched_tokens=1000), arrivals_s=[0.0])
-    assert [c[:2] for c in calls[:3]] == [(1000, 0), (1000, 0), (500, 0)]
-    assert [c[2] for c in calls[:3]] == [(), ((1000, 1000),), ((500, 2000),)]
-    calls.clear()
+        def seconds(self, shape: StepShape) -> float:
+            shapes.append(shape)
+            return 0.01
+
+    simulate([2500], [2], Recorded(), ReplicaSpec(max_num_batched_tokens=1000), arrivals_s=[0.0])
+    assert [(s.prefill_tokens, s.decode_rows) for s in shapes[:3]] == [(1000, 0), (1000, 0), (500, 0)]
+    assert [s.prefill_chunks for s in shapes[:3]] == [((1000, 0),), ((1000, 1000),), ((500, 2000),)]
+    shapes.clear()
     system = tuple(range(64))  # 1,024 tokens in blocks of 16
-    simulate([1224, 1224], [2, 2], cost, ReplicaSpec(prefix_caching=True), arrivals_s=[0.0, 10.0],
+    simulate([1224, 1224], [2, 2], Recorded(), ReplicaSpec(prefix_caching=True), arrivals_s=[0.0, 10.0],
              prefixes=[system, system])
-    prefills = [c for c in calls if c[0]]
-    assert prefills == [(1224, 0, ()), (200, 0, ((200, 1024),))]
+    prefills = [(s.prefill_tokens, s.decode_rows, s.prefill_chunks) for s in shapes if s.prefill_tokens]
+    assert prefills == [(1224, 0, ((1224, 0),)), (200, 0, ((200, 1024),))]
 
 
 def test_a_prefill_shares_the_step_with_running_decodes():
@@ -337,7 +345,7 @@ def test_a_served_replica_on_the_tables_prices_each_step_from_them():
     assert base["ttft_p50_ms"] == pytest.approx(target.mixed_ms(512, 0, 512, 256) + 32 * PIECEWISE_LAYER_MS
                                                 + VLLM_API_SERVER_REQUEST.ms(512), rel=1e-6)
     draft = planner.forward(model_config("llama3.2-1b")[1], 1)
-    step_ms = step_cost(target, 512, 256, draft, async_scheduling=True)(0, 1, 3) * 1e3
+    step_ms = at(step_cost(target, 512, 256, draft, async_scheduling=True), 0, 1, 3) * 1e3
     tau = 1 + 0.7 + 0.7 ** 2 + 0.7 ** 3
     assert speculative["draft"] == "1b" and speculative["k"] == 3
     # 255 tokens after the first, about tau a step (the last step cut at the output's length)
@@ -625,7 +633,8 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
     """The kernel tables hold GPU time; vLLM's host schedules, prepares and books each step beside it
     (async scheduling) or before it (synchronous): the longer of the two, or their sum."""
     from specbench.fit import kernel_tables
-    from specbench.fleet.tables import VLLM_HOST_STEP, HostCost, step_cost
+    from specbench.fit.host_cost import VLLM_HOST_STEP, HostCost
+    from specbench.fleet.tables import step_cost
 
     config = kernel_tables.shipped_model_config("meta-llama/Meta-Llama-3.1-8B")
     forward = kernel_tables.Forward(config, "h200_sxm", "vllm", 1, name="llama-3.1-8b")
@@ -635,10 +644,10 @@ def test_the_hosts_step_time_is_added_when_scheduling_synchronously_and_overlapp
     for prefill, rows in ((0, 1), (0, 64), (2048, 30), (1500, 0)):
         prompts = -(-prefill // 1024)
         host_s = VLLM_HOST_STEP.ms(rows + prompts, prompts, prefill) / 1e3
-        assert synchronous(prefill, rows) == pytest.approx(kernels(prefill, rows) + host_s, rel=1e-9)
-        assert overlapped(prefill, rows) == pytest.approx(max(kernels(prefill, rows), host_s), rel=1e-9)
+        assert at(synchronous, prefill, rows) == pytest.approx(at(kernels, prefill, rows) + host_s, rel=1e-9)
+        assert at(overlapped, prefill, rows) == pytest.approx(max(at(kernels, prefill, rows), host_s), rel=1e-9)
     slow_host = HostCost(intercept_ms=50.0, per_running_row_ms=0, per_new_request_ms=0, per_prompt_token_ms=0)
-    assert step_cost(forward, 1024, 128, async_scheduling=True, host=slow_host)(0, 8) == pytest.approx(0.05)
+    assert at(step_cost(forward, 1024, 128, async_scheduling=True, host=slow_host), 0, 8) == pytest.approx(0.05)
 
 
 def test_a_chunk_after_cached_tokens_pays_the_tables_attention_over_them():
@@ -656,9 +665,9 @@ def test_a_chunk_after_cached_tokens_pays_the_tables_attention_over_them():
     assert 0 < forward.over_context_ms(2048, 2048) < over < forward.over_context_ms(2048, 14336)
     assert forward.over_context_ms(2048, 0) == 0
     cost = step_cost(forward, 8192, 256, async_scheduling=False, host=None, launch=None, piecewise_layer_ms=0)
-    assert cost(2048, 16, prefill_chunks=((2048, 6144),)) == pytest.approx(cost(2048, 16) + over / 1e3)
-    two = cost(2048 + 1024, 16, prefill_chunks=((2048, 6144), (1024, 512)))
-    assert two == pytest.approx(cost(3072, 16) + (over + forward.over_context_ms(1024, 512)) / 1e3)
+    assert at(cost, 2048, 16, prefill_chunks=((2048, 6144),)) == pytest.approx(at(cost, 2048, 16) + over / 1e3)
+    two = at(cost, 2048 + 1024, 16, prefill_chunks=((2048, 6144), (1024, 512)))
+    assert two == pytest.approx(at(cost, 3072, 16) + (over + forward.over_context_ms(1024, 512)) / 1e3)
 
 
 def test_a_step_outside_cuda_graphs_takes_at_least_the_hosts_kernel_launches():
@@ -676,13 +685,13 @@ def test_a_step_outside_cuda_graphs_takes_at_least_the_hosts_kernel_launches():
     decode_only = step_cost(forward, 1024, 128, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY")
     floor_s = COMPILED_LAUNCH.ms(32, 1) / 1e3
     for step in ((0, 1), (0, 64), (256, 8), (0, 512), (0, 100, 3)):  # up to 512 tokens: the kernels alone
-        assert graphed(*step) == kernels(*step), step
+        assert at(graphed, *step) == at(kernels, *step), step
     for step in ((600, 0), (2048, 30), (0, 200, 3)):  # over 512 (a verify: rows · (K + 1)): the floor
-        assert graphed(*step) == pytest.approx(max(kernels(*step), floor_s), rel=1e-9), step
-    assert graphed(600, 0) > kernels(600, 0)  # the floor binds somewhere: an 8B's 600-token prefill on an H200
-    assert decode_only(100, 8) == pytest.approx(max(kernels(100, 8), floor_s))  # a small prefill: no graph there
-    assert decode_only(100, 8) > graphed(100, 8) == kernels(100, 8)
-    assert decode_only(0, 64) == kernels(0, 64)
+        assert at(graphed, *step) == pytest.approx(max(at(kernels, *step), floor_s), rel=1e-9), step
+    assert at(graphed, 600, 0) > at(kernels, 600, 0)  # the floor binds somewhere: an 8B's 600-token prefill on an H200
+    assert at(decode_only, 100, 8) == pytest.approx(max(at(kernels, 100, 8), floor_s))  # a small prefill: no graph there
+    assert at(decode_only, 100, 8) > at(graphed, 100, 8) == at(kernels, 100, 8)
+    assert at(decode_only, 0, 64) == at(kernels, 0, 64)
     assert COMPILED_LAUNCH.ms(80, 8) == COMPILED_LAUNCH.ms(80, 2) > COMPILED_LAUNCH.ms(80, 1)
     with pytest.raises(ValueError, match="cudagraph_mode"):
         step_cost(forward, 1024, 128, async_scheduling=True, cudagraph_mode="sometimes")
@@ -708,19 +717,19 @@ def test_a_draft_model_prefills_every_prompt_chunk_and_its_launches_add_to_the_t
     with_draft = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, launch=None,
                            piecewise_layer_ms=0)
     chunk_s = draft.mixed_ms(300, 0, 1024, 128) / 1e3
-    assert with_draft(300, 0) == pytest.approx(alone(300, 0) + chunk_s, rel=1e-9)
+    assert at(with_draft, 300, 0) == pytest.approx(at(alone, 300, 0) + chunk_s, rel=1e-9)
     context = 1024 + 128 // 2
     # K decodes, and what the first forward's K + 2 positions a row add (the verified tokens and a slot)
     drafting_s = {(rows, k): (k * draft.mixed_ms(0, rows, 1024, 128) + draft.extra_positions_ms(rows, context, k + 2)) / 1e3
                   for rows, k in ((4, 2), (8, 3))}
     assert draft.extra_positions_ms(8, context, 5) > 0
-    assert with_draft(300, 4, 2) == pytest.approx(alone(300, 4, 2) + chunk_s + drafting_s[4, 2], rel=1e-9)
-    assert with_draft(0, 8, 3) - alone(0, 8, 3) == pytest.approx(drafting_s[8, 3], rel=1e-9)
+    assert at(with_draft, 300, 4, 2) == pytest.approx(at(alone, 300, 4, 2) + chunk_s + drafting_s[4, 2], rel=1e-9)
+    assert at(with_draft, 0, 8, 3) - at(alone, 0, 8, 3) == pytest.approx(drafting_s[8, 3], rel=1e-9)
     floored = step_cost(target, 1024, 128, draft, async_scheduling=True, host=None, cudagraph_mode="FULL_DECODE_ONLY",
                         piecewise_layer_ms=0)
     both_s = (COMPILED_LAUNCH.ms(target.layers, 1) + COMPILED_LAUNCH.ms(draft.layers, 1)) / 1e3
     assert draft.layers == 16 and target.layers == 32
-    assert floored(100, 0) == pytest.approx(max(with_draft(100, 0), both_s), rel=1e-9)
+    assert at(floored, 100, 0) == pytest.approx(max(at(with_draft, 100, 0), both_s), rel=1e-9)
 
 
 def test_a_step_replayed_as_graph_pieces_costs_a_little_more_a_layer():
@@ -744,20 +753,20 @@ def test_a_step_replayed_as_graph_pieces_costs_a_little_more_a_layer():
     graphs = priced("FULL", 0.0)
     layers_s = 32 * PIECEWISE_LAYER_MS / 1e3
     for step in ((0, 1), (0, 64), (0, 100, 3), (256, 8), (300, 0)):
-        assert priced("PIECEWISE")(*step) == pytest.approx(graphs(*step) + layers_s, rel=1e-9), step
-        assert priced("FULL")(*step) == graphs(*step), step
-    assert priced("FULL_AND_PIECEWISE")(0, 64) == graphs(0, 64)  # decode-only: one full graph
-    assert priced("FULL_AND_PIECEWISE")(0, 100, 3) == graphs(0, 100, 3)  # a verify too
-    assert priced("FULL_AND_PIECEWISE")(256, 8) == pytest.approx(graphs(256, 8) + layers_s, rel=1e-9)
-    assert priced("FULL_DECODE_ONLY")(256, 8) == graphs(256, 8)  # outside graphs: the launch floor's case
+        assert at(priced("PIECEWISE"), *step) == pytest.approx(at(graphs, *step) + layers_s, rel=1e-9), step
+        assert at(priced("FULL"), *step) == at(graphs, *step), step
+    assert at(priced("FULL_AND_PIECEWISE"), 0, 64) == at(graphs, 0, 64)  # decode-only: one full graph
+    assert at(priced("FULL_AND_PIECEWISE"), 0, 100, 3) == at(graphs, 0, 100, 3)  # a verify too
+    assert at(priced("FULL_AND_PIECEWISE"), 256, 8) == pytest.approx(at(graphs, 256, 8) + layers_s, rel=1e-9)
+    assert at(priced("FULL_DECODE_ONLY"), 256, 8) == at(graphs, 256, 8)  # outside graphs: the launch floor's case
     for step in ((600, 0), (0, 200, 3)):  # over 512 tokens: no graph, no pieces
-        assert priced("PIECEWISE")(*step) == graphs(*step), step
+        assert at(priced("PIECEWISE"), *step) == at(graphs, *step), step
     # a draft model's forwards in a piecewise step: its prefill of the chunk and its K decodes
     draft_graphs = priced("FULL", 0.0, draft)
-    assert priced("PIECEWISE", with_draft=draft)(0, 8, 3) == pytest.approx(
-        draft_graphs(0, 8, 3) + (32 + 3 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
-    assert priced("PIECEWISE", with_draft=draft)(100, 8, 3) == pytest.approx(
-        draft_graphs(100, 8, 3) + (32 + 4 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
+    assert at(priced("PIECEWISE", with_draft=draft), 0, 8, 3) == pytest.approx(
+        at(draft_graphs, 0, 8, 3) + (32 + 3 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
+    assert at(priced("PIECEWISE", with_draft=draft), 100, 8, 3) == pytest.approx(
+        at(draft_graphs, 100, 8, 3) + (32 + 4 * 16) * PIECEWISE_LAYER_MS / 1e3, rel=1e-9)
 
 
 def test_the_piecewise_cost_is_the_one_its_benchmark_measured():
@@ -855,7 +864,7 @@ def test_the_executor_cost_is_the_one_its_benchmark_measured_and_comes_with_tp()
         for prefill, rows in ((0, 16), (1024, 8)):
             prompts = 1 if prefill else 0
             expected = MULTIPROC_EXECUTOR_STEP.ms(rows + prompts, prompts, prefill) if added else 0.0
-            assert (with_it(prefill, rows) - without(prefill, rows)) * 1e3 == pytest.approx(expected)
+            assert (at(with_it, prefill, rows) - at(without, prefill, rows)) * 1e3 == pytest.approx(expected)
 
 
 def test_an_ngram_step_adds_its_measured_host_time_after_the_kernels():
@@ -874,13 +883,13 @@ def test_an_ngram_step_adds_its_measured_host_time_after_the_kernels():
                         speculation_host=None)
     kernels_only = step_cost(forward, isl, osl, async_scheduling=False, draft_kind="ngram", launch=None, host=None)
     context = isl + osl // 2
-    assert (with_host(0, rows, k) - without(0, rows, k)) * 1e3 == pytest.approx(NGRAM_HOST_STEP.ms(rows, context))
-    assert (without(0, rows, k) - kernels_only(0, rows, k)) * 1e3 == pytest.approx(
+    assert (at(with_host, 0, rows, k) - at(without, 0, rows, k)) * 1e3 == pytest.approx(NGRAM_HOST_STEP.ms(rows, context))
+    assert (at(without, 0, rows, k) - at(kernels_only, 0, rows, k)) * 1e3 == pytest.approx(
         VLLM_HOST_STEP.ms(rows) + MULTIPROC_EXECUTOR_STEP.ms(rows))  # TP4: worker processes
-    assert with_host(0, rows, 0) == without(0, rows, 0)  # no drafts, no speculation's host work
+    assert at(with_host, 0, rows, 0) == at(without, 0, rows, 0)  # no drafts, no speculation's host work
     model = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None)
     model_without = step_cost(forward, isl, osl, forward, async_scheduling=True, launch=None, speculation_host=None)
-    assert model(0, rows, k) == model_without(0, rows, k)
+    assert at(model, 0, rows, k) == at(model_without, 0, rows, k)
 
 
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_is_priced_as_the_tables_read_it():
@@ -1305,7 +1314,7 @@ def test_the_k_schedule_the_tables_pick_is_one_more_configuration():
     assert fp8[-1].schedule == format_schedule(schedule_ranges(
         *zip(*[(b, int(k) if s >= 1 else None) for b, k, s in best_k(table[table["fits"]])[
             ["batch_size", "k", "highest_speedup"]].itertuples(index=False)])))
-    assert fp8[0].cost(0, 8) < found[0].cost(0, 8)  # the baseline's decode step of 8 rows
+    assert at(fp8[0].cost, 0, 8) < at(found[0].cost, 0, 8)  # the baseline's decode step of 8 rows
 
 
 # --- a served engine's step price fitted on what a run measured -----------------------------------

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from specbench.step_model import StepShape, capped_pairs
+
 from conftest import azure_csv
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"  # 41- to 64-token prompts
@@ -46,7 +48,6 @@ def test_extrapolate_holds_the_served_price_linear_past_the_run():
     recorded its matmul rate. Within the run's prompts the two are the same price."""
     from dataclasses import replace
 
-    from specbench.fleet.replica import _capped_pairs
     from specbench.fleet.served import MeasuredReach, ServedPrice, held_price
 
     price = ServedPrice(floor_s=0.047, per_token_s=0.0027, per_context_token_s=2e-6, per_prefill_pair_s=2.9e-6,
@@ -58,17 +59,15 @@ def test_extrapolate_holds_the_served_price_linear_past_the_run():
     assert held_price(price, {"autoregressive": MeasuredReach(4, 64, 10_000)}, {}).reread_cached_tokens == 500.0
 
     fitted, bounded = price.cost(), held.cost()
-    assert bounded.pair_keys_limit == 64 and not hasattr(fitted, "pair_keys_limit")
+    assert bounded.price.held.prompt_tokens == 64 and fitted.price.held is None  # its keys held past 64
+
+    def prompt(n: int) -> StepShape:  # a fresh prompt of n tokens in one chunk: n × n / 2 pairs
+        return StepShape(n, 0, prefill_chunks=((n, 0),))
+
     # within the run: the same step
-    pairs = 60 * 30
-    assert bounded(60, 0, prefill_pairs=pairs, held_pairs=_capped_pairs(0, 60, 64)) == pytest.approx(
-        fitted(60, 0, prefill_pairs=pairs))
+    assert bounded.seconds(prompt(60)) == pytest.approx(fitted.seconds(prompt(60)))
     # past it: linear in the tokens (twice the prompt, twice the step's prompt price), not quadratic
-    steps = {}
-    for n in (1100, 2200):
-        full = n * n / 2
-        steps[n] = (fitted(n, 0, prefill_pairs=full), bounded(n, 0, prefill_pairs=full,
-                                                              held_pairs=_capped_pairs(0, n, 64)))
+    steps = {n: (fitted.seconds(prompt(n)), bounded.seconds(prompt(n))) for n in (1100, 2200)}
     assert steps[1100][0] - steps[1100][1] > 1.5  # the quadratic: 1.75 s of attention against 0.2
     assert steps[2200][1] - held.fixed_s == pytest.approx(2 * (steps[1100][1] - held.fixed_s), rel=0.02)
     assert steps[2200][0] / steps[1100][0] > 2.5  # (the fitted curve grows with the square)
@@ -86,12 +85,10 @@ def test_extrapolate_holds_the_served_price_linear_past_the_run():
 
 
 def test_capped_pairs_match_the_replicas_count_within_the_cap_and_are_linear_past_it():
-    from specbench.fleet.replica import _capped_pairs
-
-    assert _capped_pairs(10, 20, 64) == 20 * (10 + 20 / 2)
-    assert _capped_pairs(100, 50, 64) == 50 * 64
+    assert capped_pairs(10, 20, 64) == 20 * (10 + 20 / 2)
+    assert capped_pairs(100, 50, 64) == 50 * 64
     # a chunk across the cap: the two parts
-    assert _capped_pairs(40, 60, 64) == pytest.approx(_capped_pairs(40, 24, 64) + _capped_pairs(64, 36, 64))
+    assert capped_pairs(40, 60, 64) == pytest.approx(capped_pairs(40, 24, 64) + capped_pairs(64, 36, 64))
 
 
 @pytest.mark.integration

@@ -28,6 +28,7 @@ from measure import start_server  # noqa: E402
 from prefill_lengths import fitted_price  # noqa: E402
 
 from specbench.served.client import StreamedRequest, stream_completion  # noqa: E402
+from specbench.step_model import StepShape  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LENGTHS = [512, 1024, 2000, 2047, 3072, 4094, 6141]
@@ -64,7 +65,8 @@ def predicted_chunks(price, budget: int, length: int, context: int) -> list[floa
     steps, done = [], 0
     while done < length:
         n = min(budget - 1, length - done)
-        steps.append(price.cost(None)(n, 1, context=context, prefill_pairs=n * (done + n / 2)))
+        shape = StepShape(n, 1, prefill_chunks=((n, done),), decode_context=context)  # n × (done + n / 2) pairs
+        steps.append(price.cost(None).seconds(shape))
         done += n
     return steps
 

@@ -34,6 +34,7 @@ from specbench.fleet.replica import simulate  # noqa: E402
 from specbench.fleet.served import fit_served  # noqa: E402
 from specbench.results import load_run  # noqa: E402
 from specbench.served.client import StreamedRequest, stream_completion  # noqa: E402
+from specbench.step_model import StepShape  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LONG, SHORT, DECODE_TOKENS, DELAY_S = 4096, 512, 400, 5.0
@@ -95,7 +96,7 @@ def main() -> None:
                   f"| try {n}: the decode's longest gap (the steps it shared with the chunks) | {gaps[0]:.2f} s "
                   f"(next: {gaps[1]:.2f} s, {gaps[2]:.2f} s) | {gap:.2f} s |",
                   f"| try {n}: the decode's median gap | {np.median(gaps) * 1e3:.0f} ms | "
-                  f"{price.cost(None)(0, 1, context=SHORT + DECODE_TOKENS // 2) * 1e3:.0f} ms |"]
+                  f"{price.cost(None).seconds(StepShape(0, 1, decode_context=SHORT + DECODE_TOKENS // 2)) * 1e3:.0f} ms |"]
     (HERE / "mixed_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

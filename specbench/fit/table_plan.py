@@ -44,11 +44,10 @@ from specbench.fit.host_cost import (
     LaunchCost,
     SpeculationHostCost,
     described,
-    graph_bound_ms,
-    served_step_ms,
 )
 from specbench.fit.prices import cost_per_million
 from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_token
+from specbench.step_model.overheads import NO_OVERHEADS, Overheads
 from specbench.models import REGISTRY, lookup_alias, routed_experts
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
@@ -187,33 +186,34 @@ class TablePlanner:
         return memory(self.target, drafter, tp, draft_tp, tokens_per_row, kernel_tables.device(self.system),
                       self.gemm_quant, self.kv_cache_dtype, self.draft_gemm_quant)
 
+    @property
+    def overheads(self) -> Overheads:
+        """What each step adds to its kernels (`step_model.Overheads`): none where a run's corrections
+        hold its own host's time."""
+        if self.corrections:
+            return NO_OVERHEADS
+        return Overheads(host=self.host, launch=self.launch, speculation_host=self.speculation_host,
+                         executor=self.executor)
+
     def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
                 prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1,
                 context: float | None = None) -> float:
-        """A step's kernels with the host's time, as the served engine schedules it: a step of
-        `tokens` (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's
-        launch of the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`.
-        An n-gram step's rows (speculating, at `context`) add speculation's own host time, and a step
-        at `tp` > 1 what the multiprocess executor adds."""
-        if self.corrections:
-            return kernels_ms
+        """A step's kernels as the served engine runs them (`Overheads.step_ms`): a step of `tokens`
+        (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's launch of
+        the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`; a
+        prefill replayed as graph pieces runs the target's layers and a draft model's (its decode and
+        verify steps replay full graphs under vLLM's default FULL_AND_PIECEWISE). A host-drafting
+        step's rows (speculating, at `context`) add the proposer's host time."""
+        overheads = self.overheads
         target_layers = int(self.target["num_hidden_layers"])
         draft_layers = int(drafter.config["num_hidden_layers"]) if drafter is not None \
             and drafter.draft_kind.separate_model and drafter.config else 0
-        floor = 0.0 if self.launch is None else self.launch.ms(target_layers, tp) + (
-            self.launch.ms(draft_layers, draft_tp) if draft_layers else 0.0)
-        # a prefill replayed as graph pieces runs the target's layers and a draft model's (its
-        # decode and verify steps replay full graphs under vLLM's default FULL_AND_PIECEWISE)
-        kernels_ms = graph_bound_ms(kernels_ms, tokens, prompt_tokens, target_layers + draft_layers, floor)
-        if self.host is None:
-            return kernels_ms
-        host_ms = self.host.ms(rows, new_requests, prompt_tokens)
-        if self.executor is not None and tp > 1:
-            host_ms += self.executor.ms(rows, new_requests, prompt_tokens)
-        host_drafting = drafter is not None and drafter.draft_kind.host_drafting
-        if self.speculation_host is not None and context is not None and host_drafting:
-            host_ms += self.speculation_host.ms(rows, context)
-        return served_step_ms(kernels_ms, host_ms, async_scheduling=not host_drafting)
+        launch_ms = overheads.launch_ms([(target_layers, tp)] + ([(draft_layers, draft_tp)] if draft_layers else []))
+        kind = drafter.draft_kind if drafter is not None else None
+        host_ms = overheads.host_ms(rows, new_requests, prompt_tokens, tp, kind, rows if context is not None else 0,
+                                    context or 0.0)
+        return overheads.step_ms(kernels_ms, tokens, prompt_tokens, target_layers + draft_layers, launch_ms, host_ms,
+                                 kind)
 
     def described_host(self) -> dict:
         """What --json says the steps were priced with beside the kernels (each cost's terms and

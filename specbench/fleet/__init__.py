@@ -8,5 +8,5 @@ from NVIDIA's kernel tables, `served` fits them on a vLLM run; `plan` builds the
 `specbench plan` prints. It is part of the judge: it reads tables and runs, never an engine.
 """
 
-from specbench.fleet.replica import Outcome, Replica, ReplicaSpec, Speculation, StepCost, simulate  # noqa: F401
+from specbench.fleet.replica import Outcome, Replica, ReplicaSpec, Speculation, simulate  # noqa: F401
 from specbench.fleet.router import ROUTERS, FleetOutcome, simulate_fleet  # noqa: F401

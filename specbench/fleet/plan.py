@@ -25,12 +25,13 @@ from specbench import measured
 from specbench.fit import kernel_tables
 from specbench.fit.prices import cost_per_million
 from specbench.fit.table_plan import Acceptance, Drafter, TablePlanner
-from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost, blocks_for, simulate
+from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, blocks_for, simulate
 from specbench.fleet.sizing import (BURST_LIFETIMES, COMMON_SEED, MOST_REPLICAS, Configuration, Objective, Progress,
                                     Traffic, progress_counter, size_fleets, slo_verdict)
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost
 from specbench.fleet.workers import in_processes
 from specbench.schema import AR, LARGE_BATCH
+from specbench.step_model import StepModel, StepShape, as_step_model
 
 REQUESTS_PER_CLIENT = 12  # each client's first and last request are left out (warm-up, drain)
 
@@ -80,8 +81,9 @@ BENCH = Clients("bench", together=True, requests_per_client=10, shortest_share=1
 CLIENTS = {clients.name: clients for clients in (STEADY, INFERENCEMAX, BENCH)}
 
 
-def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: Speculation | None = None,
-                clients: Clients = STEADY, prefix_len: int = 0) -> tuple[Outcome, np.ndarray]:
+def closed_loop(cost: StepModel, spec: ReplicaSpec, concurrency: int, isl: int, osl: int,
+                speculation: Speculation | None = None, clients: Clients = STEADY,
+                prefix_len: int = 0) -> tuple[Outcome, np.ndarray]:
     """C `clients` (together: their first requests BURST_SPACING_S apart), each sending its next
     request 1 ms after its last one's final token; every prompt's first `prefix_len` tokens the same
     (a system prompt: with the replica's prefix caching, found cached after the first). Returns the
@@ -93,7 +95,9 @@ def closed_loop(cost, spec, concurrency: int, isl: int, osl: int, speculation: S
     if clients.together:
         starts = np.arange(concurrency) * BURST_SPACING_S
     else:
-        cycle = cost(min(isl, spec.max_num_batched_tokens), 0) + osl * cost(0, concurrency)
+        model = as_step_model(cost)
+        cycle = model.seconds(StepShape(min(isl, spec.max_num_batched_tokens), 0)) \
+            + osl * model.seconds(StepShape(0, concurrency))
         starts = np.arange(concurrency) * cycle / concurrency
     out = simulate(prompts, outputs, cost, spec, concurrency=concurrency, client_starts_s=starts,
                    client_turnaround_s=1e-3, speculation=speculation, prefixes=[shared] * count if shared else None)
@@ -171,7 +175,7 @@ SCHEDULE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 
 def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, tp: int, draft_tp: int | None,
-               ks: list[int], isl: int, osl: int, cost: StepCost, spec: ReplicaSpec) -> list[Configuration]:
+               ks: list[int], isl: int, osl: int, cost: StepModel, spec: ReplicaSpec) -> list[Configuration]:
     """The K schedule `plan --target` picks for this drafter and acceptance (the best of `ks` by
     running batch on the tables' static batches at the traffic's mean lengths, off where no K
     speeds up; the target's GEMMs and the KV cache as `planner`'s), as one more configuration, where

@@ -13,15 +13,17 @@ it runs: it sees only the requests that arrived before that one started, and the
 the requests that one finishes are free a step later. `fleet.vllm_oracle` runs vLLM's own scheduler
 (and its `AsyncScheduler`, driven as its engine core drives it) on the same requests and step
 prices, and the tests hold the two timelines equal.
-The step's time comes from a `StepCost` (the kernel tables' mixed prefill+decode step with the
-host's time per step, `fleet.tables.step_cost`, or a run's fitted model); the step that finishes a
+The step's time comes from a `step_model.StepModel` given each step's `StepShape` (the kernel
+tables' mixed prefill+decode step with the host's time per step, `fleet.tables.step_cost`, or a
+run's fitted model, `step_model.ServedStep`; a plain function of (prefill tokens, decode rows[,
+K]) prices the kernels alone); the step that finishes a
 prompt emits its first token, each decode step one token per row.
 
 Speculative decoding (`Speculation`): each decoding row drafts K tokens and the target verifies
 K + 1 positions; the row emits 1 + the tokens accepted, drawn each step from the per-position
 acceptance (P(position i accepted), as a run measures it; `fleet.acceptance_draws`), so rows move apart as
 real ones do.
-The step is priced with its K (`cost(prefill, rows, k)`: the draft's K forwards and the verify),
+The step is priced with its K (`StepShape.k`: the draft's K forwards and the verify),
 each decoding row takes K + 1 of the token budget and K + 1 KV slots, and K may follow the running
 batch (a K schedule: {rows: K}, 0 turning speculation off).
 
@@ -58,27 +60,16 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable
 
 import numpy as np
 
 from specbench.fleet.acceptance_draws import AcceptanceDraws
 from specbench.fleet.prefix_cache import OwnRun, PrefixCache
 from specbench.schema import chain_keys
+from specbench.step_model import StepModel, StepShape, as_step_model
 
 MOST_STEPS_DRAWN = 512  # a speculative decode-only stretch draws its rows' acceptance this many steps at most
-
-
-class StepCost(Protocol):
-    def __call__(self, prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
-        """Seconds of one engine step running `prefill_tokens` prompt tokens and `decode_rows` decodes
-        (each drafting `k` tokens and verifying k + 1 when speculating). A cost with a true
-        `uses_context` attribute is also given `context=`: the tokens the decoding rows attend
-        over (their KV cache, summed), and `prefill_pairs=`: the (query, key) pairs the prefill
-        chunks' attention computes (a chunk of n tokens after o computed: n × (o + n / 2)). One
-        with a true `uses_prefill_chunks` attribute is given `prefill_chunks=`: (n, o) for each
-        prompt chunk of the step that attends over o > 0 tokens before it (an earlier chunk, or
-        a prefix found cached)."""
 
 
 @dataclass(frozen=True)
@@ -326,30 +317,15 @@ def check_fits(index: int, prompt: int, output: int, spec: ReplicaSpec) -> None:
                          f"has ({spec.kv_capacity_tokens} tokens)")
 
 
-def _capped_pairs(computed: float, tokens: float, limit: float) -> float:
-    """A prefill chunk's (query, key) pairs (`tokens` queries after `computed` ones, as `_price`
-    counts them: each query's position its keys) with each query's keys capped at `limit`."""
-    end = computed + tokens
-    if end <= limit:
-        return tokens * (computed + tokens / 2)
-    if computed >= limit:
-        return tokens * limit
-    return (limit - computed) * (computed + limit) / 2 + (end - limit) * limit
-
-
 class Replica:
     """One server, stepped: requests are `add`ed with their arrival time (before or as the replica
     reaches it) and `advance` runs its engine steps up to a time. A router advances every replica
     of a fleet to each arrival, reads `outstanding`, and adds the request where it chooses;
     `simulate` drives one replica alone."""
 
-    def __init__(self, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None = None,
-                 publishes: bool = False) -> None:
-        self.cost, self.spec, self.speculation = cost, spec, speculation
-        self.uses_context = bool(getattr(cost, "uses_context", False))
-        # a price held past the keys its fit measured (fleet.served.Held) is also given the pairs capped there
-        self.pair_keys_limit = float(getattr(cost, "pair_keys_limit", math.inf))
-        self.uses_prefill_chunks = bool(getattr(cost, "uses_prefill_chunks", False))
+    def __init__(self, cost: StepModel | Callable[..., float], spec: ReplicaSpec,
+                 speculation: Speculation | None = None, publishes: bool = False) -> None:
+        self.model, self.spec, self.speculation = as_step_model(cost), spec, speculation
         self.draws = AcceptanceDraws(speculation.acceptance if speculation else (), speculation.seed if speculation else 0)
         self.pending: list[tuple[float, int, _Request]] = []  # (arrival, index, request): not yet arrived
         self.waiting: deque[_Request] = deque()
@@ -519,20 +495,11 @@ class Replica:
 
     def _price(self, prefill_tokens: int, decodes: list[_Request], k: int, grown: int = 0,
                prefills: dict | None = None) -> float:
-        if self.uses_context:
-            context = sum(r.computed for r in decodes) + grown * len(decodes)
-            pairs = sum(n * (r.computed + n / 2) for r, n in prefills.items()) if prefills else 0.0
-            if self.pair_keys_limit < math.inf:
-                held = sum(_capped_pairs(r.computed, n, self.pair_keys_limit) for r, n in prefills.items()) \
-                    if prefills else 0.0
-                return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs,
-                                 held_pairs=held)
-            return self.cost(prefill_tokens, len(decodes), k, context=context, prefill_pairs=pairs)
-        if self.uses_prefill_chunks and prefills:
-            chunks = tuple((n, r.computed) for r, n in prefills.items() if r.computed)
-            if chunks:
-                return self.cost(prefill_tokens, len(decodes), k, prefill_chunks=chunks)
-        return self.cost(prefill_tokens, len(decodes), k) if k else self.cost(prefill_tokens, len(decodes))
+        """The step's seconds from its model: its prompt chunks, its decoding rows (their context,
+        each grown by `grown` tokens, where the model reads it) and K."""
+        chunks = tuple((n, r.computed) for r, n in prefills.items()) if prefills else ()
+        context = sum(r.computed for r in decodes) + grown * len(decodes) if self.model.reads_context else 0.0
+        return self.model.seconds(StepShape(prefill_tokens, len(decodes), k, chunks, context))
 
     def step(self, until_s: float = math.inf) -> list[_Request]:
         """One engine step (or a stretch of identical decode-only steps, up to the next known
@@ -719,7 +686,7 @@ class Replica:
         step_s = self._price(0, decodes, 0)
         repeat = max(1, min(left, int((next_arrival - self.now) // step_s + lag)
                             if math.isfinite(next_arrival) else left))
-        if self.uses_context and repeat > 1:  # the rows' context grows along the stretch: its middle
+        if self.model.reads_context and repeat > 1:  # the rows' context grows along the stretch: its middle
             step_s = self._price(0, decodes, 0, grown=repeat // 2)
         # KV: every row grows by `repeat` tokens; stop early if the blocks would run out
         while repeat > 1:
@@ -796,7 +763,7 @@ class Replica:
         return finished
 
 
-def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepCost, spec: ReplicaSpec,
+def simulate(prompts: np.ndarray, outputs: np.ndarray, cost: StepModel | Callable[..., float], spec: ReplicaSpec,
              arrivals_s: np.ndarray | None = None, concurrency: int | None = None,
              client_starts_s: np.ndarray | None = None, client_turnaround_s: float = 0.0,
              speculation: Speculation | None = None, prefixes: list[tuple] | None = None) -> Outcome:

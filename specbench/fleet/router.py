@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.fleet.replica import (
-    Outcome, Replica, ReplicaSpec, Speculation, StepCost, cached_tokens_of, chain_keys, pooled_itl, running_percentile,
+    Outcome, Replica, ReplicaSpec, Speculation, cached_tokens_of, chain_keys, pooled_itl, running_percentile,
     share_at_least,
 )
 from specbench.schema import ROUTER_METRICS_INTERVAL_S, ROUTERS, endpoint_picker_scores
+from specbench.step_model import StepModel
 
 CHECK_EVERY = 256  # arrivals between two looks at the SLO's misses
 
@@ -106,7 +107,7 @@ class FleetOutcome:
         return [running_percentile(timeline, p) for timeline in self.timelines]
 
 
-def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndarray, cost: StepCost,
+def simulate_fleet(prompts: np.ndarray, outputs: np.ndarray, arrivals_s: np.ndarray, cost: StepModel,
                    spec: ReplicaSpec, replicas: int, router: str = "least-outstanding",
                    speculation: Speculation | None = None, watch: SloWatch | None = None,
                    prefixes: list[tuple] | None = None) -> FleetOutcome:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation, StepCost
+from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation
+from specbench.step_model import StepModel
 from specbench.fleet.router import FleetOutcome, SloWatch, simulate_fleet
 from specbench.fleet.workers import in_processes
 from specbench.schema import LARGE_BATCH
@@ -138,7 +139,7 @@ def judged(fleet: FleetOutcome, objective: Objective) -> dict:
     return row
 
 
-def fleet_at(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec, replicas: int,
+def fleet_at(traffic: Traffic, scale: float, cost: StepModel, spec: ReplicaSpec, replicas: int,
              speculation: Speculation | None, router: str, objective: Objective | None = None) -> FleetOutcome:
     """`traffic` at `scale` × speed through `replicas` replicas (stopped early once `objective`
     cannot be met)."""
@@ -151,7 +152,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
-def alone(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Speculation | None,
+def alone(traffic: Traffic, cost: StepModel, spec: ReplicaSpec, speculation: Speculation | None,
           objective: Objective) -> tuple[bool, str]:
     """Whether the SLO holds with every request served alone (no queue, no neighbours; if not, no
     number of replicas meets it: each request's own prefill and decode are too slow), and the bounds
@@ -168,7 +169,7 @@ def alone(traffic: Traffic, cost: StepCost, spec: ReplicaSpec, speculation: Spec
                             for name, bound, value in reached if value > bound)
 
 
-def fewest_replicas(traffic: Traffic, scale: float, cost: StepCost, spec: ReplicaSpec,
+def fewest_replicas(traffic: Traffic, scale: float, cost: StepModel, spec: ReplicaSpec,
                     speculation: Speculation | None, objective: Objective, router: str, headroom: float,
                     at_least: int = 1, most: int = MOST_REPLICAS, idle: list | None = None) -> int | None:
     """The fewest replicas meeting `objective` at `scale × (1 + headroom)` × speed (None: not even
@@ -218,7 +219,7 @@ class Configuration:
     draft: str
     k: int
     acceptance: str
-    cost: StepCost
+    cost: StepModel
     spec: ReplicaSpec
     speculation: Speculation | None
     schedule: str = ""  # a K schedule by running batch ({1-8: 4, 9+: off}); `k` is then its deepest K

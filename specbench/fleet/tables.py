@@ -8,25 +8,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from specbench.fit import kernel_tables
-from specbench.fit.host_cost import (
-    COMPILED_LAUNCH,
-    VLLM_API_SERVER_REQUEST,
-    MULTIPROC_EXECUTOR_STEP,
-    NGRAM_HOST_STEP,
-    ApiServerCost,
-    PIECEWISE_LAYER_MS,
-    VLLM_HOST_STEP,
-    HostCost,
-    LaunchCost,
-    SpeculationHostCost,
-    check_cudagraph_mode,
-    graph_bound_ms,
-    served_step_ms,
-)
-from specbench.drafter_kinds import DrafterKind, drafter_kind
+from specbench.fit.host_cost import VLLM_API_SERVER_REQUEST, ApiServerCost, check_cudagraph_mode
+from specbench.drafter_kinds import DrafterKind
 from specbench.fit.table_plan import KV_BYTES, Drafter, memory
-from specbench.fleet.replica import ReplicaSpec, StepCost
+from specbench.fleet.replica import ReplicaSpec
 from specbench.measured import validation
+from specbench.step_model import MixedTablesStep, Overheads
 
 GIB = 1024 ** 3
 # what `plan --kv-cache-dtype` offers: the model's own 16 bits, or fp8 (the tables' kvcache_quant_mode)
@@ -143,106 +130,14 @@ class ServerFlags:
 
 
 def step_cost(forward: kernel_tables.Forward, isl: int, osl: int, draft: kernel_tables.Forward | None = None, *,
-              async_scheduling: bool, host: HostCost | None = VLLM_HOST_STEP,
-              launch: LaunchCost | None = COMPILED_LAUNCH, cudagraph_mode: str = "FULL_AND_PIECEWISE",
-              piecewise_layer_ms: float = PIECEWISE_LAYER_MS, draft_kind: str | DrafterKind = "model",
-              speculation_host: SpeculationHostCost | None = NGRAM_HOST_STEP,
-              executor: HostCost | None = MULTIPROC_EXECUTOR_STEP) -> StepCost:
-    """Seconds per engine step from the tables' mixed prefill+decode step, for requests of `isl`
-    tokens in and `osl` out (decode attention at their mean context), memoised per step shape. A
-    prompt chunk is priced as aiconfigurator prices a mixed step's (its share of a fresh `isl`-token
-    prefill); one that attends over tokens before it (an earlier chunk of its prompt, or a prefix
-    found cached; `prefill_chunks`, (tokens, tokens before) per chunk, as the replica gives them)
-    adds what that context adds to its attention on the tables (`Forward.over_context_ms`). A
-    speculative step (k > 0) adds the draft model's k decode steps (none for n-gram drafting: no
-    `draft`) and the verify's k extra positions per row (the target's verify of k + 1 positions
-    less its one-token decode); the draft's forwards are as `draft_kind` (a drafter_kinds name)
-    states them (`DrafterKind.draft_ms`): its first runs over `first_draft_positions` a row (the
-    tokens the target verified, and a draft model's extra slot; an EAGLE head has none), which adds
-    `Forward.extra_positions_ms` to its K decodes, and an EAGLE-3 head adds its fusing GEMM. The
-    host's time (`host`; None: none) is added to the kernels' when the replica schedules
-    synchronously, and overlaps them with `async_scheduling` (the step takes the longer of the two).
-    A step's prompt tokens count as ceil(tokens / isl) requests, each new and running. A step of a
-    kind drafting on the host (`draft_kind` "ngram", k > 0) adds speculation's own host work (`speculation_host` at its decoding rows and their mean
-    context: the proposer's lookup, the handling of draft tokens; None: none), with the host's; a
-    draft model's proposer works on the GPU, its host work beside the kernels is not priced. At
-    TP > 1 the host's time also holds what vLLM's multiprocess executor adds (`executor`: the step's
-    calls to its worker processes; None: none).
-    A draft model also runs over every prompt chunk a step carries (its KV cache needs the prompt,
-    and it proposes from the prompt's last token). A step vLLM runs outside CUDA graphs (more tokens
-    than it captures, or a prefill under `cudagraph_mode` FULL_DECODE_ONLY) takes at least the
-    host's time to launch the target's kernels and, with a draft model, the draft's first forward
-    over the same tokens (`launch`; None: no such floor). A step replayed as graph pieces (every
-    graphed step under PIECEWISE, one with a prefill under FULL_AND_PIECEWISE) adds
-    `piecewise_layer_ms` for each layer of each forward it runs (the target's, and a draft model's
-    prefill and K decodes)."""
-    check_cudagraph_mode(cudagraph_mode)
-    kind = drafter_kind(draft_kind)
-    parts: dict[tuple[int, int, int], tuple[float, int, float | None]] = {}
-    over_context: dict[tuple[int, int], float] = {}
-    fresh: dict[tuple[int, int, int], float] = {}  # a step's seconds when no chunk attends over earlier tokens
-    context = isl + osl // 2
-    launch_ms = 0.0 if launch is None else launch.ms(forward.layers, forward.tp) + (
-        0.0 if draft is None else launch.ms(draft.layers, draft.tp))
-
-    def step_parts(prefill_tokens: int, decode_rows: int, k: int) -> tuple[float, int, float | None]:
-        """(the kernels' ms, the layers the step's forwards run, the host's ms or None), memoised."""
-        key = (prefill_tokens, decode_rows, k)
-        if key not in parts:
-            ms = forward.mixed_ms(prefill_tokens, decode_rows, isl, osl)
-            if draft is not None and prefill_tokens > 0:
-                ms += draft.mixed_ms(prefill_tokens, 0, isl, osl)
-            if k > 0 and decode_rows > 0:
-                ms += forward.verify_ms(decode_rows, context, k + 1) - forward.decode_ms(decode_rows, context)
-                if draft is not None:
-                    ms += kind.draft_ms(draft, k, draft.mixed_ms(0, decode_rows, isl, osl), decode_rows, context,
-                                        kind.first_draft_positions(k))
-            draft_forwards = 0 if draft is None else (prefill_tokens > 0) + (k if decode_rows > 0 else 0)
-            layers = forward.layers + (0 if draft is None else draft_forwards * draft.layers)
-            host_ms = None
-            if host is not None:
-                prompts = -(-prefill_tokens // max(isl, 1))
-                host_ms = host.ms(decode_rows + prompts, prompts, prefill_tokens)
-                if executor is not None and forward.tp > 1:
-                    host_ms += executor.ms(decode_rows + prompts, prompts, prefill_tokens)
-                if speculation_host is not None and kind.host_drafting and k > 0 and decode_rows > 0:
-                    host_ms += speculation_host.ms(decode_rows, context)
-            parts[key] = ms, layers, host_ms
-        return parts[key]
-
-    def over_context_ms(chunks) -> float:
-        """What the step's prompt chunks add by attending over the tokens before them (the target's
-        and a draft model's prefill), memoised at 16 tokens of each (a KV block)."""
-        extra = 0.0
-        for tokens, before in chunks:
-            if before <= 0 or tokens <= 0:
-                continue
-            key = (-(-tokens // 16) * 16, before // 16 * 16)
-            if key not in over_context:
-                over_context[key] = forward.over_context_ms(*key) + (
-                    0.0 if draft is None else draft.over_context_ms(*key))
-            extra += over_context[key]
-        return extra
-
-    def priced(prefill_tokens: int, decode_rows: int, k: int, extra_ms: float) -> float:
-        ms, layers, host_ms = step_parts(prefill_tokens, decode_rows, k)
-        ms = graph_bound_ms(ms + extra_ms, prefill_tokens + decode_rows * (k + 1), prefill_tokens, layers, launch_ms,
-                            cudagraph_mode, piecewise_layer_ms)
-        if host_ms is not None:
-            ms = served_step_ms(ms, host_ms, async_scheduling)
-        return ms / 1e3
-
-    def cost(prefill_tokens: int, decode_rows: int, k: int = 0, prefill_chunks=()) -> float:
-        extra_ms = over_context_ms(prefill_chunks) if prefill_chunks else 0.0
-        if extra_ms:
-            return priced(prefill_tokens, decode_rows, k, extra_ms)
-        key = (prefill_tokens, decode_rows, k)
-        if key not in fresh:
-            fresh[key] = priced(prefill_tokens, decode_rows, k, 0.0)
-        return fresh[key]
-
-    cost.uses_prefill_chunks = True
-    return cost
+              async_scheduling: bool, draft_kind: str | DrafterKind = "model", **overheads) -> MixedTablesStep:
+    """The replica's step on the tables (`step_model.MixedTablesStep`) for requests of `isl` tokens
+    in and `osl` out, with `draft` (a draft model's or an EAGLE head's forward; none for n-gram
+    drafting) as `draft_kind` runs it. The host's time overlaps the kernels with `async_scheduling`;
+    `overheads` are `step_model.Overheads`'s other fields (host, launch, speculation_host, executor,
+    cudagraph_mode, piecewise_layer_ms; each cost None: none), vLLM's as measured where not given."""
+    return MixedTablesStep(forward, isl, osl, draft, draft_kind,
+                           Overheads(async_scheduling=async_scheduling, **overheads))
 
 
 def vllm_defaults(system: str) -> tuple[int, int]:

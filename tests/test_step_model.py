@@ -1,0 +1,77 @@
+"""The step model: a step's shape in, seconds out, and the served overheads composed in one place."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from specbench.drafter_kinds import drafter_kind
+from specbench.fit.host_cost import COMPILED_LAUNCH, MULTIPROC_EXECUTOR_STEP, NGRAM_HOST_STEP, VLLM_HOST_STEP
+from specbench.step_model import NO_OVERHEADS, Overheads, StepFunction, StepModel, StepShape, as_step_model
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
+
+
+def test_only_the_step_model_composes_a_steps_overheads():
+    """The CUDA-graph rule and the host's time beside the kernels are applied in `Overheads` alone:
+    the static planner and the replica's tables step both go through it."""
+    composing = re.compile(r"\b(graph_bound_ms|served_step_ms)\(")
+    callers = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if any(composing.search(line) and not line.lstrip().startswith("def ")
+                            for line in path.read_text().splitlines()))
+    assert callers == ["step_model/overheads.py"]
+
+
+def test_nothing_reads_a_price_from_attributes_set_on_a_function():
+    """What a step model needs is its own attribute (`reads_context`), not one set on a function."""
+    found = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+             if re.search(r"uses_context|uses_prefill_chunks|pair_keys_limit|getattr\(cost", path.read_text())]
+    assert found == []
+
+
+def test_a_shape_counts_its_chunks_pairs_and_holds_them_past_a_limit():
+    shape = StepShape(300, 4, 2, prefill_chunks=((100, 0), (200, 50)))
+    assert shape.prefill_pairs() == 100 * 50 + 200 * (50 + 100)
+    assert shape.held_pairs(10_000) == shape.prefill_pairs()
+    # each query's keys capped at 64: the first 64 queries of the first chunk as before, every later one 64 keys
+    assert shape.held_pairs(64) == (64 * 64 / 2 + 36 * 64) + (14 * (50 + 64) / 2 + 186 * 64)
+    assert StepShape(64, 0, prefill_chunks=((1000, 0),)).held_pairs(64) == pytest.approx(64 * 32 + 936 * 64)
+
+
+def test_a_plain_function_is_a_step_model_told_k_only_when_speculating():
+    calls = []
+    model = as_step_model(lambda *args: calls.append(args) or 0.25)
+    assert isinstance(model, StepFunction) and not model.reads_context
+    assert model.seconds(StepShape(10, 2)) == 0.25 and model.seconds(StepShape(0, 2, 3)) == 0.25
+    assert calls == [(10, 2), (0, 2, 3)]
+    assert as_step_model(model) is model and isinstance(model, StepModel)
+
+
+def test_overheads_compose_the_host_the_executor_and_a_host_drafters_work():
+    overheads = Overheads()
+    ngram, model = drafter_kind("ngram"), drafter_kind("model")
+    host = VLLM_HOST_STEP.ms(8, 1, 512)
+    assert overheads.host_ms(8, 1, 512, 1, model) == host
+    assert overheads.host_ms(8, 1, 512, 4, model) == host + MULTIPROC_EXECUTOR_STEP.ms(8, 1, 512)
+    assert overheads.host_ms(8, 0, 0, 1, ngram, 8, 1000.0) == VLLM_HOST_STEP.ms(8) + NGRAM_HOST_STEP.ms(8, 1000.0)
+    assert overheads.host_ms(8, 0, 0, 1, model, 8, 1000.0) == VLLM_HOST_STEP.ms(8)  # a draft model drafts on the GPU
+    # beside the kernels with async scheduling; after them for a host-drafting kind, which vLLM runs synchronously
+    assert overheads.step_ms(5.0, 8, 0, 32, 0.0, 1.0, model) == 5.0
+    assert overheads.step_ms(5.0, 8, 0, 32, 0.0, 1.0, ngram) == 6.0
+    assert Overheads(async_scheduling=False).step_ms(5.0, 8, 0, 32, 0.0, 1.0, model) == 6.0
+    # outside CUDA graphs (past 512 tokens) a step lasts at least its kernels' launch
+    launch = overheads.launch_ms([(80, 4), (16, 1)])
+    assert launch == COMPILED_LAUNCH.ms(80, 4) + COMPILED_LAUNCH.ms(16, 1)
+    assert overheads.step_ms(1.0, 1024, 1024, 96, launch, None, None) == launch
+    assert NO_OVERHEADS.step_ms(1.0, 1024, 1024, 96, NO_OVERHEADS.launch_ms([(80, 4)]), None, None) == 1.0
+    with pytest.raises(ValueError):
+        Overheads(cudagraph_mode="sometimes")
+
+
+def test_the_static_planner_adds_no_overheads_to_a_runs_corrected_kernels():
+    from specbench.fit.table_plan import TablePlanner, model_config
+
+    name, config = model_config("llama3-8b")
+    bare = TablePlanner(config, name, "h100_sxm", "vllm")
+    corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
+    assert bare.overheads == Overheads() and corrected.overheads is NO_OVERHEADS

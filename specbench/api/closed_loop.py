@@ -79,11 +79,7 @@ def closed_loop(target: str, *, concurrency: Sequence[int], input_len: int = 102
     check_price(gpu_price, 1)
 
     def check_load() -> None:
-        if input_len < 1 or output_len < 1 or any(c < 1 for c in concurrencies):
-            raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
-        if not 0 <= prefix_len < input_len:
-            raise UsageError(f"--prefix-len {prefix_len}: the tokens every prompt shares, from 0 to less than "
-                             f"--input-len ({input_len})")
+        _check_load(concurrencies, input_len, output_len, prefix_len)
 
     replica = tables_replica(target, drafts=drafts, alpha=alpha, acceptance=acceptance, device=device,
                              backend=backend, tp=tp, draft_tp=draft_tp, dtype=dtype, draft_dtype=draft_dtype,
@@ -132,11 +128,7 @@ def closed_loop_on_run(run: Path | str | None, *, concurrency: Sequence[int], in
     concurrencies = list(concurrency)
     if clients not in CLIENTS:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {clients!r}")
-    if input_len < 1 or output_len < 1 or not concurrencies or any(c < 1 for c in concurrencies):
-        raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
-    if not 0 <= prefix_len < input_len:
-        raise UsageError(f"--prefix-len {prefix_len}: the tokens every prompt shares, from 0 to less than "
-                         f"--input-len ({input_len})")
+    _check_load(concurrencies, input_len, output_len, prefix_len)
     chart = check_chart(chart)
 
     def within_reach(measured) -> None:
@@ -163,6 +155,14 @@ def closed_loop_on_run(run: Path | str | None, *, concurrency: Sequence[int], in
                       "given" if gpu_price is not None else "none (server-hours)", parsed,
                       f"one server as measured in {measured.path}", device="server", chart=chart)
     return _answered(loop, started)
+
+
+def _check_load(concurrencies: list[int], input_len: int, output_len: int, prefix_len: int) -> None:
+    if input_len < 1 or output_len < 1 or not concurrencies or any(c < 1 for c in concurrencies):
+        raise UsageError("--concurrency, --input-len and --output-len must be >= 1")
+    if not 0 <= prefix_len < input_len:
+        raise UsageError(f"--prefix-len {prefix_len}: the tokens every prompt shares, from 0 to less than "
+                         f"--input-len ({input_len})")
 
 
 def _answered(loop: ClosedLoop, started: float) -> ClosedLoop:

@@ -230,7 +230,8 @@ def gate_text(result, question: str = "") -> str:
               f"{DECISION_LABELS.get(v.decisions.get(b), 'N/A').strip()}" if b in v.speedups else "not measured"
               for b in result.batch_sizes]
         rows.append([v.draft, DECISION_LABELS.get(v.decision, "N/A").strip(), *at, v.schedule, v.crossover])
-        notes += [f"{v.draft} at B={b}: {evidence_text(v, b).lstrip(';, ')}" for b in v.speedups if evidence_text(v, b)]
+        evidence = {b: evidence_text(v, b).lstrip(";, ") for b in v.speedups}
+        notes += [f"{v.draft} at B={b}: {text}" for b, text in evidence.items() if text]
         if v.ks_measured == 1:
             notes.append(f"{v.draft}: one K measured, so no K comparison")
     if result.advice:

@@ -215,10 +215,9 @@ def test_an_endpoint_is_measured_with_its_counters_and_the_api_key_is_never_writ
     fake_vllm.setenv("FAKE_VLLM_API_KEY", "sk-secret-123")  # the servers refuse requests without it
     servers = []
     for spec in (None, {"method": "ngram", "num_speculative_tokens": 3}):
-        port = free_port()
-        command = [sys.executable, "-m", SERVER_MARK, "--port", str(port)]
-        command += ["--speculative-config", json.dumps(spec)] if spec else []
-        server = ServerProcess(command, tmp_path / f"server{port}.log", port)
+        extra = ["--speculative-config", json.dumps(spec)] if spec else []
+        server = ServerProcess.on_free_port(lambda port, extra=extra: [sys.executable, "-m", SERVER_MARK, "--port", str(port), *extra],
+                                            tmp_path / f"server{len(servers)}.log")
         server.start()
         server.wait_until_healthy(60)
         servers.append(server)
@@ -301,11 +300,11 @@ def test_an_endpoint_list_spreads_each_load_over_its_servers(fake_vllm, target_d
 
     servers = []
     try:
-        for _ in range(2):
-            port = free_port()
-            server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
-                                    json.dumps({"method": "ngram", "num_speculative_tokens": 3})],
-                                   tmp_path / f"server{port}.log", port)
+        for index in range(2):
+            server = ServerProcess.on_free_port(
+                lambda port: [sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
+                              json.dumps({"method": "ngram", "num_speculative_tokens": 3})],
+                tmp_path / f"server{index}.log")
             server.start()
             servers.append(server)
         for server in servers:
@@ -373,11 +372,11 @@ def test_an_endpoint_run_without_a_baseline_reports_what_it_has(fake_vllm, targe
     """--endpoint alone (a mode sweep accepts): no baseline, and a server without speculation counts
     no drafts. report reports it (no ZeroDivisionError in the acceptance chart), and a report that
     fails half way leaves no partial report/."""
-    port = free_port()
     # a server that serves 2048 positions (as /v1/models says): the trace's 9000-token row is left
     # out, where it was sent and refused (HTTP 400)
-    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--max-model-len", "2048"],
-                           tmp_path / "server.log", port)
+    server = ServerProcess.on_free_port(
+        lambda port: [sys.executable, "-m", SERVER_MARK, "--port", str(port), "--max-model-len", "2048"],
+        tmp_path / "server.log")
     server.start()
     try:
         server.wait_until_healthy(60)

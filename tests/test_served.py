@@ -21,7 +21,7 @@ from specbench.models import parse_draft_spec
 from specbench.results import load_run
 from specbench.served.client import run_closed_loop, run_open_loop
 from specbench.served.prometheus import Snapshot, delta, histogram_mean_delta
-from specbench.served.server import ServerProcess, free_port
+from specbench.served.server import ServerProcess
 from specbench.grid import speculative_config, synthetic_rates
 from tests.conftest import as_if_idle, assert_in_contract
 
@@ -187,13 +187,34 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
 @pytest.fixture
 def fake_server(tmp_path, fake_vllm):
     """One stand-in server with K=3 speculation: chunks of 4 tokens."""
-    port = free_port()
-    server = ServerProcess([sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
-                            json.dumps({"method": "ngram", "num_speculative_tokens": 3})], tmp_path / "server.log", port)
+    server = ServerProcess.on_free_port(
+        lambda port: [sys.executable, "-m", SERVER_MARK, "--port", str(port), "--speculative-config",
+                      json.dumps({"method": "ngram", "num_speculative_tokens": 3})], tmp_path / "server.log")
     server.start()
     server.wait_until_healthy(60)
     yield server
     server.stop()
+
+
+def test_a_server_whose_port_is_taken_before_it_binds_moves_to_another(tmp_path):
+    """The port found free is taken (here: by a socket listening on it) before the server binds it:
+    the server is restarted on another free port, and the command records the port it serves on."""
+    import socket
+
+    def command(port):
+        return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        server = ServerProcess(command(busy), tmp_path / "server.log", busy, health_path="/", command_for_port=command)
+        server.start()
+        try:
+            server.wait_until_healthy(30)
+            assert server.port != busy and server.command == command(server.port) and server.healthy()
+        finally:
+            server.stop()
 
 
 def test_the_client_counts_tokens_not_chunks(fake_server):

@@ -211,15 +211,15 @@ def test_a_server_that_cannot_load_the_model_is_one_line_naming_its_log(tmp_path
 def _started_server(log_dir, *extra: str):
     """A vLLM server of the test model, started (not yet ready: ServerProcess.wait_until_healthy)."""
     from specbench.grid import SweepConfig
-    from specbench.served.server import ServerProcess, free_port
+    from specbench.served.server import ServerProcess
     from specbench.served.vllm_engine import model_path
 
-    port = free_port()
-    command = [sys.executable, "-m", SERVER_MARK, "--model", model_path("smollm2-135m", SweepConfig()), "--port",
-               str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--seed", "0",
-               "--no-enable-prefix-caching", *extra]
-    server = ServerProcess(command, log_dir / f"server-{port}.log", port,
-                           env={"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
+    server = ServerProcess.on_free_port(
+        lambda port: [sys.executable, "-m", SERVER_MARK, "--model", model_path("smollm2-135m", SweepConfig()), "--port",
+                      str(port), "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--seed", "0",
+                      "--no-enable-prefix-caching", *extra],
+        log_dir / f"server-{len(list(log_dir.glob('server-*.log')))}.log",
+        env={"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"})
     server.start()
     return server
 

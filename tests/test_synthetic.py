@@ -11,7 +11,7 @@ from specbench.native.drafters import ModelDrafter
 from specbench.native.engine import GenerationConfig, generate_speculative
 from specbench.fit import expected_tau, fit_alpha
 from specbench.native.measure import acceptance_summary
-from specbench.models import REGISTRY
+from specbench.models import REGISTRY, routed_experts
 from specbench.results import load_run
 from specbench.native.random_models import LayerScaler, build_random_model, rescale_result, synthetic_acceptance
 from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
@@ -59,7 +59,33 @@ def test_alpha_parsing():
 @pytest.mark.parametrize("alias", sorted(REGISTRY))
 def test_shipped_configs_match_registry_sizes(alias):
     _, config = shipped_config(alias)
-    assert config_parameters(config) / 1e9 == pytest.approx(REGISTRY[alias].params_b, rel=0.01)
+    # a mixture of experts' size is published rounded (Kimi-K2.5: "1T"), Llama-4's with its vision tower
+    tolerance = 0.03 if routed_experts(config) else 0.01
+    assert config_parameters(config) / 1e9 == pytest.approx(REGISTRY[alias].params_b, rel=tolerance)
+    if routed_experts(config) is None:
+        assert config_parameters(config, active=True) == config_parameters(config)
+
+
+# The active parameters their makers publish, in billions: shared layers and embeddings with the top-k
+# routed experts (Qwen, DeepSeek, Moonshot, Meta; rounded)
+PUBLISHED_ACTIVE = {"qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22, "deepseek-v3": 37, "deepseek-r1": 37,
+                    "kimi-k2.5": 32, "llama4-scout": 17, "llama4-maverick": 17}
+
+
+@pytest.mark.parametrize("alias", sorted(PUBLISHED_ACTIVE))
+def test_the_active_parameters_match_the_published(alias):
+    _, config = shipped_config(alias)
+    assert config_parameters(config, active=True) / 1e9 == pytest.approx(PUBLISHED_ACTIVE[alias], rel=0.03)
+
+
+def test_gpt_oss_counts_match_openais_to_the_ten_millions():
+    # OpenAI's model card: 116.83B and 20.91B in all, 5.13B and 3.61B active, counting the unembedding
+    # but not the embedding table (a token reads one row of it)
+    for alias, total, active in (("gpt-oss-120b", 116.83, 5.13), ("gpt-oss-20b", 20.91, 3.61)):
+        _, config = shipped_config(alias)
+        embedding = config["vocab_size"] * config["hidden_size"]
+        assert config_parameters(config) / 1e9 == pytest.approx(total, abs=0.01)
+        assert (config_parameters(config, active=True) - embedding) / 1e9 == pytest.approx(active, abs=0.01)
 
 
 @pytest.mark.integration
@@ -130,7 +156,7 @@ def test_random_weights_needs_alpha_and_aliases(tmp_path):
     assert result.exit_code == 2 and "needs --weights random" in result.output
     result = runner.invoke(app, ["sweep", "--weights", "random", "--alpha", "0.5", "--target", str(tmp_path),
                                  "--output", str(tmp_path / "x")])
-    assert result.exit_code == 2 and "registry alias" in result.output
+    assert result.exit_code == 2 and "--weights random takes an alias" in result.output
 
 
 @pytest.mark.integration

@@ -31,7 +31,7 @@ import pandas as pd
 from specbench.drafter_kinds import drafter_kind
 from specbench.fit import kernel_tables
 from specbench.fit.cells import ok_closed_loop
-from specbench.models import lookup_alias, parse_draft_spec
+from specbench.models import lookup_alias, model_family, parse_draft_spec
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
@@ -192,7 +192,7 @@ def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
     registry aliases (what a timing-only run built, and what a real one loaded)."""
     config = meta.get("config") or {}
     name, target = shipped_config(config.get("target", ""))
-    family = lookup_alias(name).family
+    family = model_family(name)
     drafts = {}
     for label in config.get("drafts", []):
         try:

@@ -150,8 +150,10 @@ def tensor_flops(system: str, precision: str = "bf16") -> float:
 def shipped_model_config(name: str) -> dict | None:
     """A Hugging Face config the tables' package ships (its `model_configs`: `meta-llama/Meta-Llama-3.1-70B`
     and the like), None where it has none."""
-    path = Path(_core().__file__).parent / "model_configs" / f"{name.replace('/', '--')}_config.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    from specbench.models import shipped_hub_config
+
+    found = shipped_hub_config(name)
+    return found[1] if found else None
 
 
 def silicon_rows_path() -> Path:

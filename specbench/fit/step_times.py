@@ -16,7 +16,7 @@ from specbench.fit.prefill_times import fit_prefills, prefill_forwards
 from specbench.fit.roofline import (
     DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
-from specbench.models import lookup_alias, parse_draft_spec
+from specbench.models import model_family, parse_draft_spec
 from specbench.schema import AR
 from specbench.shapes import recorded_shapes
 from specbench.synthetic import shipped_config
@@ -41,7 +41,7 @@ def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None,
     except Exception:
         return None, {}
     target = Architecture.from_config(config, dtype)
-    family = lookup_alias(alias).family
+    family = model_family(alias)
     drafts = {}
     for label in (meta.get("config") or {}).get("drafts", []):
         try:

@@ -48,7 +48,7 @@ from specbench.fit.host_cost import (
 from specbench.fit.prices import cost_per_million
 from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_token
 from specbench.step_model.overheads import NO_OVERHEADS, Overheads
-from specbench.models import REGISTRY, lookup_alias, routed_experts
+from specbench.models import REGISTRY, lookup_alias, routed_experts, shipped_hub_config
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
@@ -548,13 +548,17 @@ def slo_choices(table: pd.DataFrame, tpot_ms: float) -> pd.DataFrame:
 # --- what the plan prices: models by name, drafters, acceptance -----------------------------------
 
 def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
-    """(name, config) of a registry alias or size (shipped with specbench), a directory holding a
-    config.json, or a config .json file: no download, so a missing config is one clear line."""
+    """(name, config) of a registry alias, size or hub id (shipped with specbench), a directory
+    holding a config.json, a config .json file, or a Hugging Face id whose config aiconfigurator-core
+    ships: no download, so a missing config is one clear line, and one the tables cannot price
+    (`refuse_unpriced`) is refused in one line naming what they lack."""
     import json
     from pathlib import Path
 
     if lookup_alias(reference, family) is not None:
-        return shipped_config(reference, family)
+        name, config = shipped_config(reference, family)
+        refuse_unpriced(name, config)
+        return name, config
     path = Path(reference).expanduser()
     file = path / "config.json" if path.is_dir() else path
     if file.is_file():
@@ -562,32 +566,76 @@ def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
             config = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{file}: not a JSON model config ({error})") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{file}: not a JSON model config (a JSON object)")
         name = path.name if path.is_dir() else path.stem
-        refuse_experts(name, config)
-        missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
-                                   "intermediate_size") if key not in config]
-        if missing:
-            raise ValueError(f"{file}: a model config needs {', '.join(missing)}")
-        config.setdefault("num_key_value_heads", config["num_attention_heads"])
-        config.setdefault("model_type", "llama")
-        return name, config
-    raise ValueError(f"no config for model {reference!r} is available offline: use an alias "
-                     f"({', '.join(sorted(REGISTRY))}), a size inside the target's family, or a directory "
-                     f"holding the model's config.json (huggingface-cli download MODEL config.json)")
+    elif (shipped := shipped_hub_config(reference)) is not None:
+        name, config = shipped
+    else:
+        raise ValueError(f"no config for model {reference!r} is available offline: use an alias (`specbench models` "
+                         f"lists them), a size inside the target's family, a Hugging Face id whose config "
+                         f"aiconfigurator-core ships, or a directory holding the model's config.json "
+                         f"(huggingface-cli download MODEL config.json)")
+    refuse_unpriced(name, config)
+    missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                               "intermediate_size") if key not in config]
+    if missing:
+        raise ValueError(f"{file if file.is_file() else name}: a model config needs {', '.join(missing)}")
+    config.setdefault("num_key_value_heads", config["num_attention_heads"])
+    by_architecture = {architecture: model_type for model_type, architecture in PRICED_ARCHITECTURES.items()}
+    config.setdefault("model_type", by_architecture.get((config.get("architectures") or [None])[0], "llama"))
+    config.setdefault("architectures", [PRICED_ARCHITECTURES[config["model_type"]]])  # what the tables' engine reads
+    return name, config
 
 
-def refuse_experts(name: str, config: dict) -> None:
-    """A mixture-of-experts config is refused in one line: the tables' planner prices a dense MLP
-    per layer, which is neither an MoE step's expert reads nor its memory."""
-    moe = routed_experts(config)
-    if moe is None:
+# The decoders the tables' planner prices, by model_type: aiconfigurator's LLAMA family (grouped-query
+# attention, one gated MLP a layer), with the architecture name its engine reads.
+PRICED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def unpriced_parts(config: dict) -> list[str]:
+    """What in `config` the tables' planner cannot price, each in a few words: routed experts,
+    multi-head latent attention, sliding-window layers, an architecture outside PRICED_ARCHITECTURES
+    (named only where nothing more specific explains it). Empty: a dense decoder it prices."""
+    text = config.get("text_config") or config
+    parts = []
+    if (moe := routed_experts(text)) is not None:
+        try:
+            total, active = (config_parameters({"model_type": "llama", **text}, active=used) / 1e9
+                             for used in (False, True))
+            size = f"; {total:.1f}B parameters in all, {active:.1f}B active a token"
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            size = ""
+        parts.append(f"mixture-of-experts layers ({moe.describe()}{size})")
+    if text.get("kv_lora_rank"):
+        parts.append(f"multi-head latent attention (MLA, a {text['kv_lora_rank']}-wide latent KV cache)")
+    windowed = [kind for kind in text.get("layer_types") or [] if kind != "full_attention"]
+    if windowed or text.get("use_sliding_window") or text.get("attention_chunk_size"):
+        parts.append("sliding-window or chunked attention layers")
+    model_type = text.get("model_type") or config.get("model_type")
+    architecture = (config.get("architectures") or [None])[0]
+    if model_type:
+        known = model_type in PRICED_ARCHITECTURES
+    else:
+        known = architecture is None or architecture in PRICED_ARCHITECTURES.values()
+    if not known and not parts:
+        named = ", ".join(f"{key} {value}" for key, value in (("model_type", model_type), ("architectures", architecture))
+                          if value)
+        parts.append(f"an architecture the planner does not know ({named})")
+    return parts
+
+
+def refuse_unpriced(name: str, config: dict) -> None:
+    """A config the tables cannot price is refused in one line naming what they lack: the planner
+    prices a dense decoder with grouped-query attention (one MLP per layer, every weight read each
+    step), which is neither an MoE step's expert reads nor its memory, nor MLA's KV cache."""
+    parts = unpriced_parts(config)
+    if not parts:
         return
-    try:
-        size = f"; {config_parameters({'model_type': 'llama', **config}) / 1e9:.1f}B parameters in all"
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        size = ""
-    raise ValueError(f"{name} is a mixture-of-experts model ({moe.describe()}{size}): the tables price dense models "
-                     f"only, so it is refused rather than priced as a dense one; measure it where it runs "
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    raise ValueError(f"{name} cannot be priced on the kernel tables: it has {listed}; the planner prices dense "
+                     f"{', '.join(PRICED_ARCHITECTURES)} decoders (grouped-query attention, one MLP a layer), so it is "
+                     f"refused rather than priced as one; measure it where it runs "
                      f"(specbench sweep --engine vllm --target MODEL_DIR)")
 
 

@@ -16,7 +16,7 @@ from specbench.grid import Cell, SweepConfig
 from specbench.lossless import TOP_LOGPROBS, ScoredToken, greedy_check
 from specbench.measure import OwnCpu
 from specbench.models import (
-    DEFAULT_TARGET, DraftSpec, ResolvedModel, load_tokenizer, lookup_alias, parse_draft_spec, parse_dtype,
+    DEFAULT_TARGET, DraftSpec, ResolvedModel, load_tokenizer, lookup_alias, model_family, parse_draft_spec, parse_dtype,
 )
 from specbench.native.drafters import Drafter, ModelDrafter, NGramDrafter, SelfDrafter
 from specbench.native.engine import GenerationConfig, GenerationResult, generate_autoregressive, generate_speculative
@@ -214,7 +214,7 @@ def load_random_models(config: SweepConfig) -> Models:
     started = time.perf_counter()
     dtype = config.torch_dtype
     target_alias, target_config = shipped_config(config.target)
-    family = lookup_alias(target_alias).family
+    family = model_family(target_alias)
     bytes_per = torch.finfo(dtype).bits // 8
     drafts, draft_sizes = {}, {}
     for label in config.drafts:

@@ -1,16 +1,7 @@
-"""Write the reference pages, docs/reference/*.md, from the code:
-
-- cli.md: every command's arguments and options, from the CLI itself (specbench.cli.app);
-- tables.md: every column of the run tables, from specbench/schema.py;
-- exit-codes.md: the exit codes, from specbench/gate.py and specbench/cli/common.py.
-
-Run it after changing an option, a column or an exit code:
-
-    python docs/generate_reference.py
-
-tests/test_reference_docs.py fails when a committed page differs from what this writes.
-The CLI never imports this script.
-"""
+"""Write docs/reference/cli.md (from specbench.cli.app), tables.md (from specbench/schema.py) and
+exit-codes.md (from specbench/gate.py and specbench/cli/common.py); equations.md is written by hand.
+Run `python docs/generate_reference.py` after changing an option, a column or an exit code;
+tests/test_reference_docs.py fails when a page differs. The CLI never imports this script."""
 
 from __future__ import annotations
 
@@ -122,7 +113,7 @@ def tables_page() -> str:
     lines = [NOTICE, "# Run tables reference", "",
              f"Every column of the tables a run writes ({names}), from their contract, `specbench/schema.py`. "
              "Each table is in the run directory as `.parquet` and `.csv` (list columns as JSON strings in CSV); "
-             "[results.md](../results.md) describes the run directory.", "",
+             "[concepts.md](../concepts.md#the-run-directory) describes the run directory.", "",
              f"\"written by\": {EVERY_ROW} (failed and skipped cells too), {MEASURED}, or only the engines and "
              "cells named. Every command reads these cells columns: "
              + ", ".join(f"`{name}`" for name in REQUIRED_CELL_COLUMNS) + ".", ""]
@@ -141,7 +132,7 @@ def exit_codes_page() -> str:
 
     lines = [NOTICE, "# Exit codes reference", "",
              "`check`'s exit code is its verdict, for a pipeline to act on: an error never exits 0 or 1. "
-             "`check --json` prints the same code as `exit_code`. [gate.md](../gate.md) says how the verdict "
+             "`check --json` prints the same code as `exit_code`. [gate-a-rollout.md](../guides/gate-a-rollout.md) says how the verdict "
              "weighs its evidence.", "",
              "| exit | `check` | every command |", "|---|---|---|"]
     for code in sorted(set(EXIT_CODES) | set(COMMAND_EXIT_CODES)):

@@ -5,7 +5,7 @@ the send-lag goal).
 This module is the one door between measuring and judging: engines write rows in these columns
 (the shared part of a cells row built here, by `grid_columns` and `measured_columns`; each engine
 adds only its own), `results.py` validates tables against it, and the judge (fit, gate, report,
-plan) reads these columns and nothing engine-specific. docs/results.md is tested against it.
+plan) reads these columns and nothing engine-specific. docs/reference/tables.md is generated from it.
 
 It imports nothing of specbench and loads neither torch nor pandas.
 """
@@ -41,7 +41,7 @@ PREFIX_WEIGHT, QUEUE_WEIGHT, KV_WEIGHT = 3.0, 1.0, 1.0
 # how often the prefix-aware router reads each server's queue and KV cache (its /metrics: the
 # endpoint picker's default refresh), served and simulated alike
 ROUTER_METRICS_INTERVAL_S = 0.05
-# A trace request sent later than this after its arrival time is late (traffic.md)
+# A trace request sent later than this after its arrival time is late (docs/reference/tables.md: late_sends)
 SEND_LAG_GOAL_S = 0.005
 
 

@@ -14,7 +14,8 @@ import typer
 from specbench.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "guides").glob("*.md")),
+             ROOT / "docs" / "reference" / "equations.md"]
 PLACEHOLDERS = {"...", "…", "--help"}  # "specbench sweep ... --executor ray": the rest of a command left out
 
 
@@ -121,30 +122,60 @@ def test_a_broken_command_is_caught():
             group.commands[arguments[0]].make_context(arguments[0], arguments[1:])
 
 
-def _names_in(text: str) -> set[str]:
-    return set(re.findall(r"`([a-z][a-z0-9_]*\*?)`", text))
+def _percent(x: float, signed: bool = False) -> str:
+    """A validation.json fraction as docs/validation.md writes it: 0.041 -> "4.1 %", signed "−2.9 %"."""
+    text = f"{abs(x) * 100:.1f} %"
+    return ("+" if x >= 0 else "−") + text if signed else text
 
 
-def _documented_columns() -> dict[str, set[str]]:
-    """The column names docs/results.md gives per table: the first cell of each row of the cells
-    table, and the names in the requests and steps paragraphs."""
-    text = (ROOT / "docs" / "results.md").read_text()
-    cells = text[text.index("**cells**"):text.index("**baseline_copies**")]
-    first_cells = [line.split("|")[1] for line in cells.splitlines() if line.startswith("| `")]
-    return {"cells": set().union(*map(_names_in, first_cells)),
-            "requests": _names_in(text[text.index("**requests**"):text.index("**steps**")]),
-            "steps": _names_in(text[text.index("**steps**"):text.index("Definitions:")])}
+def _section(text: str, number: int) -> str:
+    start = text.index(f"\n## {number}. ")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
 
 
-@pytest.mark.parametrize("table", ["cells", "requests", "steps"])
-def test_the_results_page_documents_the_contract_and_nothing_else(table):
-    """docs/results.md against specbench/schema.py, both ways: every column of the contract is on
-    the page (by name, or by a prefix: `ttft_*`), and every name the page gives is a column."""
-    from specbench.schema import TABLE_COLUMNS
+def test_the_validation_page_shows_the_figures_the_code_reads():
+    """docs/validation.md's first three tables are specbench/data/validation.json, the file a plan
+    prints its checks from: every figure there is on the page, in its section."""
+    from specbench.measured import validation
 
-    contract = {column.name for column in TABLE_COLUMNS[table]}
-    documented = _documented_columns()[table]
-    prefixes = [name[:-1] for name in documented if name.endswith("*")]
-    assert not [name for name in contract if name not in documented and not name.startswith(tuple(prefixes))]
-    assert not [name for name in documented if not name.endswith("*") and name not in contract]
-    assert all(any(name.startswith(prefix) for name in contract) for prefix in prefixes)
+    page = (ROOT / "docs" / "validation.md").read_text()
+    silicon = _section(page, 1)
+    for system, figures in validation("silicon")["by_system"].items():
+        row = (f"| {system} | {figures['rows']} | {_percent(figures['tpot_median_abs'])} | "
+               f"{_percent(figures['ttft_median_abs'])} | {_percent(figures['tpot_median'], True)} | "
+               f"{_percent(figures['ttft_median'], True)} |")
+        assert row in silicon, row
+    replay = validation("replay")
+    row = (f"| {replay['cells']} | {_percent(replay['ttft_median_abs'])} | {_percent(replay['tpot_median_abs'])} | "
+           f"{_percent(replay['e2e_median_abs'])} | {replay['signs_right']} of {replay['signs']} |")
+    assert row in _section(page, 2), row
+    direction, lower = _section(page, 3), None
+    for band in validation("direction_by_effect")["bands"]:
+        below = band["below"]
+        label = (f"under {below * 100:g} %" if lower is None else f"{lower * 100:g} % or more" if below is None
+                 else f"{lower * 100:g}–{below * 100:g} %")
+        row = f"| {label} | {band['right']} of {band['predictions']} |"
+        assert row in direction, row
+        lower = below
+
+
+def test_every_link_between_pages_resolves():
+    """A relative link in README.md, CONTRIBUTING.md or docs/ names a file that exists, and an anchor
+    names a heading of that page."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md":
+                headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                            for line in linked.read_text().splitlines() if line.startswith("#")}
+                if anchor not in headings:
+                    broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

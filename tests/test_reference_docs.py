@@ -19,6 +19,7 @@ _spec = importlib.util.spec_from_file_location("generate_reference", ROOT / "doc
 generator = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generator)
 PAGES = ("docs/reference/cli.md", "docs/reference/tables.md", "docs/reference/exit-codes.md")
+HAND_WRITTEN = {"docs/reference/equations.md"}  # equations, stated once by hand; tests/test_docs.py reads it
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,10 @@ def generated() -> dict[str, str]:
 
 
 def test_every_reference_page_is_generated(generated):
-    """No page the generator does not write, and none it writes left out of the check below."""
+    """No page the generator does not write (but the hand-written equations), and none it writes left
+    out of the check below."""
     committed = {path.relative_to(ROOT).as_posix() for path in (ROOT / "docs" / "reference").glob("*.md")}
+    committed -= HAND_WRITTEN
     assert committed == set(generated) == set(PAGES)
 
 

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.e2e  # real vLLM servers
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SPECBENCH_REQUIRE_VLLM") == "1":
-        raise RuntimeError("SPECBENCH_REQUIRE_VLLM=1 but vLLM is not installed (docs/engines.md: the vLLM engine)")
-    pytest.skip("vLLM is not installed (docs/engines.md: the vLLM engine)", allow_module_level=True)
+        raise RuntimeError("SPECBENCH_REQUIRE_VLLM=1 but vLLM is not installed (docs/guides/measure-a-pairing.md: on vLLM)")
+    pytest.skip("vLLM is not installed (docs/guides/measure-a-pairing.md: on vLLM)", allow_module_level=True)
 
 runner = CliRunner()
 SERVER_MARK = "vllm.entrypoints.openai.api_server"

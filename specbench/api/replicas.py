@@ -1,4 +1,4 @@
-"""The replicas the served plans simulate (specbench.fleet; docs/fleet.md): vLLM-like replicas
+"""The replicas the served plans simulate (specbench.fleet; docs/guides/size-a-fleet.md): vLLM-like replicas
 priced on the kernel tables, or the servers a vLLM run measured with their step price fitted on
 it; and a trace read as the traffic they serve. Closed loops (api.closed_loop) and fleets
 (api.size_fleet) share them."""

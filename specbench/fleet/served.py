@@ -126,7 +126,7 @@ def replay_check(meta: dict) -> str:
     if engine != "vllm" or (meta.get("hardware") or {}).get("gpus"):
         where = "a GPU's vLLM servers" if engine == "vllm" else "an endpoint's servers"
         return (f"UNCHECKED on {where}: the simulator on a run's fitted steps was checked on vLLM CPU replays "
-                f"alone (docs/fleet-validation.md)")
+                f"alone (docs/validation.md)")
     check, bands = REPLAY_CHECK, list(effect_bands())
     (small_name, _, small), (large_name, _, large) = bands[0], bands[-1]
     return (f"checked on {check.cells} vLLM CPU replays it never saw (one sitting: azure-conv and azure-code below "
@@ -134,7 +134,7 @@ def replay_check(meta: dict) -> str:
             f"{check.ttft_median_abs:.1%}, TPOT {check.tpot_median_abs:.1%}, E2E {check.e2e_median_abs:.1%}; "
             f"speculation's direction right in {check.signs_right} of {check.signs}; over every sitting, where the "
             f"predicted effect was {small_name} in {small.right} of {small.predictions}, where {large_name} in "
-            f"{large.right} of {large.predictions} (docs/fleet-validation.md)")
+            f"{large.right} of {large.predictions} (docs/validation.md)")
 
 
 def served_context(meta: dict) -> int:

@@ -36,7 +36,7 @@ class SiliconCheck:
         return (f"checked on {self.rows} of NVIDIA's measured vLLM rows on {system}: median |error| TPOT "
                 f"{self.tpot_median_abs:.1%}, TTFT {self.ttft_median_abs:.1%}; signed medians "
                 f"{self.tpot_median:+.1%} and {self.ttft_median:+.1%} (below zero: simulated faster than measured; "
-                f"docs/fleet-validation.md)")
+                f"docs/validation.md)")
 
     def brief(self) -> str:
         """The same at one TP, as the line's tail says it."""
@@ -49,7 +49,7 @@ SILICON_CHECKS = {system: SiliconCheck(**figures) for system, figures in validat
 
 # The same per GPU and TP: the errors differ by TP more than by anything else on a GPU (B200's TTFT:
 # -14 % signed at TP1, -27 % at TP8, where an eager prefill step's launches outlast its kernels;
-# docs/fleet-validation.md), so a plan at a TP says that TP's
+# docs/validation.md), so a plan at a TP says that TP's
 SILICON_CHECKS_BY_TP = {(system, int(tp)): SiliconCheck(**figures)
                         for system, by_tp in validation("silicon")["by_system_tp"].items()
                         for tp, figures in by_tp.items()}

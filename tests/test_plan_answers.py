@@ -79,7 +79,7 @@ VALUES = {"run_dir": "results/none", "timings": "results/none", "acceptance": "r
           "output_len": "64", "clients": "bench", "prefix_len": "16", "dtype": "fp8", "draft_dtype": "fp8",
           "kv_cache_dtype": "fp8", "max_num_seqs": "64", "max_num_batched_tokens": "4096",
           "async_scheduling": None, "prefix_caching": None, "trace": "azure-conv", "trace_window": "0:60",
-          "trace_speedup": "2", "headroom": "0.1", "router": "round-robin", "chart": "out.png",
+          "trace_speedup": "2", "headroom": "0.1", "replicas": "2", "router": "round-robin", "chart": "out.png",
           "calibrate": "results/none", "extrapolate": None}
 ASKED = {"run": [], "tables": ["--target", "llama3-8b"],
          "tables-concurrency": ["--target", "llama3-8b", "--concurrency", "4"],
@@ -163,7 +163,51 @@ def test_a_speculative_step_below_the_plain_one_is_marked_in_the_answer():
     assert at_64["step_ms"] < at_64["ar_step_ms"] and at_64["step_flag"]
     assert any("at or below the plain decode step at B = 64" in note for note in answer["step_notes"])
     shown = runner.invoke(app, args, env={"COLUMNS": "200"}).output
-    assert " †" in shown and "notes: † marks a step" in shown
+    assert " †" in shown and shown.index("notes:") < shown.index("  † marks a step")
+
+
+def test_where_it_pays_words_each_drafter_over_its_cases():
+    from specbench.fit.decisions import where_it_pays
+
+    found = where_it_pays({"1b": [([1, 8, 64], [2.0, 1.5, 1.1])],
+                           "8b": [([1, 8, 64], [1.5, 1.2, 0.8]), ([1, 8, 64], [1.6, 1.3, 1.1])],
+                           "70b": [([1, 8], [0.9, 0.7])]})
+    assert found == ("1b pays up to B = 64 (up to 2.00×); 8b stops paying at B ≈ 23 in 1 of 2 cases; "
+                     "70b never pays (at best 0.90×)"), found
+    assert where_it_pays({"1b": [([4, 16], [1.2, 0.8])]}, at="{} clients", near="≈ {} clients") == \
+        "1b stops paying at ≈ 8 clients"
+
+
+ANSWERED = {  # each planning question: its options, and a word its answer must hold
+    "tables": (["--target", "llama3-70b", "--drafts", "1b,8b", "--tp", "4", "--alpha", "0.7"], "pays"),
+    "tables with an SLO": (["--target", "llama3-70b", "--drafts", "1b", "--tp", "4,8", "--alpha", "0.7",
+                            "--slo", "tpot=0.03"], "cheapest"),
+    "one replica": (["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--concurrency", "4,64",
+                     "--input-len", "256", "--output-len", "64", "--k", "2"], "clients"),
+    "a fleet": (["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--trace", "azure-conv",
+                 "--trace-window", "0:30", "--slo", "ttft=2,tpot=0.05", "--k", "2"], "traffic"),
+    "a given fleet": (["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--trace", "azure-conv",
+                       "--trace-window", "0:30", "--replicas", "1", "--k", "2"], "traffic"),
+    "a run": ([str(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1"),
+               "--batch-sizes", "1,4", "--k", "2"], "paying"),
+}
+
+
+@pytest.mark.parametrize("question", list(ANSWERED))
+def test_every_plan_answers_in_its_first_line_and_notes_the_rest_below(question):
+    """The first line is the answer, in one sentence of about 25 words, labelled as an estimate or a
+    simulation; the tables follow, then `notes:` with what the answer rests on; --json carries it."""
+    args, word = ANSWERED[question]
+    shown = runner.invoke(app, ["plan", *args], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    first = shown.output.splitlines()[0]
+    assert first.split(":")[0] in ("SIMULATED, 1 replica serving azure-conv 0–30 s, TPOT p50","ESTIMATE on the h100_sxm kernel tables", "PREDICTED from the run's fit",
+                                   "SIMULATED, one replica under closed-loop clients (h100_sxm)") \
+        or first.startswith("SIMULATED fleet for "), first
+    assert word in first and len(first.split()) <= 30 and first.endswith("."), first
+    assert "\nnotes:\n" in shown.output and "not measurements" in shown.output.split("\nnotes:\n", 1)[1]
+    as_json = runner.invoke(app, ["plan", *args, "--json"])
+    assert json.loads(as_json.output)["answer"] == first
 
 
 # --- the tables' errors ------------------------------------------------------------------------
@@ -204,3 +248,81 @@ def test_a_report_is_readable_by_others_its_summary_short_and_its_answer_printed
     assert answer.startswith("With ") and result.output.count(answer) == 1
     words = len((run / "report" / "summary.md").read_text().split())
     assert words < 2500, words
+
+
+def test_a_given_fleet_shows_where_speculation_stops_paying_as_traffic_rises(tmp_path):
+    """--replicas N: the fleet as it is at each traffic scale, no sizing. The baseline's TPOT speed-up is
+    1 by definition, the speculative one falls as the single replica fills, the answer says where it
+    crosses 1× when it does, and the chart is drawn; --headroom, which only sizing uses, is refused."""
+    from specbench import api
+
+    fleet = api.fleet_as_is("llama3-8b", trace="azure-conv", trace_window="0:60", replicas=1, drafts=["1b"],
+                            alpha=0.7, ks=[4], scales=[1, 8, 32], chart=tmp_path / "fleet.png")
+    table = fleet.table
+    assert len(table) == 3 * 3 and set(table["replicas"]) == {1}  # the baseline, K=4 and 1b's K schedule
+    base = table[table["draft"] == "autoregressive"]
+    assert (base["tpot_speedup"] == 1.0).all() and base["tpot_p50_ms"].is_monotonic_increasing
+    speculative = table[(table["draft"] == "1b") & (table["k_schedule"] == "")].sort_values("scale")
+    assert speculative["tpot_speedup"].iloc[0] > 1.2 and speculative["tpot_speedup"].iloc[-1] < \
+        speculative["tpot_speedup"].iloc[0]
+    assert "1b" in fleet.answer and "traffic" in fleet.answer and (tmp_path / "fleet.png").stat().st_size > 10_000
+    line = one_line_exit_2(runner.invoke(app, ["plan", "--target", "llama3-8b", "--alpha", "0.7", "--trace",
+                                               "azure-conv", "--replicas", "2", "--headroom", "0.1"]))
+    assert "--headroom does not apply to a given fleet" in line
+    assert "--replicas must be a whole number >= 1" in one_line_exit_2(runner.invoke(
+        app, ["plan", "--target", "llama3-8b", "--alpha", "0.7", "--trace", "azure-conv", "--replicas", "0"]))
+
+
+def test_a_sweep_answers_first_with_where_each_draft_stops_paying():
+    """The summary a sweep ends with opens with one sentence: per draft, where its measured best-K
+    speed-up (the worst workload and temperature) stops paying."""
+    from specbench.fit.decisions import measured_answer
+    from specbench.results import load_run
+
+    run = load_run(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1")
+    answer = measured_answer(run.cells)
+    assert answer.startswith(f"MEASURED, {len(run.cells)} of {len(run.cells)} cells: ") and len(answer.split()) <= 30
+    assert "ngram stops paying at B ≈" in answer and "smollm2-135m@bf16 stops paying at B ≈" in answer, answer
+
+
+def test_a_published_acceptance_is_planned_as_its_figure_and_labelled_in_every_answer():
+    """--acceptance published:NAME: the i.i.d. α that gives the source's τ at its K; the first line
+    says the acceptance is published, the notes cite the source; a preset of another target, of
+    another drafter kind, an unknown one, or one on a run's plan is one line, exit 2."""
+    from specbench.fit.published_acceptance import presets, tau
+
+    for found in presets().values():
+        assert found.source and found.url.startswith("https://") and found.k >= 1
+        assert abs(tau(found.alpha, found.k) - found.mean_acceptance_length) < 1e-6
+    args = ["plan", "--target", "llama3-8b", "--drafts", "eagle3,1b", "--acceptance", "published:llama3.1-8b-eagle3",
+            "--batch-sizes", "1,16", "--k", "2,7"]
+    shown = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    first, notes = shown.output.splitlines()[0], shown.output.split("\nnotes:\n", 1)[1]
+    assert "acceptance PUBLISHED not measured" in first and "eagle3" in first and "1b" not in first, first
+    assert "Samarin et al." in notes and "not measured on your traffic" in notes and "1b: --acceptance" in notes
+    refused = {("--target", "llama3-70b", "--drafts", "eagle3"): "measured on llama3-8b, not llama3-70b",
+               ("--target", "llama3-8b", "--drafts", "1b"): "is an EAGLE-3 drafter's; give --drafts eagle3",
+               ("--target", "llama3-8b", "--drafts", "eagle3", "--acceptance", "published:nope"): "no such published"}
+    for given, words in refused.items():
+        extra = [] if "--acceptance" in given else ["--acceptance", "published:llama3.1-8b-eagle3"]
+        assert words in one_line_exit_2(runner.invoke(app, ["plan", *given, *extra]))
+    run = str(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1")
+    assert "give --target" in one_line_exit_2(runner.invoke(app, ["plan", run, "--acceptance",
+                                                                  "published:llama3.1-8b-eagle3"]))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_help_after_a_questions_options_shows_only_that_questions_options(mode):
+    from specbench.cli.plan import plan
+    import inspect
+
+    asked = ASKED[mode] if mode != "run" else ["results/none"]
+    shown = runner.invoke(app, ["plan", *asked, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert f"The options of {MODES[mode]}" in " ".join(shown.output.split())
+    for name in inspect.signature(plan).parameters:
+        if name in ("ctx", "run_dir"):
+            continue
+        listed = f"│ {option_flag(name)} " in shown.output
+        assert listed == (mode in APPLIES[name]), (mode, name)

@@ -1,5 +1,5 @@
 """One replica under closed-loop clients, simulated step by step with and without speculation
-(specbench.fleet; docs/fleet.md): C clients, each sending its next request when its last finished,
+(specbench.fleet; docs/guides/size-a-fleet.md): C clients, each sending its next request when its last finished,
 on a replica priced on the kernel tables (`closed_loop`) or on the servers a vLLM run measured
 (`closed_loop_on_run`)."""
 
@@ -37,11 +37,29 @@ class ClosedLoop(Simulated):
     answers: list[str | None] = field(default_factory=list)
     capacity: list[str] = field(default_factory=list)
 
+    @property
+    def answer(self) -> str:
+        """The answer in one sentence: per drafter, up to how many clients speculation serves more
+        tokens/s than the baseline (its best K at each), over every TP and acceptance."""
+        from specbench.api.tables import published_said
+        from specbench.fit.decisions import where_it_pays
+        from specbench.schema import AR
+
+        table = self.table
+        speculative = table[table["draft"] != AR]
+        cases: dict[str, list] = {}
+        for (draft, _, _), group in speculative.groupby(["draft", "tp", "acceptance"], sort=False):
+            best = group.groupby("concurrency")["throughput_speedup"].max().sort_index()
+            cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+        found = where_it_pays(cases, at="{} clients", near="≈ {} clients") or "no speculation simulated"
+        return (f"SIMULATED, one replica under closed-loop clients ({self.where or 'the run'})"
+                f"{published_said(self.head.get('alpha_from'))}: {found}.")
+
     def to_dict(self) -> dict:
         """As `plan --concurrency ... --json` prints it."""
         import json
 
-        return {**self.head, "input_len": self.input_len, "output_len": self.output_len, "clients": self.clients,
+        return {"answer": self.answer, **self.head, "input_len": self.input_len, "output_len": self.output_len, "clients": self.clients,
                 "prefix_len": self.prefix_len, "price": self.price_note, "price_per_gpu_hour": self.price,
                 "drafts_left_out": self.left_out, "seconds": round(self.seconds, 3),
                 "slo": self.slo.text if self.slo else None, "chart": str(self.chart) if self.chart else None,

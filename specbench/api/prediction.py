@@ -1,4 +1,4 @@
-"""`plan RUN`: the roofline performance model fitted on a run (docs/performance-model.md), predicting
+"""`plan RUN`: the roofline performance model fitted on a run (docs/reference/equations.md), predicting
 speed-up, tokens/s, B* and cost at the K, batch sizes and context lengths it did not measure."""
 
 from __future__ import annotations
@@ -34,11 +34,27 @@ class Prediction:
     trust: list[str] = field(default_factory=list)  # the model's held-out and in-sample errors
     warnings: list[str] = field(default_factory=list)  # the run's measurement warnings
 
+    @property
+    def answer(self) -> str:
+        """The answer in one sentence: where each drafter stops paying, its best K at each batch size,
+        over every workload, temperature and context length predicted."""
+        from specbench.fit.decisions import where_it_pays
+        from specbench.schema import AR
+
+        speculative = self.table[self.table["draft"] != AR]
+        cases: dict[str, list] = {}
+        for (draft, *_), group in speculative.groupby(["draft", "workload", "temperature", "context_length"],
+                                                      sort=False, dropna=False):
+            best = group.groupby("batch_size")["speedup"].max().sort_index()
+            cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+        label = f"ESTIMATE for {self.estimate}" if self.estimate else "PREDICTED from the run's fit"
+        return f"{label}: {where_it_pays(cases) or 'no drafter predicted'}."
+
     def to_dict(self) -> dict:
         """As `plan RUN --json` prints it."""
         import json
 
-        return {"step_times_from": str(self.step_times_from), "alpha_from": self.alpha_from,
+        return {"answer": self.answer, "step_times_from": str(self.step_times_from), "alpha_from": self.alpha_from,
                 "output_tokens": self.output_tokens, "estimate": self.estimate or None, "price": self.price_note,
                 "acceptance_transferred": self.transferred or None, "drafts_left_out": self.left_out,
                 "trust": self.trust, "warnings": self.warnings,

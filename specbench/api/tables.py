@@ -1,5 +1,5 @@
 """`plan --target`'s static answer: speculative decoding priced from NVIDIA's measured kernel tables,
-with no run (docs/performance-model.md, "Planning on kernel tables"), and the pieces every plan on
+with no run (docs/guides/plan-gpus-you-do-not-have.md), and the pieces every plan on
 the tables shares: the target and its drafters, their acceptance, their precision, their TP."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 
 from specbench.api.errors import UsageError
 from specbench.api.inputs import check_grid, check_price
+
+PUBLISHED = "published:"  # --acceptance published:NAME (fit.published_acceptance's presets)
 
 DTYPE_OF = {None: "bf16", "fp8": "fp8", "nvfp4": "fp4"}  # the tables' names back to --dtype's
 
@@ -49,6 +51,22 @@ class TablePrice:
     def unit(self) -> str:
         return "$/1M tok" if self.price is not None else "GPU-h/1M tok"
 
+    @property
+    def answer(self) -> str:
+        """The answer in one sentence: the cheapest way to meet --slo, or where each drafter stops paying."""
+        label = f"ESTIMATE on the {self.device} kernel tables" + published_said(self.alpha_from)
+        if self.slo_choices is not None:
+            return f"{label}: {slo_answer(self.slo_choices, self.unit)}."
+        from specbench.fit.decisions import where_it_pays
+        from specbench.fit.table_plan import best_k
+
+        best = best_k(self.table)
+        cases: dict[str, list] = {}
+        for (draft, _, _, _), group in best.groupby(["draft", "tp", "context_length", "acceptance"], sort=False):
+            group = group.sort_values("batch_size")
+            cases.setdefault(draft, []).append((group["batch_size"].tolist(), group["highest_speedup"].tolist()))
+        return f"{label}: {where_it_pays(cases) or 'no drafter priced'}."
+
     def to_dict(self) -> dict:
         """As `plan --target ... --json` prints it."""
         import json
@@ -61,8 +79,29 @@ class TablePrice:
                 "drafts_left_out": self.left_out, "price": self.price_note, "price_per_gpu_hour": self.price,
                 "drafters": self.drafters, "seconds": round(self.seconds, 3), "corrected_by": self.corrected or None,
                 "notes": list(self.notes) or None, "step_notes": self.step_notes or None, **self.host,
-                "predictions": records(self.table), "decisions": records(self.decisions),
+                "answer": self.answer, "predictions": records(self.table), "decisions": records(self.decisions),
                 "slo": records(self.slo_choices) if self.slo_choices is not None else None}
+
+
+def published_said(alpha_from: str | None) -> str:
+    """What an answer's first line adds where its acceptance is a published preset."""
+    return ", acceptance PUBLISHED not measured" if alpha_from and "PUBLISHED" in alpha_from else ""
+
+
+def slo_answer(slo_table, unit: str) -> str:
+    """The cheapest configuration that meets the TPOT asked, over every TP, prompt length and acceptance."""
+    target = slo_table["tpot_ms_target"].iloc[0]
+    met = slo_table.dropna(subset=["cheapest"])
+    if met.empty:
+        return f"nothing priced meets TPOT ≤ {target:g} ms"
+    costs = met.apply(lambda r: min(c for c in (r["ar_cost_per_1m"], r["sd_cost_per_1m"])
+                                    if c is not None and c == c), axis=1)
+    from specbench.schema import AR
+
+    best = met.loc[costs.idxmin()]
+    how = (f"no speculation at B = {int(best['ar_batch'])}" if best["cheapest"] == AR else
+           f"{best['sd_draft']} K={int(best['sd_k'])} at B = {int(best['sd_batch'])}")
+    return f"the cheapest that meets TPOT ≤ {target:g} ms is {how} on TP{best['tp']}, {costs.min():.3g} {unit}"
 
 
 def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | float | None = None,
@@ -227,7 +266,12 @@ def gather_acceptance(drafters: list, alpha: str | float | None, acceptance: Pat
         if acceptance is None:
             left_out += [f"{d.name}: n-gram acceptance depends on the text, so it must come from a run "
                          f"(--acceptance RUN)" for d in drafters if d.draft_kind.alpha_needs_a_run]
-    if acceptance is not None:
+    if acceptance is not None and str(acceptance).startswith(PUBLISHED):
+        from specbench.fit.published_acceptance import preset
+
+        accepted += _published(drafters, str(acceptance), target_name, left_out)
+        sources.append(preset(str(acceptance)).describe())
+    elif acceptance is not None:
         from specbench.results import load_run
 
         run = load_run(acceptance)
@@ -247,6 +291,28 @@ def gather_acceptance(drafters: list, alpha: str | float | None, acceptance: Pat
     drafters = [d for d in drafters if any(a.draft == d.name for a in accepted)]
     alpha_from = " and ".join(sources)
     return drafters, accepted, left_out, transferred, alpha_from
+
+
+def _published(drafters: list, reference: str, target_name: str, left_out: list[str]) -> list:
+    """The preset's acceptance for each drafter of its kind (a line in `left_out` for the others),
+    refused where no drafter is of its kind or the target is not the one it was measured on."""
+    from specbench.fit.published_acceptance import preset
+    from specbench.fit.table_plan import Acceptance
+
+    found = preset(reference)
+    if found.target != target_name:
+        raise UsageError(f"--acceptance {reference} was measured on {found.target}, not {target_name}: a drafter's "
+                         f"acceptance does not carry to another target (--alpha to plan at a typed α)")
+    matching = [d for d in drafters if d.draft_kind.name == found.drafter]
+    kind = {"mtp": "an MTP", "eagle3": "an EAGLE-3", "eagle": "an EAGLE", "model": "a draft model"}.get(
+        found.drafter, f"a {found.drafter}")
+    if not matching:
+        raise UsageError(f"--acceptance {reference} is {kind} drafter's; give --drafts {found.drafter}"
+                         if found.drafter != "model" else f"--acceptance {reference} is a draft model's; give "
+                                                          f"--drafts with that model")
+    left_out += [f"{d.name}: --acceptance {reference} is {kind} drafter's, not this one's"
+                 for d in drafters if d not in matching]
+    return [Acceptance(d.name, f"{PUBLISHED}{found.name}", found.alpha, (), found.source) for d in matching]
 
 
 def _corrections(path: Path, system: str, backend: str) -> tuple[dict, list, list[str]]:

@@ -12,7 +12,7 @@ from specbench.cli.check import check
 from specbench.cli.common import (INTERNAL_ERROR, INTERRUPTED, PIPE_CLOSED, UNANSWERABLE, errors, on_stop_signal,
                                   signals_received, stop_code)
 from specbench.cli.models import models
-from specbench.cli.plan import plan
+from specbench.cli.plan import PlanCommand, plan
 from specbench.cli.report import report
 from specbench.cli.sweep import sweep
 from specbench.cli.workloads import workloads
@@ -22,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions
                        "Exit codes: 0 pass, 1 fail, 2 cannot answer or bad input, 3 inconclusive, 4 internal "
                        "error, 130/143 stopped by SIGINT/SIGTERM, 141 output pipe closed.")
 for command in (sweep, report, check, plan, models, workloads):
-    app.command()(command)
+    app.command(cls=PlanCommand if command is plan else None)(command)
 
 
 def _flag_type_hidden() -> None:
@@ -44,7 +44,7 @@ def _flag_type_hidden() -> None:
 _flag_type_hidden()
 
 def main(argv: list[str] | None = None) -> None:
-    """The `specbench` command. Exit codes (docs/gate.md): 0 pass, 1 fail, 2 cannot
+    """The `specbench` command. Exit codes (docs/reference/exit-codes.md): 0 pass, 1 fail, 2 cannot
     answer or bad input, 3 inconclusive, 4 internal error, 130/143 stopped by SIGINT/SIGTERM, 141
     its output pipe closed.
     Whatever goes wrong, a traceback never exits 0 or 1."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
 from specbench.api.inputs import check_grid
 from specbench.cli.common import UsageError, check_price, fail, known_errors, split_list, token_counts, typed_options
@@ -14,12 +15,47 @@ from specbench.cli.plan_options import check_options
 from specbench.cli.render import print_prediction
 
 
+class PlanCommand(TyperCommand):
+    """`plan`, whose --help after the options that pick a question (`plan --target M --help`) shows
+    only the options that apply to that question."""
+
+    help_mode: str | None = None
+
+    def parse_args(self, ctx, args):
+        from specbench.cli.plan_options import help_mode
+
+        self.help_mode = help_mode(list(args)) if "--help" in args else None
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx):
+        from specbench.cli.plan_options import APPLIES
+
+        params = super().get_params(ctx)
+        if self.help_mode is None:
+            return params
+        return [p for p in params if p.name not in APPLIES or self.help_mode in APPLIES[p.name]]
+
+    def format_help(self, ctx, formatter):
+        from specbench.cli.plan_options import MODES
+
+        epilog = self.epilog
+        if self.help_mode is not None:
+            self.epilog = f"The options of {MODES[self.help_mode]}; specbench plan --help shows every option."
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self.epilog = epilog
+
+
 def plan(
     ctx: typer.Context,
     run_dir: Optional[Path] = typer.Argument(None, help="Run to plan from (default: the latest under results/)."),
     timings: Optional[Path] = typer.Option(None, help="Run whose step times (hardware) to use (default: RUN_DIR)."),
     acceptance: Optional[Path] = typer.Option(None, help="Run whose fitted α to use (default: RUN_DIR; a "
-                                                          "--weights random run: the α it simulated)."),
+                                                          "--weights random run: the α it simulated). With --target: "
+                                                          "or published:NAME, a published preset (deepseek-v3-mtp, "
+                                                          "gpt-oss-120b-eagle3, llama3.1-8b-eagle3), labelled as "
+                                                          "such in the answer."),
     alpha: Optional[str] = typer.Option(None, "--alpha", help="Predict at this i.i.d. α for every draft instead "
                                                                  "(with --target: a list, 0.6,0.7,0.8, or a per-position "
                                                                  "profile 0.9/0.8/0.7)."),
@@ -125,6 +161,11 @@ def plan(
     headroom: float = typer.Option(0.2, rich_help_panel="Served, simulated on kernel tables",
                                    help="--trace: the SLO must hold at this much more traffic (0.2: 1.2×), a "
                                         "margin from the knee where small errors are large latencies."),
+    replicas: Optional[int] = typer.Option(None, rich_help_panel="Served, simulated on kernel tables",
+                                           help="--trace: simulate this many replicas as they are, not sized: "
+                                                "TTFT, TPOT and E2E p50/p90/p99 with and without speculation at "
+                                                "each --trace-speedup, and where speculation stops paying as the "
+                                                "traffic rises (--slo optional)."),
     router: str = typer.Option("least-outstanding", rich_help_panel="Served, simulated on kernel tables",
                                help="--trace: how requests are spread: least-outstanding, round-robin, or "
                                     "prefix-aware (llm-d's default: prefix cache hits and queue length)."),
@@ -134,7 +175,7 @@ def plan(
     extrapolate: bool = typer.Option(False, "--extrapolate", rich_help_panel="Served, simulated on kernel tables",
                                      help="RUN_DIR with --trace or --concurrency: plan prompts (p90) or clients more "
                                           "than 2× past what the run measured (refused without it), the fitted "
-                                          "step held linear past the run (docs/fleet.md)."),
+                                          "step held linear past the run (docs/guides/size-a-fleet.md)."),
     calibrate: Optional[Path] = typer.Option(None, rich_help_panel="On kernel tables, no run",
                                              help="A native or vLLM run measured on a GPU the tables hold, "
                                                   "the plan's or another: what it measured corrects the tables "
@@ -149,7 +190,9 @@ def plan(
     --target MODEL --tp 4,8: static batches priced on NVIDIA's kernel tables at any GPU, no run.
     --concurrency 4,16 (with --target, or a vLLM RUN_DIR): one replica under closed-loop clients.
     --trace T --slo S (with --target, or a vLLM RUN_DIR): the fewest replicas that meet the SLO.
-    An option that does not apply to the question asked is refused, naming the one that does."""
+    --trace T --replicas N: N replicas as they are, at the trace's traffic and faster.
+    An option that does not apply to the question asked is refused, naming the one that does;
+    --help after a question's options (plan --target M --help) shows only that question's."""
     try:
         mode = check_options(typed_options(ctx), target is not None)
     except UsageError as error:
@@ -184,13 +227,24 @@ def plan(
         elif mode.endswith("-trace"):
             from specbench.cli.plan_fleet import progress
 
-            load = {"trace": trace, "slo": slo, "trace_window": trace_window, "headroom": headroom, "router": router,
+            load = {"trace": trace, "slo": slo, "trace_window": trace_window, "router": router,
                     "scales": split_list(trace_speedup, float, "--trace-speedup"), "prefix_caching": prefix_caching,
                     "gpu_price": gpu_price, "chart": chart}
-            with progress("sizing") as on_progress:
-                answer = api.size_fleet(target, **load, **on_tables(), **served(), on_progress=on_progress) \
-                    if target is not None else \
-                    api.size_fleet_on_run(run_dir, **load, extrapolate=extrapolate, on_progress=on_progress)
+            if replicas is not None:
+                if "headroom" in typed_options(ctx):
+                    raise UsageError("--headroom does not apply to a given fleet (--replicas): it is the margin a "
+                                     "sized fleet (--trace without --replicas) keeps")
+                with progress("simulating") as on_progress:
+                    answer = api.fleet_as_is(target, **load, replicas=replicas, **on_tables(), **served(),
+                                             on_progress=on_progress) if target is not None else \
+                        api.fleet_as_is_on_run(run_dir, **load, replicas=replicas, extrapolate=extrapolate,
+                                               on_progress=on_progress)
+            else:
+                with progress("sizing") as on_progress:
+                    answer = api.size_fleet(target, **load, headroom=headroom, **on_tables(), **served(),
+                                            on_progress=on_progress) if target is not None else \
+                        api.size_fleet_on_run(run_dir, **load, headroom=headroom, extrapolate=extrapolate,
+                                              on_progress=on_progress)
         else:
             answer = _on_run(run_dir, timings, acceptance, alpha, k, batch_sizes, context_lengths, max_new_tokens,
                              device, gpu_price, gpus)
@@ -212,9 +266,10 @@ def _show(answer, json_output: bool) -> None:
 
         print_price(answer)
     else:
-        from specbench.cli.plan_fleet import print_closed_loop, print_fleet
+        from specbench.cli.plan_fleet import print_closed_loop, print_fleet, print_fleet_as_is
 
-        (print_closed_loop if isinstance(answer, api.ClosedLoop) else print_fleet)(answer)
+        {api.ClosedLoop: print_closed_loop, api.FleetSizes: print_fleet, api.FleetAsIs: print_fleet_as_is}[
+            type(answer)](answer)
 
 
 def _on_run(run_dir, timings, acceptance, alpha, k, batch_sizes, context_lengths, max_new_tokens, device, gpu_price,
@@ -224,6 +279,9 @@ def _on_run(run_dir, timings, acceptance, alpha, k, batch_sizes, context_lengths
     from specbench.results import load_run
 
     alpha = _one_alpha(alpha)
+    if acceptance is not None and str(acceptance).startswith("published:"):
+        raise UsageError("--acceptance published:NAME plans on the kernel tables: give --target (a run's plan takes "
+                         "a run's α)")
     ks, sizes, contexts = _grid(k, batch_sizes, context_lengths, max_new_tokens)
     check_price(gpu_price, gpus)
     timings = load_run(timings or run_dir)

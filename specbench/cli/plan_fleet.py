@@ -13,23 +13,22 @@ from rich.table import Table
 
 from specbench.api.replicas import load_traffic, server_note  # noqa: F401  (load_traffic: benchmarks import it here)
 from specbench.cli.common import console, errors, stop_code
-from specbench.cli.render import print_table
+from specbench.cli.render import print_notes, print_table
 from specbench.fleet.sizing import HOURS_PER_MONTH, MOST_REPLICAS
 
 
-def _print_head(head: dict, what: str, left_out: list[str], transferred: str) -> None:
+def _head_notes(head: dict, what: str, left_out: list[str], transferred: str) -> list[str]:
+    """What a served plan rests on, one note each: the source (SIMULATED), the check on NVIDIA's rows,
+    the acceptance, what lies beyond the run, what was left out."""
     kv = server_note(head) + (f", draft models {head['draft_dtype']}" if head.get("draft_dtype", "bf16") != "bf16"
                                else "")
     alpha = f"α from {head['alpha_from']}" if head.get("alpha_from") else "no speculation simulated"
-    console.print(f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
-                  f"({head['dtype']}{kv}), {what}; {alpha}; not measurements", highlight=False,
-                  soft_wrap=True)
-    for line in ([head["checked"]] if head.get("checked") else []) + \
-            ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
-            [f"BEYOND THE RUN: {why}" for why in head.get("beyond_measured", [])] + \
-            [f"left out: {why}" for why in left_out]:
-        console.print(line, highlight=False, soft_wrap=True)
-
+    return [f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
+            f"({head['dtype']}{kv}), {what}; {alpha}; not measurements"] + \
+        ([head["checked"]] if head.get("checked") else []) + \
+        ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
+        [f"BEYOND THE RUN: {why}" for why in head.get("beyond_measured", [])] + \
+        [f"left out: {why}" for why in left_out]
 
 
 @contextmanager
@@ -73,8 +72,10 @@ def print_closed_loop(loop) -> None:
            + (f"lengths {clients.shortest_share:g}-1× these, every request measured (as InferenceMAX's benchmark)"
               if clients.shortest_share < 1 else "every request measured (as vllm bench serve, a sweep cell)"))
     shared = f" (the first {loop.prefix_len} the same in every prompt)" if loop.prefix_len else ""
-    _print_head(loop.head, f"{loop.replica}, closed loop of C clients ({how}), {loop.input_len} tokens in{shared} "
-                           f"and {loop.output_len} out; prices {loop.price_note}", loop.left_out, loop.transferred)
+    console.print(f"[bold]{loop.answer}[/]", highlight=False, soft_wrap=True)
+    notes = _head_notes(loop.head, f"{loop.replica}, closed loop of C clients ({how}), {loop.input_len} tokens "
+                                   f"in{shared} and {loop.output_len} out; prices {loop.price_note}", loop.left_out,
+                        loop.transferred)
     unit = "$/1M tok" if loop.price is not None else f"{loop.device}-h/1M tok"
     for ((tp, concurrency), group), answer in zip(groups, loop.answers):
         shown = Table(title=loop_label(tp, concurrency, loop.device), title_justify="left", header_style="bold")
@@ -99,7 +100,7 @@ def print_closed_loop(loop) -> None:
         console.print(line, highlight=False, soft_wrap=True)
     if loop.chart is not None:
         console.print(f"chart: {loop.chart}", highlight=False, soft_wrap=True)
-    console.print(f"{len(loop.table)} configurations simulated in {loop.seconds:.1f} s", highlight=False)
+    print_notes(notes + [f"{len(loop.table)} configurations simulated in {loop.seconds:.1f} s"])
 
 
 def print_fleet(sized) -> None:
@@ -110,7 +111,8 @@ def print_fleet(sized) -> None:
               + (", found in each replica's prefix cache" if cached else "") if traffic.prefixes is not None else "")
     if sized.router == "prefix-aware" and traffic.prefixes is None:  # (an Azure trace carries no hash ids)
         shares = "; no prefixes in it, so the router weighs the servers' queues and free KV cache alone"
-    _print_head(sized.head, f"replicas behind a {sized.router} router serving {traffic.name} "
+    console.print(f"[bold]{sized.answer}[/]", highlight=False, soft_wrap=True)
+    notes = _head_notes(sized.head, f"replicas behind a {sized.router} router serving {traffic.name} "
                             f"({len(traffic.prompts)} requests, {traffic.rate():.2f} req/s at 1×{shares}); sized to "
                             f"{sized.slo.describe()} at {1 + sized.headroom:g}× each traffic; prices "
                             f"{sized.price_note}", sized.left_out + replay.notes(), sized.transferred)
@@ -148,4 +150,38 @@ def print_fleet(sized) -> None:
         console.print(sentence, highlight=False, soft_wrap=True)
     if sized.chart is not None:
         console.print(f"chart: {sized.chart}", highlight=False)
-    console.print(f"{len(table)} configurations sized in {sized.seconds:.1f} s", highlight=False)
+    print_notes(notes + [f"{len(table)} configurations sized in {sized.seconds:.1f} s"])
+
+
+def print_fleet_as_is(fleet) -> None:
+    """api.FleetAsIs: a table per TP × traffic scale (latency percentiles per configuration), the
+    chart's path, then the notes."""
+    table, traffic, device = fleet.table, fleet.traffic, fleet.device
+    console.print(f"[bold]{fleet.answer}[/]", highlight=False, soft_wrap=True)
+    slo = f", judged at {fleet.slo.describe()}" if fleet.slo else ""
+    notes = _head_notes(fleet.head, f"{fleet.replicas} replica{'s' if fleet.replicas > 1 else ''} as they are behind a {fleet.router} router serving "
+                                    f"{traffic.name} ({len(traffic.prompts)} requests, {traffic.rate():.2f} req/s at "
+                                    f"1×){slo}; prices {fleet.price_note}", fleet.left_out + fleet.replay.notes(),
+                        fleet.transferred)
+    unit = "$" if fleet.price is not None else f"{device}-h"
+    columns = ["configuration", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p90 ms",
+               "TPOT p99 ms", "E2E p50 s", "E2E p90 s", "E2E p99 s", "TPOT speed-up", "time at B≥32"]
+    columns += [f"{unit}/1M tok"] + (["good", "meets SLO"] if fleet.slo else [])
+    for (tp, scale), group in table.groupby(["tp", "scale"], sort=False):
+        shown = Table(title=f"{f'TP{tp}, ' if device == 'GPU' else ''}{fleet.replicas} × {traffic.name} at "
+                            f"{scale:g}× ({traffic.rate(scale):.2f} req/s)", title_justify="left", header_style="bold")
+        for column in columns:
+            shown.add_column(column, overflow="fold")
+        for row in group.itertuples():
+            per_million = row.dollars_per_million_tokens if fleet.price is not None else \
+                row.gpus / (traffic.output_tokens_per_s(scale) * 3600) * 1e6
+            shown.add_row(row.configuration, f"{row.ttft_p50_ms:.0f}", f"{row.ttft_p90_ms:.0f}",
+                          f"{row.ttft_p99_ms:.0f}", f"{row.tpot_p50_ms:.1f}", f"{row.tpot_p90_ms:.1f}",
+                          f"{row.tpot_p99_ms:.1f}", f"{row.e2e_p50_ms / 1e3:.1f}", f"{row.e2e_p90_ms / 1e3:.1f}",
+                          f"{row.e2e_p99_ms / 1e3:.1f}", f"{row.tpot_speedup:.2f}×",
+                          f"{row.share_at_large_batch_mean:.0%}", f"{per_million:.2f}",
+                          *((f"{row.good_share:.1%}", "yes" if row.meets_slo else "no") if fleet.slo else ()))
+        print_table(shown, keep=1)
+    if fleet.chart is not None:
+        console.print(f"chart: {fleet.chart}", highlight=False)
+    print_notes(notes + [f"{len(table)} configurations × scales simulated in {fleet.seconds:.1f} s"])

@@ -59,6 +59,7 @@ APPLIES = {
     "trace_window": _TRACE,
     "trace_speedup": _TRACE,
     "headroom": _TRACE,
+    "replicas": _TRACE,
     "router": _TRACE,
     "chart": _SERVED,
     "calibrate": {"tables"},
@@ -86,6 +87,7 @@ INSTEAD = {
     ("output_len", "trace"): "a trace's requests keep their own lengths",
     ("clients", "trace"): "a trace's requests arrive as it recorded them",
     ("prefix_len", "trace"): "a trace says what its prompts share by its hash ids",
+    ("replicas", "served"): "--replicas simulates a given fleet at a trace (--trace)",
 }
 
 
@@ -121,3 +123,14 @@ def where_it_applies(modes: set[str]) -> str:
              frozenset({"run", "tables"}): "to a run's plan and to --target's static-batch plan",
              frozenset({"run"} | _TABLES): "to a run's plan and with --target"}
     return named.get(frozenset(modes)) or "to " + "; ".join(MODES[m] for m in MODES if m in modes)
+
+
+def help_mode(args: list[str]) -> str | None:
+    """The planning question a command line asks, read from its raw words for --help (None where it
+    asks none yet: `plan --help` shows every option)."""
+    flags = {word.split("=", 1)[0] for word in args if word.startswith("--")}
+    given = {name for name in ("target", "trace", "concurrency") if f"--{name}" in flags}
+    if given:
+        return plan_mode(given, "target" in given)
+    positional = [word for word in args if not word.startswith("-")]
+    return "run" if positional and len(positional) == 1 and not flags - {"--help"} else None

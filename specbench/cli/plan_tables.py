@@ -8,7 +8,7 @@ import math
 from rich.table import Table
 
 from specbench.cli.common import console, split_list
-from specbench.cli.render import print_table
+from specbench.cli.render import print_notes, print_table
 
 
 def target_and_drafters(target: str, drafts: str) -> tuple[str | None, str, dict, list]:
@@ -19,23 +19,24 @@ def target_and_drafters(target: str, drafts: str) -> tuple[str | None, str, dict
 
 
 def print_price(priced) -> None:
-    """api.TablePrice as the command prints it: what it rests on, a table per TP, prompt length and
-    acceptance, the SLO's choice, the step notes."""
-    console.print(f"[bold red]ESTIMATE[/] from {priced.tables}: {priced.target}{priced.precision} with "
-                  f"{', '.join(f'{name} ({label})' for name, label in priced.drafters.items())}; "
-                  f"α from {priced.alpha_from}; "
-                  f"{priced.output_tokens} output tokens per request, its prompt's prefill counted in tok/s, "
-                  f"speed-up and $; prices {priced.price_note}; not measurements",
-                  highlight=False, soft_wrap=True)
-    for line in [*priced.notes] + ([f"TRANSFERRED ACCEPTANCE: {priced.transferred}"] if priced.transferred else []) \
-            + [f"left out: {why}" for why in priced.left_out] + [("CORRECTED: " if not n else "") + line
-                                                                for n, line in enumerate(priced.corrected)]:
-        console.print(line, highlight=False, soft_wrap=True)
+    """api.TablePrice as the command prints it: the answer, a table per TP, prompt length and
+    acceptance, the SLO's choice, then notes: what it rests on and the step notes."""
+    console.print(f"[bold]{priced.answer}[/]", highlight=False, soft_wrap=True)
     print_table_plan(priced.table, priced.decisions, priced.unit)
     if priced.slo_choices is not None:
         print_slo(priced.slo_choices, priced.unit)
-    print_step_notes(priced.step_notes)
-    console.print(f"{len(priced.table)} cells priced in {priced.seconds:.1f} s", highlight=False)
+    source = (f"[bold red]ESTIMATE[/] from {priced.tables}: {priced.target}{priced.precision} with "
+              f"{', '.join(f'{name} ({label})' for name, label in priced.drafters.items())}; α from "
+              f"{priced.alpha_from}; {priced.output_tokens} output tokens per request, its prompt's prefill counted "
+              f"in tok/s, speed-up and $; prices {priced.price_note}; not measurements")
+    notes = [source, *priced.notes] + ([f"TRANSFERRED ACCEPTANCE: {priced.transferred}"] if priced.transferred else []) \
+        + [f"left out: {why}" for why in priced.left_out] \
+        + [("CORRECTED: " if not n else "") + line for n, line in enumerate(priced.corrected)] \
+        + [f"† {line}" for line in priced.step_notes] \
+        + [f"{len(priced.table)} cells priced in {priced.seconds:.1f} s"]
+    if priced.step_notes:
+        notes.insert(len(notes) - 1 - len(priced.step_notes), "† marks a step the tables price below what an engine can run")
+    print_notes(notes)
 
 
 def print_table_plan(table, decided, unit: str) -> None:
@@ -73,14 +74,6 @@ def print_table_plan(table, decided, unit: str) -> None:
                       highlight=False, soft_wrap=True)
 
 
-def print_step_notes(step_notes: list[str]) -> None:
-    """The step times marked † in the tables above, one line each."""
-    if step_notes:
-        console.print("notes: † marks a step the tables price below what an engine can run", highlight=False)
-        for line in step_notes:
-            console.print(f"  † {line}", highlight=False, soft_wrap=True)
-
-
 def print_slo(slo_table, unit: str) -> None:
     target = slo_table["tpot_ms_target"].iloc[0]
     shown = Table(title=f"TPOT ≤ {target:g} ms: the batch with the most tokens/s per GPU that meets it",
@@ -95,11 +88,3 @@ def print_slo(slo_table, unit: str) -> None:
                       "–" if none(row.sd_batch) else f"{row.sd_draft}, {int(row.sd_k)}, {int(row.sd_batch)}",
                       "–" if none(row.sd_cost_per_1m) else f"{row.sd_cost_per_1m:.3g}", row.cheapest or "none meets it")
     print_table(shown, keep=3)
-    met = slo_table.dropna(subset=["cheapest"])
-    if not met.empty:
-        costs = met.apply(lambda r: min(c for c in (r["ar_cost_per_1m"], r["sd_cost_per_1m"])
-                                        if c is not None and c == c), axis=1)
-        best = met.loc[costs.idxmin()]
-        console.print(f"  cheapest that meets it: TP{best['tp']}, {best['context_length']}-token prompts, "
-                      f"{best['acceptance']}: {best['cheapest']} ({costs.min():.3g} {unit})", highlight=False,
-                      soft_wrap=True)

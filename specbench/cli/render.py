@@ -61,6 +61,14 @@ def print_table(table: Table, keep: int = 1) -> None:
         console.print(part)
 
 
+def print_notes(notes: list[str]) -> None:
+    """The caveats under an answer's tables: `notes:`, then one indented line each."""
+    if notes:
+        console.print("notes:", highlight=False)
+        for line in notes:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
 def fmt(value, spec: str = ".2f", empty: str = "–") -> str:
     try:
         if value is None or value != value:
@@ -298,20 +306,17 @@ def print_prediction(prediction) -> None:
     """`plan RUN`'s answer: where its step times and α come from, what it rests on, the tables."""
     from specbench import fit
 
-    label = "[bold red]ESTIMATE[/] for " + prediction.estimate if prediction.estimate else "[bold yellow]PREDICTIONS[/]"
-    console.print(f"{label} from step times of {prediction.step_times_from} and α of {prediction.alpha_from} (not "
-                  f"measurements; {prediction.price_note}); {prediction.output_tokens} output tokens per request"
-                  + (" (--max-new-tokens)" if prediction.output_tokens_given else
-                     " (the run's; --max-new-tokens to change)"),
-                  highlight=False, soft_wrap=True)
-    for line in ([f"TRANSFERRED ACCEPTANCE: {prediction.transferred}"] if prediction.transferred else []) + \
-            [f"left out: {why}" for why in prediction.left_out]:
-        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"[bold]{prediction.answer}[/]", highlight=False, soft_wrap=True)
     print_warnings(prediction.warnings)
-    print_trust(prediction.trust)
     print_plan(prediction.table, prediction.batch_sizes,
                "$/1M tok" if prediction.price is not None else "device-h/1M tok")
-    console.print(f"{fit.b_star_rule()}; {fit.best_draft_rule()}", highlight=False, soft_wrap=True)
+    label = "[bold red]ESTIMATE[/] for " + prediction.estimate if prediction.estimate else "[bold yellow]PREDICTIONS[/]"
+    source = (f"{label} from step times of {prediction.step_times_from} and α of {prediction.alpha_from} (not "
+              f"measurements; {prediction.price_note}); {prediction.output_tokens} output tokens per request"
+              + (" (--max-new-tokens)" if prediction.output_tokens_given else " (the run's; --max-new-tokens to change)"))
+    print_notes([source] + ([f"TRANSFERRED ACCEPTANCE: {prediction.transferred}"] if prediction.transferred else [])
+                + [f"left out: {why}" for why in prediction.left_out] + list(prediction.trust)
+                + [f"{fit.b_star_rule()}; {fit.best_draft_rule()}"])
 
 
 def print_plan(table, sizes: list[int], unit: str) -> None:

@@ -68,6 +68,29 @@ def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 
     return Crossover(None, "; ".join(parts))
 
 
+def where_it_pays(points: dict[str, list[tuple[list[int], list[float]]]], at: str = "B = {}",
+                  near: str = "B ≈ {}", threshold: float = 1.0) -> str:
+    """One clause per drafter over its cases (each: sizes and best speed-ups): "1b pays up to B = 64",
+    "8b stops paying at B ≈ 24" (the lowest B* of its cases), or "8b never pays"; joined by "; ".
+    `at` and `near` word a size exactly and approximately ("{} clients", "≈ {} clients")."""
+    clauses = []
+    for draft, cases in points.items():
+        found = [crossover(sizes, speedups, threshold) for sizes, speedups in cases if sizes]
+        falls = [c.batch_size for c in found if c.batch_size is not None]
+        best = max((max(speedups) for sizes, speedups in cases if speedups), default=float("nan"))
+        largest = max((max(sizes) for sizes, _ in cases if sizes), default=0)
+        within = f" in {len(falls)} of {len(found)} cases" if 0 < len(falls) < len(found) else ""
+        if falls:
+            clauses.append(f"{draft} stops paying at {near.format(f'{min(falls):.0f}')}{within}")
+        elif best < threshold:
+            clauses.append(f"{draft} never pays (at best {best:.2f}×)")
+        elif all(c.text.startswith("no slowdown") for c in found):
+            clauses.append(f"{draft} pays up to {at.format(f'{largest:g}')} (up to {best:.2f}×)")
+        else:  # below the bar at small sizes, above it later (a compute-bound CPU)
+            clauses.append(f"{draft}: {found[0].text}")
+    return "; ".join(clauses)
+
+
 WORST_CASE = "worst case"  # the workload label of rows taken over every workload and temperature
 
 
@@ -88,6 +111,17 @@ def worst_case_by_batch(best: pd.DataFrame) -> pd.DataFrame:
         return best
     return best.loc[best.groupby(["draft", "batch_size"])["speedup"].idxmin()].sort_values(
         ["draft", "batch_size"]).reset_index(drop=True)
+
+
+def measured_answer(cells: pd.DataFrame) -> str:
+    """A run's answer in one sentence: per draft, where its measured best-K speed-up (the worst
+    workload and temperature) stops paying."""
+    ok = cells[cells["status"] == "ok"] if "status" in cells else cells
+    worst = worst_case_by_batch(best_k_by_batch(cells))
+    cases = {draft: [(rows["batch_size"].tolist(), rows["speedup"].tolist())]
+             for draft, rows in worst.groupby("draft", sort=False)} if not worst.empty else {}
+    found = where_it_pays(cases) if cases else "no speculative cell has a speed-up"
+    return f"MEASURED, {len(ok)} of {len(cells)} cells: {found} (the worst workload and temperature)."
 
 
 def pick_best_draft(worst: pd.DataFrame, batch_sizes: list[int]) -> str | None:

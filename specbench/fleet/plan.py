@@ -532,6 +532,16 @@ def fewest_gpus(table: pd.DataFrame, scale: float) -> str:
 
 
 
+def _saved(fig, path, title: str) -> None:
+    """`fig` under its wrapped title, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    _wrapped_title(fig, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _wrapped_title(fig, title: str) -> None:
     """`title` above the figure in lines as wide as the figure holds (9 pt: about 13 characters an inch)."""
     import textwrap
@@ -572,10 +582,45 @@ def closed_loop_chart(table: pd.DataFrame, path, title: str, device: str = "GPU"
             ax.minorticks_off()
             ax.grid(alpha=0.3)
         axes[0][column].legend(fontsize=7)
-    _wrapped_title(fig, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _saved(fig, path, title)
+
+
+def latency_chart(table: pd.DataFrame, path, title: str) -> None:
+    """TPOT p50 against traffic scale on a fleet as it is, one line per configuration, one panel per
+    TP; a dotted line where each drafter's best configuration stops beating the baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    from specbench.fit.decisions import crossover
+
+    tps = sorted(table["tp"].unique())
+    fig, axes = plt.subplots(1, len(tps), figsize=(max(6.4, 5.2 * len(tps)), 4.2), squeeze=False)
+    for ax, tp in zip(axes[0], tps):
+        rows = table[table["tp"] == tp]
+        for n, (label, group) in enumerate(rows.groupby("configuration", sort=False)):
+            group = group.sort_values("scale")
+            baseline = (group["draft"] == AR).all()
+            ax.plot(group["scale"], group["tpot_p50_ms"], marker="o", markersize=max(3.0, 7.0 - n),
+                    color="black" if baseline else None, linestyle="--" if baseline else "-", label=label,
+                    alpha=0.85)
+        for draft, group in rows[rows["draft"] != AR].groupby("draft", sort=False):
+            best = group.groupby("scale")["tpot_speedup"].max().sort_index()
+            found = crossover(best.index.tolist(), best.tolist())
+            if found.batch_size is not None:
+                ax.axvline(found.batch_size, linestyle=":", color="grey")
+                ax.text(found.batch_size, ax.get_ylim()[1], f" {draft} stops paying ≈ {found.batch_size:.2g}×",
+                        fontsize=7, va="top", rotation=90)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}×"))
+        ax.set_xlabel("traffic scale (× the trace's request rate)")
+        ax.set_ylabel("TPOT p50 ms (simulated)")
+        ax.set_title(f"TP{tp}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _saved(fig, path, title)
 
 
 def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
@@ -617,7 +662,4 @@ def replicas_chart(table: pd.DataFrame, path, title: str) -> None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    _wrapped_title(fig, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _saved(fig, path, title)

@@ -22,7 +22,7 @@ from specbench.fleet.replica import Outcome, ReplicaSpec, Speculation
 from specbench.step_model import StepModel
 from specbench.fleet.router import FleetOutcome, SloWatch, simulate_fleet
 from specbench.fleet.workers import in_processes
-from specbench.schema import LARGE_BATCH
+from specbench.schema import AR, LARGE_BATCH
 
 HOURS_PER_MONTH = 730  # 365 × 24 / 12
 # every configuration's acceptance drawn from the same uniforms (common random numbers): two that
@@ -279,6 +279,24 @@ def progress_counter(on_progress: Progress | None, total: int, label: Callable[[
     return on_done
 
 
+def fleet_figures(configuration: Configuration, traffic: Traffic, scale: float, replicas: int, router: str,
+                  objective: Objective, price_per_gpu_hour: float | None) -> dict:
+    """`replicas` replicas of `configuration` serving `traffic` at `scale`: latency percentiles and
+    the SLO's verdict (`judged`), goodput, the share of each replica's time at B >= 32, the batch
+    the busiest replica runs at for 90 % of its time (where a price fitted on a run is read:
+    served.beyond_measured), preemptions, $ a month and $ per 1M output tokens."""
+    fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas, configuration.speculation,
+                     router)
+    shares = fleet.share_at_least(LARGE_BATCH)
+    figures = judged(fleet, objective)
+    monthly = monthly_dollars(replicas, configuration.tp, price_per_gpu_hour)
+    return {**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
+            "share_at_large_batch_mean": float(np.mean(shares)), "share_at_large_batch_max": float(np.max(shares)),
+            "running_p90": float(np.max(fleet.running_percentile(90))), "preemptions": fleet.outcome.preemptions,
+            "dollars_per_month": monthly,
+            "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600 / traffic.output_tokens_per_s(scale) * 1e6}
+
+
 def _tp_named(found: list[Configuration], index: int) -> str:
     """"TP4 " where the configurations span several TP sizes."""
     return f"TP{found[index].tp} " if len({c.tp for c in found}) > 1 else ""
@@ -307,20 +325,7 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
                "replicas": replicas if replicas else math.nan, "gpus": replicas * tp if replicas else math.nan}
         if replicas:
             floor = replicas
-            fleet = fleet_at(traffic, scale, configuration.cost, configuration.spec, replicas,
-                             configuration.speculation, router)
-            shares = fleet.share_at_least(LARGE_BATCH)
-            figures = judged(fleet, objective)
-            monthly = monthly_dollars(replicas, tp, price_per_gpu_hour)
-            row.update({**figures, "goodput_rps": figures["good_share"] * traffic.rate(scale),
-                        "share_at_large_batch_mean": float(np.mean(shares)),
-                        "share_at_large_batch_max": float(np.max(shares)),
-                        # the batch the busiest replica runs at for 90 % of its time: where a
-                        # price fitted on a run is read (served.beyond_measured)
-                        "running_p90": float(np.max(fleet.running_percentile(90))),
-                        "preemptions": fleet.outcome.preemptions, "dollars_per_month": monthly,
-                        "dollars_per_million_tokens": monthly / HOURS_PER_MONTH / 3600
-                        / traffic.output_tokens_per_s(scale) * 1e6})
+            row.update(fleet_figures(configuration, traffic, scale, replicas, router, objective, price_per_gpu_hour))
         # the traffic's time scale: the SLO's TTFT and E2E bounds, and its requests' p50 E2E where sized
         lifetimes = [bound for name, bound in objective.bounds if name in ("ttft", "e2e")]
         lifetimes += [row["e2e_p50_ms"] / 1e3] if replicas else []
@@ -328,3 +333,31 @@ def _sized(configuration: Configuration, traffic: Traffic, scales: list[float], 
         row.update({"span_s": span_s, "burst": span_s < BURST_LIFETIMES * max(lifetimes, default=0.0)})
         rows.append(row)
     return rows
+
+
+def fleets_as_they_are(found: list[Configuration], traffic: Traffic, scales: list[float], replicas: int,
+                       objective: Objective, router: str, price_per_gpu_hour: float | None = None,
+                       workers: int | None = None, on_progress: Progress | None = None) -> pd.DataFrame:
+    """One row per TP × traffic scale × configuration: `replicas` replicas of it, as they are (not
+    sized), serving the traffic at the scale: latency percentiles, goodput and the share meeting
+    `objective` (no bounds: every request served), the share of time at B >= 32, $ per 1M tokens;
+    `tpot_speedup`: the baseline's TPOT p50 at that TP and scale over the configuration's."""
+
+    def simulated(configuration: Configuration) -> list[dict]:
+        return [{"tp": configuration.tp, "scale": scale, "draft": configuration.draft, "k": configuration.k,
+                 "k_schedule": configuration.schedule, "acceptance": configuration.acceptance,
+                 "configuration": configuration.label, "request_rate": traffic.rate(scale), "replicas": replicas,
+                 "gpus": replicas * configuration.tp,
+                 **fleet_figures(configuration, traffic, scale, replicas, router, objective, price_per_gpu_hour)}
+                for scale in sorted(scales)]
+
+    def said(index: int, rows: list[dict]) -> str:  # "TP4 1b K=3 (α 0.7): TPOT p50 12 ms at 1×, 30 ms at 4×"
+        return f"{_tp_named(found, index)}{found[index].label}: TPOT p50 " + ", ".join(
+            f"{row['tpot_p50_ms']:.0f} ms at {row['scale']:g}×" for row in rows)
+
+    by_configuration = in_processes(simulated, found, workers, progress_counter(on_progress, len(found), said))
+    table = pd.DataFrame([row for rows in by_configuration for row in rows])
+    base = table[table["draft"] == AR].set_index(["tp", "scale"])["tpot_p50_ms"]
+    table["tpot_speedup"] = [base.get((tp, scale), math.nan) / tpot
+                             for tp, scale, tpot in zip(table["tp"], table["scale"], table["tpot_p50_ms"])]
+    return table.sort_values(["tp", "scale"], kind="stable").reset_index(drop=True)

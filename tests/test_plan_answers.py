@@ -191,7 +191,7 @@ def test_flags_are_shown_as_flags():
 @pytest.mark.integration
 def test_a_report_is_readable_by_others_its_summary_short_and_its_answer_printed_once(tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(Path(__file__).parents[1] / "benchmarks/cpu-2026-11-23/cpu_default_profiled_3", run)
+    shutil.copytree(Path(__file__).parents[1] / "tests/fixtures/cpu/default-grid-profiled", run)
     (run / "report").exists() and shutil.rmtree(run / "report")
     previous = os.umask(0o022)
     try:

@@ -11,7 +11,7 @@
 #
 # check:  versions, the graph/engine tests with the CUDA test, and synthetic llama3-8b + 1b sweeps
 #         (random weights, no GGUF) eager and with --cuda-graphs: where batch turns speculation off.
-# bench:  benchmarks/compare_transformers.py on CUDA, eager and with --cuda-graphs.
+# bench:  benchmarks/engine-speed/compare_transformers.py on CUDA, eager and with --cuda-graphs.
 # tests:  the whole test suite (real vLLM aside) on the image's versions, CUDA tests included.
 # sweeps: the real default pair on CUDA, eager and with --cuda-graphs (TEMPERATURES=0,0.7 for sampled
 #         cells and their lossless check, BATCH_SIZES to change the batch axis). The eager run records
@@ -24,15 +24,15 @@
 #         two drafts in about 200 s, llama3.2-3b:1b in about 100 s.
 # context: the graph tests, then a synthetic llama3-8b + 1b sweep over context lengths (CONTEXTS,
 #         BATCH_SIZES) on CUDA graphs: where long contexts keep decode memory-bound at large batch.
-# launch: issue 40's host launch time: benchmarks/fleet-2026-11-27/launch_host.py (a real model's layers, one TP
+# launch: issue 40's host launch time: benchmarks/host-costs/launch_host.py (a real model's layers, one TP
 #         shard, eager and torch.compile'd without a CUDA graph: how long the host takes to launch a step
 #         that vLLM runs outside its graphs, beside the GPU time), and this host's speed beside the VM's.
 #         Needs nothing carried (torch and pandas). LAUNCH_S seconds of measurements (175; ~3 min on an H100).
 # piecewise: issue 40's decode step with attention called between CUDA-graph pieces (vLLM 0.10.2's default
-#         PIECEWISE mode) against the same step from one graph: benchmarks/fleet-2026-11-27/piecewise_decode.py,
+#         PIECEWISE mode) against the same step from one graph: benchmarks/host-costs/piecewise_decode.py,
 #         one TP shard of Llama-3-70B (TP 2/4/8), Qwen3-32B and Llama-3-8B at B 1-64. Needs nothing carried;
 #         PIECEWISE_S seconds of measurements (200). CUDA only.
-# gemms:  issue 40's kernel tables timed again: benchmarks/fleet-2026-11-28/gemm_timing.py at a decode's rows (m 1-513,
+# gemms:  issue 40's kernel tables timed again: benchmarks/kernel-tables/gemm_timing.py at a decode's rows (m 1-513,
 #         hot and cold) and a prefill's (m 1,024-8,192, cold, 20 replays), with nvidia-smi's SM clock, power and
 #         temperature logged every 200 ms beside them (gemm_clocks.csv): whether a GPU under sustained work runs the
 #         tables' prefill GEMMs as fast as they say (an H200's first sitting, 2026-11-28: 1.18x the tables).
@@ -125,10 +125,10 @@ bench)
   extra=(); [ -n "${QUICK:-}" ] && extra=(--repeats 1 --max-new-tokens 8 --prompts 1 --roofline-model "")
   for mode in $(graphs_modes); do
     flag=(); [ "$mode" = graphs ] && flag=(--cuda-graphs)
-    limited python3 benchmarks/compare_transformers.py --device "$DEVICE" --dtype fp32 --roofline-dtype bf16 \
+    limited python3 benchmarks/engine-speed/compare_transformers.py --device "$DEVICE" --dtype fp32 --roofline-dtype bf16 \
       --repeats 3 "${extra[@]}" "${flag[@]}" >>"$OUT/bench.log" 2>&1
     tail -45 "$OUT/bench.log"
-    cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
+    cp benchmarks/engine-speed/RESULTS.md "$OUT/RESULTS.md"
   done
   ;;
 sweeps)
@@ -169,21 +169,21 @@ context)  # issue 21: context length as an axis, where decode stays memory-bound
 launch)
   export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-16}
   extra=(); [ -n "${QUICK:-}" ] && extra=(--shards tiny-tp2 --tokens 16,64 --repeats 3)
-  { limited python3 benchmarks/fleet-2026-11-27/launch_host.py --out "$OUT" --modes compiled,eager \
+  { limited python3 benchmarks/host-costs/launch_host.py --out "$OUT" --modes compiled,eager \
     --budget-s "${LAUNCH_S:-175}" "${extra[@]}" \
     2>&1 | grep -v Warning; } | tee "$OUT/launch.log"
   ;;
 piecewise)
-  { limited python3 benchmarks/fleet-2026-11-27/piecewise_decode.py --out "$OUT" --budget-s "${PIECEWISE_S:-200}" \
+  { limited python3 benchmarks/host-costs/piecewise_decode.py --out "$OUT" --budget-s "${PIECEWISE_S:-200}" \
     2>&1 | grep -v Warning; } | tee "$OUT/piecewise.log"
   ;;
 gemms)
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
     > "$OUT/gemm_clocks.csv" 2>/dev/null &
   clocks=$!
-  { limited python3 benchmarks/fleet-2026-11-28/gemm_timing.py --out "$OUT" --budget-s "${GEMM_S:-90}" 2>&1 \
+  { limited python3 benchmarks/kernel-tables/gemm_timing.py --out "$OUT" --budget-s "${GEMM_S:-90}" 2>&1 \
     | grep -v Warning; } | tee "$OUT/gemms.log"
-  { limited python3 benchmarks/fleet-2026-11-28/gemm_timing.py --out "$OUT" --modes cold \
+  { limited python3 benchmarks/kernel-tables/gemm_timing.py --out "$OUT" --modes cold \
     --rows 1024,1025,2048,4096,8192 --repeats 20 --name gemm_timing-prefill.jsonl --budget-s "${GEMM_S:-90}" 2>&1 \
     | grep -v Warning; } | tee -a "$OUT/gemms.log"
   kill "$clocks" 2>/dev/null || true

@@ -15,14 +15,14 @@ from specbench.cli import app
 from specbench.gate import evaluate, evaluate_slo
 
 ROOT = Path(__file__).resolve().parents[1]
-GRAPHS = ROOT / "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
-CONTEXT = ROOT / "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context"  # stopped before its last cells
-PROFILED = ROOT / "benchmarks/cpu-2026-11-23/cpu_default_profiled_3"
-VLLM_LOCAL = ROOT / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
-VLLM_RAY = ROOT / "benchmarks/cpu-2026-11-24/balanced/vllm_ray"
-DEFAULT = ROOT / "benchmarks/cpu-2026-11-25/default/default1"
-REPLAY = ROOT / "benchmarks/fleet-2026-11-26/wide-sitting/replays/conv-600-0.1"  # open loop, swept without --slo
-CACHED = ROOT / "benchmarks/fleet-2026-11-28/prefix/cached"
+GRAPHS = ROOT / "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
+CONTEXT = ROOT / "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context"  # stopped before its last cells
+PROFILED = ROOT / "tests/fixtures/cpu/default-grid-profiled"
+VLLM_LOCAL = ROOT / "tests/fixtures/cpu/vllm-local"
+VLLM_RAY = ROOT / "tests/fixtures/cpu/vllm-ray"
+DEFAULT = ROOT / "tests/fixtures/cpu/default-grid"
+REPLAY = ROOT / "tests/fixtures/cpu/vllm-replays/conv-600-0.1"  # open loop, swept without --slo
+CACHED = ROOT / "tests/fixtures/cpu/vllm-prefix-cached"
 
 # (run, the command's options, api.check's arguments, the exit code both give today)
 CASES = [
@@ -116,7 +116,8 @@ def test_predict_refuses_as_the_command_does():
         api.predict(GRAPHS, ks=[0])
 
 
-SHARED = ROOT / "benchmarks/fleet-2026-11-28/prefix/shared.jsonl"  # 16 prompts under one system prompt
+SHARED = ROOT / "tests/fixtures/traces/prefix-shared.jsonl"  # 16 prompts under one system prompt
+PREFIX_CALIBRATION = ROOT / "tests/fixtures/cpu/vllm-prefix-calibration"  # its closed-loop calibration
 
 
 def cli_plan(options: list[str]) -> dict:
@@ -146,15 +147,15 @@ def without_seconds(answer: dict) -> dict:
     (lambda: api.size_fleet("llama3-8b", drafts=["1b"], alpha=0.7, ks=[2], trace=str(SHARED), slo="ttft=1,tpot=0.05,p90"),
      ["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--k", "2", "--trace", str(SHARED), "--slo",
       "ttft=1,tpot=0.05,p90"]),
-    (lambda: api.size_fleet_on_run(SHARED.parent / "calibration", trace=str(SHARED), slo="ttft=2,tpot=0.1,p90",
+    (lambda: api.size_fleet_on_run(PREFIX_CALIBRATION, trace=str(SHARED), slo="ttft=2,tpot=0.1,p90",
                                    prefix_caching=True),
-     [str(SHARED.parent / "calibration"), "--trace", str(SHARED), "--slo", "ttft=2,tpot=0.1,p90", "--prefix-caching"]),
+     [str(PREFIX_CALIBRATION), "--trace", str(SHARED), "--slo", "ttft=2,tpot=0.1,p90", "--prefix-caching"]),
     (lambda: api.fleet_as_is("llama3-8b", drafts=["1b"], alpha=0.7, ks=[2], trace=str(SHARED), replicas=2,
                              scales=[1, 4], slo="ttft=1,tpot=0.05,p90"),
      ["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--k", "2", "--trace", str(SHARED), "--replicas",
       "2", "--trace-speedup", "1,4", "--slo", "ttft=1,tpot=0.05,p90"]),
-    (lambda: api.fleet_as_is_on_run(SHARED.parent / "calibration", trace=str(SHARED), replicas=2, prefix_caching=True),
-     [str(SHARED.parent / "calibration"), "--trace", str(SHARED), "--replicas", "2", "--prefix-caching"]),
+    (lambda: api.fleet_as_is_on_run(PREFIX_CALIBRATION, trace=str(SHARED), replicas=2, prefix_caching=True),
+     [str(PREFIX_CALIBRATION), "--trace", str(SHARED), "--replicas", "2", "--prefix-caching"]),
 ], ids=["price mtp", "price acceptance and slo", "closed loop", "closed loop on a run", "fleet", "fleet on a run",
         "given fleet", "given fleet on a run"])
 def test_the_planning_functions_give_the_plan_commands_answer(call, options):

@@ -48,7 +48,7 @@ def test_b_star_stands_where_the_drawn_best_k_line_crosses_1x(tmp_path, monkeypa
     from specbench.report import analyse
     from specbench.results import load_run
 
-    run = load_run(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3")
+    run = load_run(Path(__file__).resolve().parent / "fixtures" / "cpu" / "default-grid-profiled")
     figures = []
     monkeypatch.setattr(report, "_finish", lambda fig, path, title, fontsize=12: figures.append(fig))
     report.chart_speedup(analyse(run), tmp_path / "speedup.png")
@@ -86,7 +86,7 @@ def test_memory_chart_labels_do_not_overlap(tmp_path, monkeypatch):
     from specbench.report import analyse
     from specbench.results import load_run
 
-    run = load_run(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3")
+    run = load_run(Path(__file__).resolve().parent / "fixtures" / "cpu" / "default-grid-profiled")
     analysis = analyse(run)
     longer = analysis.cells.copy()  # long draft names, as a user's own model paths are
     longer["draft"] = longer["draft"].replace({"smollm2-135m@bf16": "/models/SmolLM2-135M-Instruct-draft@bf16",

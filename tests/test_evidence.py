@@ -1,7 +1,7 @@
 """No verdict without evidence: a speed-up acceptance cannot explain, a single comparison inside the
 run's noise, served repeats that did not run side by side, and a busy-machine measure that leaves
 out specbench's own processes. Each case is built from a real run: a sweep here, a committed one
-under benchmarks/, or a served sweep against the stand-in server on a drifting machine."""
+under tests/fixtures/, or a served sweep against the stand-in server on a drifting machine."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from specbench.schema import BRACKETED, SEQUENTIAL, SIDE_BY_SIDE
 from tests.test_served import fake_vllm, target_dir  # noqa: F401 (fixtures)
 
 runner = CliRunner()
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "cpu"
 
 
 def check(*args) -> tuple[int, str]:
@@ -108,7 +108,7 @@ def test_a_one_repeat_point_at_0_99_is_within_noise_and_a_large_effect_is_decide
     """The committed default run (one repeat a cell): its B=16 cells at ~0.65× fail beyond its
     noise, its B=1 cells do not decide; chat T=0.7 ngram K=2 measured 0.994×, left the best K."""
     run_dir = tmp_path / "run"
-    shutil.copytree(BENCHMARKS / "cpu_default_profiled_3", run_dir)
+    shutil.copytree(FIXTURES / "default-grid-profiled", run_dir)
     code, out = check(run_dir)
     assert code == 1 and "1 repeat: its noise band" in out and "lies below the bar" in out, out
     code, payload = check_json(run_dir)
@@ -147,7 +147,7 @@ def test_the_bound_warning_flags_only_what_lies_above_beyond_noise_and_names_a_s
     lifts every comparison against it above its bound beyond the noise: warned, that baseline named,
     and the gate leaves exactly the warned cells undecided for it."""
     run_dir = tmp_path / "run"
-    shutil.copytree(BENCHMARKS / "cpu_default_profiled_3", run_dir)
+    shutil.copytree(FIXTURES / "default-grid-profiled", run_dir)
     run = load_run(run_dir)
     noise = run_noise(run.cells, run.requests, run.steps)
     from specbench.fit.physics import above_bound, bound_warning, with_bounds

@@ -202,11 +202,11 @@ def test_the_burst_spacing_is_the_api_server_s_measured_one():
     from specbench.fleet.plan import BURST_SPACING_S
     from specbench.results import load_run
 
-    measured = Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-28"
+    measured = Path(__file__).parents[1] / "benchmarks" / "host-costs"
     serial_s = json.loads((measured / "api_burst.json").read_text())["serial_ms_per_request"] / 1e3
     assert serial_s / 2 <= BURST_SPACING_S <= serial_s * 2
     for clients in (8, 16):
-        requests = load_run(measured / "served_closed_loop" / f"clients-{clients}").requests
+        requests = load_run(Path(__file__).parent / "fixtures" / "cpu" / f"vllm-closed-loop-{clients}").requests
         assert np.median(np.diff(np.sort(requests["start_offset_s"].to_numpy())[:clients])) < BURST_SPACING_S
 
 
@@ -529,7 +529,7 @@ def test_what_a_plan_on_a_run_says_of_its_check_on_cpu_replays_is_the_committed_
 
     from specbench.fleet.served import REPLAY_CHECK, replay_check
 
-    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks/fleet-2026-11-27/full-sitting/cpu_replays.csv")
+    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks/cpu-replays/full-sitting/cpu_replays.csv")
     assert REPLAY_CHECK.cells == len(table)
     for metric in ("ttft", "tpot", "e2e"):
         assert getattr(REPLAY_CHECK, f"{metric}_median_abs") == pytest.approx(
@@ -539,7 +539,7 @@ def test_what_a_plan_on_a_run_says_of_its_check_on_cpu_replays_is_the_committed_
     # what every sitting's predictions say of a direction, by the predicted effect's size (decided_signs.md)
     from specbench.fleet.served import DIRECTION_BY_EFFECT, direction_note
 
-    text = (Path(__file__).parents[1] / "benchmarks/fleet-2026-11-27/decided_signs.md").read_text()
+    text = (Path(__file__).parents[1] / "benchmarks/cpu-replays/decided_signs.md").read_text()
     bands = [tuple(int(n) for n in found) for found in
              re.findall(r"^\| (?:under 10%|10% to 20%|20% or more) \| (\d+) \| (\d+) \|", text, re.M)]
     assert [(band.predictions, band.right) for band in DIRECTION_BY_EFFECT] == bands
@@ -557,13 +557,13 @@ def test_what_a_plan_on_a_run_says_of_its_check_on_cpu_replays_is_the_committed_
 
 def test_what_a_plan_says_of_its_check_on_nvidias_rows_is_the_committed_checks():
     """The line a plan on the tables prints (how far it was from NVIDIA's measured rows on that GPU)
-    holds the medians of the committed benchmarks/fleet-2026-11-25/silicon.csv, to the tenth of a
+    holds the medians of the committed benchmarks/silicon-rows/silicon.csv, to the tenth of a
     per cent; a GPU or backend with no rows is said to be unchecked."""
     from pathlib import Path
 
     from specbench.fleet.tables import SILICON_CHECKS, SILICON_CHECKS_BY_TP, silicon_check
 
-    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-25" / "silicon.csv")
+    table = pd.read_csv(Path(__file__).parents[1] / "benchmarks" / "silicon-rows" / "silicon.csv")
     done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
     assert set(SILICON_CHECKS) == set(done["system"])
     for system, rows in done.groupby("system"):
@@ -802,7 +802,7 @@ def test_the_host_step_cost_is_the_one_its_benchmark_measured():
     """`VLLM_HOST_STEP` is not typed in: it is host_step.py's fit, committed as host_step.json."""
     from specbench.fit.host_cost import VLLM_HOST_STEP
 
-    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27" / "host_step.json").read_text())
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "host-costs" / "host_step.json").read_text())
     for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):
         assert getattr(VLLM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
 
@@ -815,7 +815,7 @@ def test_the_api_servers_cost_is_the_one_its_benchmark_measured_and_every_table_
     from specbench.fit.host_cost import VLLM_API_SERVER_REQUEST
     from specbench.fleet.tables import replica_spec, step_cost
 
-    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-28" / "api_server.json").read_text())
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "host-costs" / "api_server.json").read_text())
     for field in ("intercept_ms", "per_prompt_token_ms"):
         assert getattr(VLLM_API_SERVER_REQUEST, field) == pytest.approx(measured[field], rel=0.005), field
     assert measured["requests"] >= 30 and measured["rms_residual_ms"] < 2
@@ -836,7 +836,7 @@ def test_the_ngram_host_cost_is_the_one_its_benchmark_measured():
     host_step-ngram.json, from at least two sittings whose differences agree."""
     from specbench.fit.host_cost import NGRAM_HOST_STEP
 
-    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27"
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "host-costs"
                            / "host_step-ngram.json").read_text())
     for field in ("intercept_ms", "per_row_ms", "per_context_token_ms"):
         assert getattr(NGRAM_HOST_STEP, field) == pytest.approx(measured[field], rel=0.005), field
@@ -851,7 +851,7 @@ def test_the_executor_cost_is_the_one_its_benchmark_measured_and_comes_with_tp()
     from specbench.fit.host_cost import MULTIPROC_EXECUTOR_STEP
     from specbench.fleet.tables import step_cost
 
-    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "fleet-2026-11-27"
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "host-costs"
                            / "host_step-executor.json").read_text())
     for field in ("intercept_ms", "per_running_row_ms", "per_new_request_ms", "per_prompt_token_ms"):
         assert getattr(MULTIPROC_EXECUTOR_STEP, field) == pytest.approx(measured[field], rel=0.005), field
@@ -1450,8 +1450,8 @@ def test_a_served_fit_on_a_measured_calibration_reproduces_its_cells():
     from specbench.fleet.served import _residuals, cell_loads, fit_served
     from specbench.results import load_run
 
-    base = Path(__file__).resolve().parents[1] / "benchmarks/fleet-2026-11-26/probed"
-    runs = [load_run(base / "one-core-calibration"), load_run(base / "one-core-calibration-4k")]
+    base = Path(__file__).resolve().parent / "fixtures" / "cpu"
+    runs = [load_run(base / "vllm-probed-calibration"), load_run(base / "vllm-probed-calibration-4k")]
     cells = pd.concat([run.cells for run in runs], ignore_index=True)
     requests = pd.concat([run.requests for run in runs], ignore_index=True)
     price, spec = fit_served(cells, requests, runs[0].meta, "probed")
@@ -1491,7 +1491,7 @@ def test_the_trace_plan_on_a_vllm_run_fits_its_steps_and_sizes_its_servers(tmp_p
 
     from specbench.cli import app
 
-    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    run = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"
     trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
     result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=30,tpot=0.3,p90", "--json",
                                       "--extrapolate"])
@@ -1519,7 +1519,7 @@ def test_a_traffic_no_number_of_replicas_serves_is_its_sentence_not_a_blank_tabl
 
     from specbench.cli import app
 
-    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    run = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"
     trace = azure_csv(tmp_path / "azure.csv", count=40, gap_s=20.0)
     result = CliRunner().invoke(app, ["plan", str(run), "--trace", trace, "--slo", "ttft=0.001,p90", "--extrapolate"])
     assert result.exit_code == 0, result.output
@@ -1543,7 +1543,7 @@ def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
     from specbench.cli import app
     from specbench.fleet.served import served_context
 
-    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    run = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"
     assert served_context(json.loads((run / "run.json").read_text())) == 8192
     assert served_context({"config": {"target": "smollm2-135m", "vllm": {"max_model_len": 4096}}}) == 4096
     assert served_context({"config": {"target": "/a/local/model"}}) == 0  # not known: the KV cache alone bounds
@@ -1582,7 +1582,7 @@ def test_the_closed_loop_on_a_vllm_run_is_its_servers_at_other_clients_and_lengt
     from specbench.cli import app
     from specbench.results import load_run
 
-    run = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"
+    run = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"
     result = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "1,8", "--input-len", "51", "--output-len",
                                       "32", "--slo", "ttft=1,tpot=0.2,p90", "--json"])
     assert result.exit_code == 0, result.output
@@ -1981,7 +1981,7 @@ def test_a_mooncake_traces_hash_ids_size_a_fleet_that_caches_prefixes(tmp_path):
 
 def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
     """`plan RUN --trace T --prefix-caching`: the servers a run measured (specbench's cache nothing),
-    asked what caching prefixes would do. The committed check (benchmarks/fleet-2026-11-28/prefix):
+    asked what caching prefixes would do. The committed check (benchmarks/fleets/prefix-caching, its runs in tests/fixtures):
     16 prompts under one 1,024-token system prompt, fitted on a calibration of fresh prompts, against
     the same trace replayed on a vLLM CPU server with prefix caching and on one without: p50 E2E
     within 10 % both ways, and the cache's effect on TTFT (measured 0.05×) under a tenth."""
@@ -1993,10 +1993,11 @@ def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
     from specbench.cli import app
     from specbench.results import load_run
 
-    here = Path(__file__).resolve().parents[1] / "benchmarks/fleet-2026-11-28/prefix"
+    fixtures = Path(__file__).resolve().parent / "fixtures"
     found = {}
     for flag in ("--prefix-caching", "--no-prefix-caching", None):
-        result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--trace", str(here / "shared.jsonl"),
+        result = CliRunner().invoke(app, ["plan", str(fixtures / "cpu" / "vllm-prefix-calibration"),
+                                          "--trace", str(fixtures / "traces" / "prefix-shared.jsonl"),
                                           "--slo", "ttft=2,tpot=0.1,p90", "--json", *([flag] if flag else [])])
         assert result.exit_code == 0, result.output
         found[flag] = json.loads(result.output)
@@ -2008,9 +2009,9 @@ def test_a_served_runs_servers_are_planned_with_prefix_caching_when_asked():
     assert found[None]["step_fitted"]["overhead_s"] > 0  # in every TTFT and E2E below
     assert cached["ttft_p50_ms"] < 0.1 * uncached["ttft_p50_ms"]
     for row, replay in ((cached, "cached"), (uncached, "uncached")):
-        measured_ms = float(load_run(here / replay).requests["e2e_s"].median()) * 1e3
+        measured_ms = float(load_run(fixtures / "cpu" / f"vllm-prefix-{replay}").requests["e2e_s"].median()) * 1e3
         assert row["e2e_p50_ms"] == pytest.approx(measured_ms, rel=0.1), replay
-    result = CliRunner().invoke(app, ["plan", str(here / "calibration"), "--prefix-caching"])
+    result = CliRunner().invoke(app, ["plan", str(fixtures / "cpu" / "vllm-prefix-calibration"), "--prefix-caching"])
     assert result.exit_code == 2 and "--prefix-caching does not apply to a plan on a run's fit (RUN_DIR); it applies with --concurrency or --trace" in result.output
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from specbench.grid import ENGINES, SweepConfig
 
-RUN = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
+RUN = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
 PROBE = ("import sys, runpy; sys.argv = ['specbench', *sys.argv[1:]]\n"
          "try:\n    runpy.run_module('specbench.cli', run_name='__main__')\n"
          "except SystemExit:\n    pass\n"

@@ -59,7 +59,7 @@ def big_prompt_file(tmp_path):
 
 
 # a committed vLLM CPU trace replay swept without --slo (issue 40's wide sitting)
-REPLAY_WITHOUT_SLO = Path(__file__).resolve().parents[1] / "benchmarks/fleet-2026-11-26/wide-sitting/replays/conv-600-0.1"
+REPLAY_WITHOUT_SLO = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-replays/conv-600-0.1"
 
 BAD_INPUTS = [  # (argv after `specbench`, words of the one-line message); every one exits 2
     (["sweep", "--drafts", "self:0"], "at least 1 layer"),
@@ -394,7 +394,7 @@ def test_a_report_stopped_half_way_leaves_the_earlier_report_and_no_partial_one(
     import specbench.report.charts as report
 
     run_dir = tmp_path / "run"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "benchmarks" / "cpu-2026-11-23" / "cpu_default_profiled_3",
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "cpu" / "default-grid-profiled",
                     run_dir)
     shutil.rmtree(run_dir / "report", ignore_errors=True)
     meta = json.loads((run_dir / "run.json").read_text())

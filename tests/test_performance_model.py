@@ -265,7 +265,7 @@ def test_plan_labels_acceptance_from_another_target_and_names_every_draft_it_lea
     transferred (text and JSON), and a draft with step times but no α is named, not dropped."""
     import shutil
 
-    timings = Path("benchmarks/cpu-2026-11-23/cpu_default_profiled_3")
+    timings = Path("tests/fixtures/cpu/default-grid-profiled")
     other = tmp_path / "other-target"
     shutil.copytree(timings, other)
     meta = json.loads((other / "run.json").read_text())
@@ -292,7 +292,7 @@ def test_plan_on_a_served_run_says_served_engines_record_no_step_times(tmp_path)
     import shutil
 
     run = tmp_path / "served"
-    shutil.copytree(Path("benchmarks/cpu-2026-11-23/cpu_default_profiled_3"), run)
+    shutil.copytree(Path("tests/fixtures/cpu/default-grid-profiled"), run)
     meta = json.loads((run / "run.json").read_text())
     meta["engine"] = {"name": "vllm", "version": "0.32.0"}
     (run / "run.json").write_text(json.dumps(meta))
@@ -318,7 +318,7 @@ def test_bad_plan_input_is_one_line(timing_run, args, message):
 
 @pytest.mark.integration
 def test_plan_carries_a_gpu_run_to_another_device():
-    run = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
+    run = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
     here = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--json"]).output)
     there = json.loads(runner.invoke(app, ["plan", run, "--k", "2", "--batch-sizes", "64", "--device", "h200",
                                            "--json"]).output)
@@ -331,7 +331,7 @@ def test_plan_carries_a_gpu_run_to_another_device():
 
 
 def test_check_judges_one_context_length():
-    run = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context"
+    run = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context"
     result = runner.invoke(app, ["check", run, "--context-length", "512", "--batch-sizes", "16"])
     assert result.exit_code == 0, result.output
     assert runner.invoke(app, ["check", run, "--context-length", "4k", "--batch-sizes", "16"]).exit_code == 1
@@ -343,7 +343,7 @@ def test_committed_h100_context_run_is_predicted_at_a_length_it_did_not_see():
     from specbench.fit import held_out_context
     from specbench.results import load_run
 
-    run = load_run("benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context")
+    run = load_run("tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-context")
     table = held_out_context(run.cells, run.steps, run.requests, run.meta)
     assert set(table["context_length"]) == {16384} and table["speedup_error"].abs().median() < 0.08
 

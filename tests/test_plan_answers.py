@@ -188,7 +188,7 @@ ANSWERED = {  # each planning question: its options, and a word its answer must 
                  "--trace-window", "0:30", "--slo", "ttft=2,tpot=0.05", "--k", "2"], "traffic"),
     "a given fleet": (["--target", "llama3-8b", "--drafts", "1b", "--alpha", "0.7", "--trace", "azure-conv",
                        "--trace-window", "0:30", "--replicas", "1", "--k", "2"], "traffic"),
-    "a run": ([str(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1"),
+    "a run": ([str(Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/default-grid"),
                "--batch-sizes", "1,4", "--k", "2"], "paying"),
 }
 
@@ -235,7 +235,7 @@ def test_flags_are_shown_as_flags():
 @pytest.mark.integration
 def test_a_report_is_readable_by_others_its_summary_short_and_its_answer_printed_once(tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(Path(__file__).parents[1] / "benchmarks/cpu-2026-11-23/cpu_default_profiled_3", run)
+    shutil.copytree(Path(__file__).parents[1] / "tests/fixtures/cpu/default-grid-profiled", run)
     (run / "report").exists() and shutil.rmtree(run / "report")
     previous = os.umask(0o022)
     try:
@@ -279,7 +279,7 @@ def test_a_sweep_answers_first_with_where_each_draft_stops_paying():
     from specbench.fit.decisions import measured_answer
     from specbench.results import load_run
 
-    run = load_run(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1")
+    run = load_run(Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/default-grid")
     answer = measured_answer(run.cells)
     assert answer.startswith(f"MEASURED, {len(run.cells)} of {len(run.cells)} cells: ") and len(answer.split()) <= 30
     assert "ngram stops paying at B ≈" in answer and "smollm2-135m@bf16 stops paying at B ≈" in answer, answer
@@ -307,7 +307,7 @@ def test_a_published_acceptance_is_planned_as_its_figure_and_labelled_in_every_a
     for given, words in refused.items():
         extra = [] if "--acceptance" in given else ["--acceptance", "published:llama3.1-8b-eagle3"]
         assert words in one_line_exit_2(runner.invoke(app, ["plan", *given, *extra]))
-    run = str(Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-25/default/default1")
+    run = str(Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/default-grid")
     assert "give --target" in one_line_exit_2(runner.invoke(app, ["plan", run, "--acceptance",
                                                                   "published:llama3.1-8b-eagle3"]))
 

@@ -13,7 +13,7 @@ from specbench.step_model import StepShape, capped_pairs
 
 from conftest import azure_csv
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks/cpu-2026-11-24/balanced/vllm_local"  # 41- to 64-token prompts
+RUN = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"  # 41- to 64-token prompts
 
 
 @pytest.mark.integration

@@ -18,8 +18,8 @@ from specbench.fit.table_plan import Acceptance
 from specbench.synthetic import shipped_config
 
 runner = CliRunner()
-CPU_RUN = "benchmarks/cpu-2026-11-25/default/default1"  # smollm2-135m with ngram and its bf16 copy
-GPU_RUN = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"  # llama3-8b, 1b at a simulated α 0.8
+CPU_RUN = "tests/fixtures/cpu/default-grid"  # smollm2-135m with ngram and its bf16 copy
+GPU_RUN = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"  # llama3-8b, 1b at a simulated α 0.8
 
 
 def plan_json(*args: str) -> dict:
@@ -323,7 +323,7 @@ def test_corrections_measured_on_one_gpu_carry_to_another():
 
     frames = {"carried": [], "bare": []}
     for name in ("synthetic-llama3-8b", "synthetic-llama3.2-3b", "synthetic-qwen2.5-7b"):
-        h100, h200 = (load_run(f"benchmarks/gpu/{day}/{name}") for day in ("h100-2026-11-25", "h200-2026-11-28"))
+        h100, h200 = (load_run(f"tests/fixtures/gpu/{day}/{name}") for day in ("h100-2026-11-25", "h200-2026-11-28"))
         assert h200.meta["hardware"]["gpus"][0]["name"] == "NVIDIA H200"
         found = calibrate(h100.cells, h100.steps, h100.requests, h100.meta, "h100_sxm")
         own = (h200.cells, h200.steps, h200.requests, h200.meta)
@@ -345,7 +345,7 @@ def test_corrected_tables_predict_a_held_out_batch_size():
 
     corrected, bare = [], []
     for name in ("synthetic-llama3-8b", "synthetic-llama3.2-3b", "synthetic-qwen2.5-7b"):
-        run = load_run(f"benchmarks/gpu/h100-2026-11-25/{name}")
+        run = load_run(f"tests/fixtures/gpu/h100-2026-11-25/{name}")
         corrected.append(held_out_on_tables(run.cells, run.steps, run.requests, run.meta, "h100_sxm"))
         bare.append(held_out_on_tables(run.cells, run.steps, run.requests, run.meta, "h100_sxm", correct=False))
     corrected, bare = pd.concat(corrected), pd.concat(bare)
@@ -366,7 +366,7 @@ def test_corrected_tables_meet_the_held_out_bounds_on_every_committed_h100_run()
             "h100-2026-11-25/synthetic-llama3.2-3b", "h100-2026-11-25/synthetic-qwen2.5-7b"]
     frames = []
     for name in runs:
-        run = load_run(f"benchmarks/gpu/{name}")
+        run = load_run(f"tests/fixtures/gpu/{name}")
         frames.append(held_out_on_tables(run.cells, run.steps, run.requests, run.meta, "h100_sxm"))
     pooled = pd.concat(frames)
     assert len(pooled) == 15
@@ -446,7 +446,7 @@ def vllm_run_on_an_h100(tmp_path):
     import pandas as pd
 
     run = tmp_path / "vllm-h100"
-    shutil.copytree("benchmarks/cpu-2026-11-24/balanced/vllm_ray", run)
+    shutil.copytree("tests/fixtures/cpu/vllm-ray", run)
     meta = json.loads((run / "run.json").read_text())
     meta["config"].update(target="llama3-8b", drafts=["ngram", "1b"])
     meta["hardware"] = {**meta.get("hardware", {}), "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
@@ -549,7 +549,7 @@ def test_the_tensor_peaks_are_the_system_files_and_a_measured_row_can_exceed_the
     assert kernel_tables.tensor_flops("h100_sxm") == 989e12
     assert kernel_tables.tensor_flops("h100_sxm", "fp8") == 1978e12
     assert kernel_tables.tensor_flops("b200_sxm", "fp4") == 9000e12
-    sys.path.insert(0, str(Path("benchmarks/fleet-2026-11-25").resolve()))
+    sys.path.insert(0, str(Path("benchmarks/silicon-rows").resolve()))
     from silicon import prefill_peak_share
 
     row = {"model_path": "nvidia/Llama-3.1-8B-Instruct-FP8", "system": "h200_sxm", "precision": "fp8", "isl": 2000,

@@ -29,7 +29,7 @@ VOLATILE = [
 
 
 def committed_runs() -> list[Path]:
-    return sorted(path.parent for path in (ROOT / "benchmarks").rglob("run.json")
+    return sorted(path.parent for folder in ("benchmarks", "tests/fixtures") for path in (ROOT / folder).rglob("run.json")
                   if (path.parent / "cells.parquet").exists())
 
 

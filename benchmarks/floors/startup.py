@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 REPEATS = 5
-RUN = "benchmarks/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
+RUN = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
 COMMANDS = {"specbench --help": ["--help"], f"specbench check {RUN}": ["check", RUN],
             f"specbench plan {RUN}": ["plan", RUN]}
 PROBE = ("import sys, atexit, runpy; sys.argv = ['specbench', *sys.argv[1:]]; "

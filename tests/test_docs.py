@@ -179,3 +179,9 @@ def test_every_link_between_pages_resolves():
                 if anchor not in headings:
                     broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def test_the_docs_are_read_in_minutes():
+    """docs/ stays under 100 KB of files in all: guides, references, validation."""
+    size = sum(path.stat().st_size for path in (ROOT / "docs").rglob("*") if path.is_file())
+    assert size < 100_000, f"docs/ holds {size:,} bytes"

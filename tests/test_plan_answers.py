@@ -201,7 +201,7 @@ def test_every_plan_answers_in_its_first_line_and_notes_the_rest_below(question)
     shown = runner.invoke(app, ["plan", *args], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     first = shown.output.splitlines()[0]
-    assert first.split(":")[0] in ("SIMULATED, 1 replica serving azure-conv 0–30 s, TPOT p50","ESTIMATE on the h100_sxm kernel tables", "PREDICTED from the run's fit",
+    assert first.split(":")[0] in ("SIMULATED, 1 replica serving azure-conv 0–30 s, E2E p50","ESTIMATE on the h100_sxm kernel tables", "PREDICTED from the run's fit",
                                    "SIMULATED, one replica under closed-loop clients (h100_sxm)") \
         or first.startswith("SIMULATED fleet for "), first
     assert word in first and len(first.split()) <= 30 and first.endswith("."), first
@@ -251,9 +251,10 @@ def test_a_report_is_readable_by_others_its_summary_short_and_its_answer_printed
 
 
 def test_a_given_fleet_shows_where_speculation_stops_paying_as_traffic_rises(tmp_path):
-    """--replicas N: the fleet as it is at each traffic scale, no sizing. The baseline's TPOT speed-up is
-    1 by definition, the speculative one falls as the single replica fills, the answer says where it
-    crosses 1× when it does, and the chart is drawn; --headroom, which only sizing uses, is refused."""
+    """--replicas N: the fleet as it is at each traffic scale, no sizing. The baseline's speed-ups are
+    1 by definition, the speculative TPOT one falls as the single replica fills, the answer says where
+    its E2E p50 crosses 1× when it does, and the chart is drawn; --headroom, which only sizing uses,
+    is refused."""
     from specbench import api
 
     fleet = api.fleet_as_is("llama3-8b", trace="azure-conv", trace_window="0:60", replicas=1, drafts=["1b"],
@@ -261,7 +262,8 @@ def test_a_given_fleet_shows_where_speculation_stops_paying_as_traffic_rises(tmp
     table = fleet.table
     assert len(table) == 3 * 3 and set(table["replicas"]) == {1}  # the baseline, K=4 and 1b's K schedule
     base = table[table["draft"] == "autoregressive"]
-    assert (base["tpot_speedup"] == 1.0).all() and base["tpot_p50_ms"].is_monotonic_increasing
+    assert (base["tpot_speedup"] == 1.0).all() and (base["e2e_speedup"] == 1.0).all()
+    assert base["tpot_p50_ms"].is_monotonic_increasing
     speculative = table[(table["draft"] == "1b") & (table["k_schedule"] == "")].sort_values("scale")
     assert speculative["tpot_speedup"].iloc[0] > 1.2 and speculative["tpot_speedup"].iloc[-1] < \
         speculative["tpot_speedup"].iloc[0]

@@ -244,7 +244,8 @@ class FleetAsIs(Simulated):
     @property
     def answer(self) -> str:
         """The answer in one sentence: per drafter, up to which traffic scale its best configuration's
-        TPOT p50 beats the baseline's on these replicas."""
+        E2E p50 beats the baseline's on these replicas (E2E, not TPOT: a loaded fleet's queue is where
+        speculation's longer steps turn into a loss)."""
         from specbench.api.tables import published_said
         from specbench.fit.decisions import where_it_pays
         from specbench.schema import AR
@@ -252,13 +253,13 @@ class FleetAsIs(Simulated):
         speculative = self.table[self.table["draft"] != AR]
         cases: dict[str, list] = {}
         for (draft, _, _), group in speculative.groupby(["draft", "tp", "acceptance"], sort=False):
-            best = group.groupby("scale")["tpot_speedup"].max().sort_index()
+            best = group.groupby("scale")["e2e_speedup"].max().sort_index()
             cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
         found = where_it_pays(cases, at="{}× traffic", near="≈ {}× traffic") or "no speculation simulated"
         noun = f"{self.replicas} {self.device if self.device != 'GPU' else 'replica'}{'s' if self.replicas > 1 else ''}"
 
         return (f"SIMULATED, {noun} serving {self.traffic.name}{published_said(self.head.get('alpha_from'))}, "
-                f"TPOT p50: {found}.")
+                f"E2E p50: {found}.")
 
     def to_dict(self) -> dict:
         """As `plan --trace ... --replicas N --json` prints it."""

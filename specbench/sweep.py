@@ -240,11 +240,13 @@ def plan_time(config: SweepConfig, workloads: dict, given: set[str] | None = Non
                 estimate = estimate_native(config, rates, tokens)
                 trims.append(option)
         chosen += trims
-        why.append(f"{' '.join(trims)}: the default grid was estimated at {minutes_of(before)}, over a default "
-                   f"run's {minutes_of(DEFAULT_RUN_BUDGET_S)}")
+        # (named only beside another reason: alone, the line above names them)
+        why.append(f"{' '.join(trims) + ': ' if why else ''}the default grid was estimated at {minutes_of(before)}, "
+                   f"over a default run's {minutes_of(DEFAULT_RUN_BUDGET_S)}")
     lines = []
     if chosen:
-        lines.append(f"defaults for this CPU: {' '.join(chosen)} ({'; '.join(why)}); options given are run as given")
+        lines.append(f"defaults for this CPU: {' '.join(chosen)} ({'; '.join(why)})"
+                     + ("; the options you gave are kept" if given else ""))
     count = len(estimate.cells)
     lines.append(f"estimate: about {minutes_of(estimate.seconds)} for {count} cell{'s' * (count != 1)} "
                  f"(from the probe, {estimate.rates.describe()}; assumed acceptance, prompts sized by characters)")

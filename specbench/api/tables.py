@@ -64,7 +64,8 @@ class TablePrice:
         cases: dict[str, list] = {}
         for (draft, _, _, _), group in best.groupby(["draft", "tp", "context_length", "acceptance"], sort=False):
             group = group.sort_values("batch_size")
-            cases.setdefault(draft, []).append((group["batch_size"].tolist(), group["highest_speedup"].tolist()))
+            cases.setdefault(draft, []).append((group["batch_size"].tolist(), group["highest_speedup"].tolist(),
+                                                group["speedup"].tolist()))
         return f"{label}: {where_it_pays(cases) or 'no drafter priced'}."
 
     def to_dict(self) -> dict:

@@ -68,27 +68,42 @@ def crossover(batch_sizes: list[int], speedups: list[float], threshold: float = 
     return Crossover(None, "; ".join(parts))
 
 
-def where_it_pays(points: dict[str, list[tuple[list[int], list[float]]]], at: str = "B = {}",
-                  near: str = "B ≈ {}", threshold: float = 1.0) -> str:
-    """One clause per drafter over its cases (each: sizes and best speed-ups): "1b pays up to B = 64",
-    "8b stops paying at B ≈ 24" (the lowest B* of its cases), or "8b never pays"; joined by "; ".
-    `at` and `near` word a size exactly and approximately ("{} clients", "≈ {} clients")."""
-    clauses = []
+def where_it_pays(points: dict[str, list[tuple]], at: str = "B = {}", near: str = "B ≈ {}",
+                  threshold: float = 1.0) -> str:
+    """One clause per drafter over its cases: "1b still pays at B = 64, the largest asked", "8b stops
+    paying at B ≈ 24"
+    (the lowest B* of its cases), or "8b never pays"; joined by "; ". A case is (sizes, best
+    speed-ups) or (sizes, best speed-ups, the speed-ups shown beside them), the "up to" figure the
+    largest shown. `at` and `near` word a size exactly and approximately ("{} clients")."""
+    clauses: list = []
+    paying: dict[str, list[tuple[str, float]]] = {}  # the largest size asked -> the drafts still paying there
     for draft, cases in points.items():
-        found = [crossover(sizes, speedups, threshold) for sizes, speedups in cases if sizes]
+        found = [crossover(case[0], case[1], threshold) for case in cases if case[0]]
         falls = [c.batch_size for c in found if c.batch_size is not None]
-        best = max((max(speedups) for sizes, speedups in cases if speedups), default=float("nan"))
-        largest = max((max(sizes) for sizes, _ in cases if sizes), default=0)
+        best = max((max(case[-1]) for case in cases if case[-1]), default=float("nan"))
+        largest = max((max(case[0]) for case in cases if case[0]), default=0)
         within = f" in {len(falls)} of {len(found)} cases" if 0 < len(falls) < len(found) else ""
         if falls:
-            clauses.append(f"{draft} stops paying at {near.format(f'{min(falls):.0f}')}{within}")
+            clauses.append(f"{draft} stops paying at {near.format(_about(min(falls)))}{within}")
         elif best < threshold:
             clauses.append(f"{draft} never pays (at best {best:.2f}×)")
         elif all(c.text.startswith("no slowdown") for c in found):
-            clauses.append(f"{draft} pays up to {at.format(f'{largest:g}')} (up to {best:.2f}×)")
+            size = at.format(f"{largest:g}")
+            if size not in paying:
+                clauses.append(size)  # its place, filled below with every draft paying there
+            paying.setdefault(size, []).append((draft, best))
         else:  # below the bar at small sizes, above it later (a compute-bound CPU)
             clauses.append(f"{draft}: {found[0].text}")
+    for size, drafts in paying.items():
+        names, bests = " and ".join(d for d, _ in drafts), ", ".join(f"{b:.2f}×" for _, b in drafts)
+        said = f"{names} still {'pays' if len(drafts) == 1 else 'pay'} at {size}, the largest asked (up to {bests})"
+        clauses[clauses.index(size)] = said
     return "; ".join(clauses)
+
+
+def _about(size: float) -> str:
+    """An interpolated size as B* lines print it: one decimal under 10, whole above."""
+    return f"{size:.1f}" if size < 10 else f"{size:.0f}"
 
 
 WORST_CASE = "worst case"  # the workload label of rows taken over every workload and temperature

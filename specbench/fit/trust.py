@@ -103,12 +103,15 @@ def busy_machine(cells: pd.DataFrame, cores: int | None = None) -> str | None:
     endpoint = ("; an --endpoint server running on this machine counts as other work: specbench sees only its own "
                 "processes (the client), not the endpoint's") \
         if "engine" in busy and (busy["engine"] == "endpoint").any() else ""
+    ids = list(busy["cell_id"]) if "cell_id" in busy else []
+    which = f" ({', '.join(ids[:4])}{', …' if len(ids) > 4 else ''})" if ids else ""
     if "other_cpu_cores" in busy and busy["other_cpu_cores"].notna().all():
         return (f"the machine was busy (other processes kept {busy['other_cpu_cores'].median():.1f} of its {cores} "
-                f"cores busy, median) during {len(busy)} cell(s); their timings include the other work{endpoint}")
+                f"cores busy, median) during {len(busy)} cell(s){which}; their timings include the other work"
+                f"{endpoint}")
     mine = " less specbench's own processes" if "own_cpu_cores" in busy and busy["own_cpu_cores"].notna().any() else ""
     return (f"the machine was busy (load average{mine} above {BUSY_LOAD * cores:g} on {cores} cores) during "
-            f"{len(busy)} cell(s); their timings include the other work{endpoint}")
+            f"{len(busy)} cell(s){which}; their timings include the other work{endpoint}")
 
 
 

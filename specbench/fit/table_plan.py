@@ -48,6 +48,7 @@ from specbench.fit.host_cost import (
 from specbench.fit.prices import cost_per_million
 from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_token
 from specbench.step_model.overheads import NO_OVERHEADS, Overheads
+from specbench.step_model.static_tables import StaticTablesStep
 from specbench.models import REGISTRY, lookup_alias, routed_experts, shipped_hub_config
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
@@ -351,6 +352,7 @@ def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int,
                     output_tokens: int) -> tuple[list[dict], dict[int, tuple[float, float]]]:
     """The baseline's rows, and B -> (tokens/s per GPU, step ms) for the batches that fit."""
     need = planner.memory(None, tp, tp, context + output_tokens)
+    priced = StaticTablesStep(planner, tp)
     rows, ar = [], {}
     for b in batch_sizes:
         fits = need.need(b) <= need.usable
@@ -358,8 +360,8 @@ def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int,
                "fits": fits, "largest_batch": need.largest_batch(), "memory_gib": need.need(b) / 2 ** 30,
                "alpha": float("nan"), "tau": 1.0}
         if fits:
-            step = planner.decode_ms(b, context + output_tokens // 2, tp)
-            total = planner.prefill_ms(None, b, context, tp, tp) + (output_tokens - 1) * step
+            step = priced.seconds(priced.decoding(b, context + output_tokens // 2)) * 1000
+            total = priced.seconds(priced.prefilling(b, context)) * 1000 + (output_tokens - 1) * step
             ar[b] = (b * output_tokens / total * 1000 / tp, step)
             row.update(ar_step_ms=step, step_ms=step, decode_tpot_ms=step, tpot_ms=_tpot(total, output_tokens),
                        tokens_per_s_per_gpu=ar[b][0], tokens_per_s_per_user=1000 / _tpot(total, output_tokens),
@@ -372,14 +374,15 @@ def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acce
                  batch_sizes: list[int], context: int, tp: int, draft_tp: int, output_tokens: int,
                  ar: dict[int, tuple[float, float]]) -> list[dict]:
     rows = []
+    priced = StaticTablesStep(planner, tp, drafter, draft_tp)
     prefills: dict[int, float] = {}  # B -> the batch's prefill, the same at every K
     for k in drafter.draft_kind.ks(ks, drafter.layers):
         need = planner.memory(drafter, tp, draft_tp, context + output_tokens + k)
         for b in batch_sizes:
             fits = need.need(b) <= need.usable and b in ar
-            step = planner.step_ms(drafter, k, b, context + output_tokens // 2, tp, draft_tp) if fits else float("nan")
+            step = priced.seconds(priced.decoding(b, context + output_tokens // 2, k)) * 1000 if fits else float("nan")
             if fits and b not in prefills:
-                prefills[b] = planner.prefill_ms(drafter, b, context, tp, draft_tp)
+                prefills[b] = priced.seconds(priced.prefilling(b, context)) * 1000
             prefill = prefills.get(b, 0.0)
             for acceptance in acceptances:
                 tau = acceptance.tokens_per_step(k)

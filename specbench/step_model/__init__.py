@@ -5,9 +5,10 @@
   `StepFunction`, a plain function of (prefill tokens, decode rows, K) as one.
 - `overheads`: `Overheads`, the one place a step's host, launch, graph and executor time is
   composed with its kernels'.
-- backends: `mixed_tables`, the kernel tables' mixed prefill + decode step (the replica's, on a
-  GPU a run did not measure); `served_fit`, a served run's fitted step (`ServedPrice`, fitted by
-  `fleet.served.fit_served`).
+- backends: `static_tables`, the kernel tables' static-batch step (`plan --target`'s, priced by
+  fit.table_plan.TablePlanner); `mixed_tables`, the kernel tables' mixed prefill + decode step (the
+  replica's, on a GPU a run did not measure); `served_fit`, a served run's fitted step
+  (`ServedPrice`, fitted by `fleet.served.fit_served`).
 
 The package is priced by `fit` and `fleet` and imports nothing of measuring."""
 
@@ -16,3 +17,4 @@ from specbench.step_model.overheads import NO_OVERHEADS, Overheads  # noqa: F401
 from specbench.step_model.shape import StepShape, capped_pairs  # noqa: F401
 from specbench.step_model.mixed_tables import MixedTablesStep  # noqa: F401
 from specbench.step_model.served_fit import ServedPrice, ServedStep  # noqa: F401
+from specbench.step_model.static_tables import StaticTablesStep  # noqa: F401

@@ -42,15 +42,11 @@ class ClosedLoop(Simulated):
         """The answer in one sentence: per drafter, up to how many clients speculation serves more
         tokens/s than the baseline (its best K at each), over every TP and acceptance."""
         from specbench.api.tables import published_said
-        from specbench.fit.decisions import where_it_pays
+        from specbench.fit.decisions import speedup_cases, where_it_pays
         from specbench.schema import AR
 
-        table = self.table
-        speculative = table[table["draft"] != AR]
-        cases: dict[str, list] = {}
-        for (draft, _, _), group in speculative.groupby(["draft", "tp", "acceptance"], sort=False):
-            best = group.groupby("concurrency")["throughput_speedup"].max().sort_index()
-            cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+        speculative = self.table[self.table["draft"] != AR]
+        cases = speedup_cases(speculative, ["tp", "acceptance"], "concurrency", "throughput_speedup")
         found = where_it_pays(cases, at="{} clients", near="≈ {} clients") or "no speculation simulated"
         return (f"SIMULATED, one replica under closed-loop clients ({self.where or 'the run'})"
                 f"{published_said(self.head.get('alpha_from'))}: {found}.")

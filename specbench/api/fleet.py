@@ -247,14 +247,11 @@ class FleetAsIs(Simulated):
         E2E p50 beats the baseline's on these replicas (E2E, not TPOT: a loaded fleet's queue is where
         speculation's longer steps turn into a loss)."""
         from specbench.api.tables import published_said
-        from specbench.fit.decisions import where_it_pays
+        from specbench.fit.decisions import speedup_cases, where_it_pays
         from specbench.schema import AR
 
         speculative = self.table[self.table["draft"] != AR]
-        cases: dict[str, list] = {}
-        for (draft, _, _), group in speculative.groupby(["draft", "tp", "acceptance"], sort=False):
-            best = group.groupby("scale")["e2e_speedup"].max().sort_index()
-            cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+        cases = speedup_cases(speculative, ["tp", "acceptance"], "scale", "e2e_speedup")
         found = where_it_pays(cases, at="{}× traffic", near="≈ {}× traffic") or "no speculation simulated"
         noun = f"{self.replicas} {self.device if self.device != 'GPU' else 'replica'}{'s' if self.replicas > 1 else ''}"
 
@@ -289,7 +286,7 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
     drafter × K: latency percentiles per scale, and where speculation turns from a gain into a loss
     as the traffic rises. `slo`: judged too, where given. The other arguments as size_fleet's."""
     from specbench.api.replicas import check_chart
-    from specbench.fleet.plan import configurations, mtp_left_out
+    from specbench.fleet.plan import mtp_left_out, traffic_configurations
     from specbench.fleet.sizing import fleets_as_they_are
 
     started = time.perf_counter()
@@ -302,11 +299,8 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
         max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
         prefix_caching=prefix_caching)
     objective, parsed = _objective(slo)
-    isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
-    found = [c for size in replica.tp for c in configurations(replica.planner, replica.drafters, replica.accepted,
-                                                              size, replica.draft_tp, ks, isl, osl,
-                                                              replica.gemm_quant, schedules=True,
-                                                              server=replica.server)]
+    found = traffic_configurations(replica.planner, replica.drafters, replica.accepted, replica.tp, replica.draft_tp,
+                                   ks, traffic, replica.gemm_quant, replica.server)
     table = fleets_as_they_are(found, traffic, scales, replicas, objective, router, price, on_progress=on_progress)
     simulated = FleetAsIs(table, replica.head, traffic, replay, parsed, scales, replicas, router, price, price_note,
                           where=replica.planner.system.split("_")[0].upper(),

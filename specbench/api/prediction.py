@@ -38,15 +38,11 @@ class Prediction:
     def answer(self) -> str:
         """The answer in one sentence: where each drafter stops paying, its best K at each batch size,
         over every workload, temperature and context length predicted."""
-        from specbench.fit.decisions import where_it_pays
+        from specbench.fit.decisions import speedup_cases, where_it_pays
         from specbench.schema import AR
 
         speculative = self.table[self.table["draft"] != AR]
-        cases: dict[str, list] = {}
-        for (draft, *_), group in speculative.groupby(["draft", "workload", "temperature", "context_length"],
-                                                      sort=False, dropna=False):
-            best = group.groupby("batch_size")["speedup"].max().sort_index()
-            cases.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+        cases = speedup_cases(speculative, ["workload", "temperature", "context_length"], "batch_size", "speedup")
         label = f"ESTIMATE for {self.estimate}" if self.estimate else "PREDICTED from the run's fit"
         return f"{label}: {where_it_pays(cases) or 'no drafter predicted'}."
 

@@ -101,6 +101,16 @@ def where_it_pays(points: dict[str, list[tuple]], at: str = "B = {}", near: str 
     return "; ".join(clauses)
 
 
+def speedup_cases(rows: pd.DataFrame, cases: list[str], size: str, speedup: str) -> dict[str, list[tuple]]:
+    """`where_it_pays`' cases from `rows` (speculative ones): per draft, for each group of `cases`
+    columns, the sizes in `size` ascending and the best `speedup` at each (over K and schedules)."""
+    found: dict[str, list[tuple]] = {}
+    for (draft, *_), group in rows.groupby(["draft", *cases], sort=False, dropna=False):
+        best = group.groupby(size)[speedup].max().sort_index()
+        found.setdefault(draft, []).append((best.index.tolist(), best.tolist()))
+    return found
+
+
 def _about(size: float) -> str:
     """An interpolated size as B* lines print it: one decimal under 10, whole above."""
     return f"{size:.1f}" if size < 10 else f"{size:.0f}"

@@ -435,14 +435,21 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
                   price_per_gpu_hour: float | None = None,
                   server: ServerFlags = ServerFlags(),
                   on_progress: Progress | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """`size_fleets` for every configuration the kernel tables price at each TP (and each
-    drafter's K schedule), requests priced at the traffic's mean lengths; `on_progress` told of
+    """`size_fleets` for every configuration of `traffic_configurations`; `on_progress` told of
     each configuration as it is sized."""
-    isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
-    found = [c for tp in tps for c in configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl,
-                                                     gemm_quant, schedules=True, server=server)]
+    found = traffic_configurations(planner, drafters, accepted, tps, draft_tp, ks, traffic, gemm_quant, server)
     return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour,
                        on_progress=on_progress), mtp_left_out(drafters)
+
+
+def traffic_configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance],
+                           tps: list[int], draft_tp: int | None, ks: list[int], traffic: Traffic,
+                           gemm_quant: str | None = None, server: ServerFlags = ServerFlags()) -> list[Configuration]:
+    """Every configuration the kernel tables price at each TP (and each drafter's K schedule),
+    requests priced at the traffic's mean lengths."""
+    isl, osl = int(round(traffic.prompts.mean())), int(round(traffic.outputs.mean()))
+    return [c for tp in tps for c in configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl,
+                                                    gemm_quant, schedules=True, server=server)]
 
 
 def answer(rows: pd.DataFrame, traffic: str, target: str, where: str, slo: str, headroom: float,

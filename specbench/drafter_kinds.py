@@ -17,18 +17,35 @@ A new kind is one class here and one line in KINDS.
 
 from __future__ import annotations
 
-from specbench.models import lookup_alias
+from specbench.models import lookup_alias, routed_experts
 from specbench.synthetic import config_parameters
 
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache, as the kernel tables price them
 
 
 def kv_bytes_per_token(config: dict, tp: int, layers: int | None = None) -> float:
-    """K and V per token on one GPU: KV heads split over TP, replicated where TP exceeds them."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    """K and V per token on one GPU: KV heads split over TP, replicated where TP exceeds them; for
+    multi-head latent attention (MLA) the latent and its rotary part, held whole on every GPU."""
+    config = config.get("text_config") or config
+    layers = config["num_hidden_layers"] if layers is None else layers
+    if config.get("kv_lora_rank"):
+        return layers * (config["kv_lora_rank"] + config.get("qk_rope_head_dim", 0)) * BYTES_PER_VALUE
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     per_gpu = max(1.0, kv_heads / tp)
-    return 2 * (config["num_hidden_layers"] if layers is None else layers) * per_gpu * head_dim * BYTES_PER_VALUE
+    return 2 * layers * per_gpu * head_dim * BYTES_PER_VALUE
+
+
+def kv_bytes_per_row(config: dict, tp: int, tokens: int) -> float:
+    """The KV cache of one row of `tokens` tokens on one GPU: a sliding-window layer (gpt-oss's every
+    other layer) keeps its window's tokens alone, as vLLM's hybrid KV cache holds it."""
+    text = config.get("text_config") or config
+    window = int(text.get("sliding_window") or 0)
+    types = text.get("layer_types") or []
+    windowed = sum(1 for kind in types if kind == "sliding_attention") if window else 0
+    per_layer = kv_bytes_per_token(config, tp, 1)
+    return per_layer * ((int(text["num_hidden_layers"]) - windowed) * tokens + windowed * min(tokens, window))
 
 
 class DrafterKind:
@@ -74,8 +91,9 @@ class DrafterKind:
         return draft_tp if self.separate_model else tp
 
     def draft_weight_bytes(self, drafter, target: dict, tp: int, draft_tp: int, target_bytes: float,
-                           draft_bytes: float) -> float:
-        """Its weights on the fullest GPU, beside the target's (`drafter`: a table_plan.Drafter)."""
+                           draft_bytes: float, target_weights: float = 0.0) -> float:
+        """Its weights on the fullest GPU, beside the target's (`drafter`: a table_plan.Drafter;
+        `target_bytes` a target weight's bytes, `target_weights` the target's weights on that GPU)."""
         return 0.0
 
     def draft_kv_bytes_per_token(self, drafter, target: dict, tp: int, draft_tp: int) -> float:
@@ -102,7 +120,7 @@ class OwnForwards(DrafterKind):
         return k * decode_ms + forward.extra_positions_ms(rows, context, positions)
 
     def draft_weight_bytes(self, drafter, target: dict, tp: int, draft_tp: int, target_bytes: float,
-                           draft_bytes: float) -> float:
+                           draft_bytes: float, target_weights: float = 0.0) -> float:
         return config_parameters(drafter.config) * draft_bytes / draft_tp if drafter.config else 0.0
 
     def draft_kv_bytes_per_token(self, drafter, target: dict, tp: int, draft_tp: int) -> float:
@@ -135,11 +153,38 @@ class Eagle(OwnForwards):
         """The K + 1 tokens the target verified: the head shifts its inputs by one and needs no slot."""
         return k + 1
 
-    def draft_config(self, target: dict) -> dict:
-        return {**target, "num_hidden_layers": 1}
+    # the trained heads of mixture-of-experts and MLA targets (SpecForge's EAGLE-3 configs for gpt-oss,
+    # Qwen3-235B-A22B and DeepSeek-V3: github.com/sgl-project/SpecForge, configs/*-eagle3.json) are one
+    # dense Llama layer at the target's width, an MLP about 6 × that width, and a 32,000-token LM head
+    HEAD_MLP_WIDTH = 6
+    HEAD_VOCAB = 32000
 
-    def label(self, target_name: str) -> str:
-        return f"EAGLE head: 1 layer of {target_name}"
+    def draft_config(self, target: dict) -> dict:
+        """The head's layer: the target's own for a dense target; for a mixture-of-experts or MLA
+        target, the dense layer its trained heads have (`HEAD_MLP_WIDTH`, `HEAD_VOCAB`)."""
+        text = target.get("text_config") or target
+        if routed_experts(text) is None and not text.get("kv_lora_rank"):
+            return {**target, "num_hidden_layers": 1}
+        hidden = int(text["hidden_size"])
+        mla = bool(text.get("kv_lora_rank"))  # MLA's heads have no GQA shape: the heads' Llama layer of 128
+        heads = hidden // 128 if mla else int(text["num_attention_heads"])
+        return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+                "num_hidden_layers": 1, "num_attention_heads": heads,
+                "num_key_value_heads": 8 if mla else int(text.get("num_key_value_heads") or heads),
+                "head_dim": 128 if mla else int(text.get("head_dim") or hidden // heads),
+                "intermediate_size": self.HEAD_MLP_WIDTH * hidden, "vocab_size": self.HEAD_VOCAB,
+                "max_position_embeddings": int(text.get("max_position_embeddings") or 131072),
+                "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+    def head_layer(self, target_name: str, target: dict | None) -> str:
+        """What the head's layer is, in a few words."""
+        text = (target or {}).get("text_config") or target or {}
+        if target is None or (routed_experts(text) is None and not text.get("kv_lora_rank")):
+            return f"1 layer of {target_name}"
+        return f"1 dense layer at {target_name}'s width, as its trained heads"
+
+    def label(self, target_name: str, target: dict | None = None) -> str:
+        return f"EAGLE head: {self.head_layer(target_name, target)}"
 
     def vllm_config(self, spec, k: int, draft_model: str | None = None) -> dict:
         return {"method": self.name, "model": spec.model, "num_speculative_tokens": k}
@@ -162,13 +207,13 @@ class Eagle3(Eagle):
             rows * positions, *self.fuse_gemm(forward.hidden_size))
 
     def draft_weight_bytes(self, drafter, target: dict, tp: int, draft_tp: int, target_bytes: float,
-                           draft_bytes: float) -> float:
-        n, k = self.fuse_gemm(target["hidden_size"])
+                           draft_bytes: float, target_weights: float = 0.0) -> float:
+        n, k = self.fuse_gemm((target.get("text_config") or target)["hidden_size"])
         return super().draft_weight_bytes(drafter, target, tp, draft_tp, target_bytes, draft_bytes) \
             + n * k * BYTES_PER_VALUE
 
-    def label(self, target_name: str) -> str:
-        return f"EAGLE-3 head: 1 layer of {target_name} over {self.FUSED_LAYERS} of its layers' features"
+    def label(self, target_name: str, target: dict | None = None) -> str:
+        return f"EAGLE-3 head: {self.head_layer(target_name, target)} over {self.FUSED_LAYERS} of its layers' features"
 
 
 class Mtp(DrafterKind):
@@ -186,9 +231,12 @@ class Mtp(DrafterKind):
         return [layers]
 
     def draft_weight_bytes(self, drafter, target: dict, tp: int, draft_tp: int, target_bytes: float,
-                           draft_bytes: float) -> float:
-        per_layer = (config_parameters(target) - config_parameters(target, 0)) / target["num_hidden_layers"]
-        return per_layer * drafter.layers * target_bytes / tp
+                           draft_bytes: float, target_weights: float = 0.0) -> float:
+        # a layer's share of the target's weights on the GPU, its embeddings and final norm left out
+        # (a mixture-of-experts layer's experts spread as the target's are)
+        text = target.get("text_config") or target
+        outside_layers = config_parameters(target, 0) * target_bytes / tp
+        return (target_weights - outside_layers) / text["num_hidden_layers"] * drafter.layers
 
     def draft_kv_bytes_per_token(self, drafter, target: dict, tp: int, draft_tp: int) -> float:
         return kv_bytes_per_token(target, tp, drafter.layers)

@@ -425,6 +425,18 @@ def routed_experts(config: dict) -> RoutedExperts | None:
     return RoutedExperts(experts, per_token, intermediate, shared, layers - len(dense & set(range(layers))))
 
 
+def routed_expert_parameters(config: dict) -> int:
+    """Every routed expert's weights, all MoE layers' (what expert parallelism spreads over the GPUs
+    and a checkpoint's MoE precision stores); 0 for a dense model."""
+    config = config.get("text_config") or config
+    moe = routed_experts(config)
+    if moe is None:
+        return 0
+    hidden = int(config["hidden_size"])
+    biased = config.get("model_type") == "gpt_oss"
+    return moe.moe_layers * moe.experts * (3 * hidden * moe.intermediate + (2 * moe.intermediate + hidden if biased else 0))
+
+
 def mlp_parameters(config: dict, active: bool = False) -> int:
     """Every MLP weight of a config's decoder layers: three matrices per MLP (gate, up, down), each
     MoE layer's shared experts and router, and all its routed experts, or with `active` the top-k a

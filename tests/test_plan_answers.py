@@ -63,11 +63,11 @@ def test_an_moe_target_is_refused_never_priced_as_dense(tmp_path, extra):
     assert "mixture-of-experts" in line and "8 routed experts, 2 per token" in line and "46.7B" in line
 
 
-def test_an_moe_draft_config_is_refused(tmp_path):
-    (tmp_path / "moe.json").write_text(json.dumps(dict(QWEN3_30B_A3B, vocab_size=128256)))
+def test_a_draft_config_of_a_moe_family_the_tables_do_not_model_is_refused(tmp_path):
+    (tmp_path / "moe.json").write_text(json.dumps(dict(MIXTRAL, vocab_size=128256)))
     line = one_line_exit_2(runner.invoke(app, ["plan", "--target", "llama3-8b", "--drafts", str(tmp_path / "moe.json"),
                                                "--alpha", "0.7"]))
-    assert "128 routed experts, 8 per token" in line
+    assert "8 routed experts, 2 per token" in line and "a family the tables do not model" in line
 
 
 # --- the option walk ---------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_an_moe_draft_config_is_refused(tmp_path):
 VALUES = {"run_dir": "results/none", "timings": "results/none", "acceptance": "results/none", "alpha": "0.7",
           "k": "2", "batch_sizes": "1,8", "context_lengths": "2k", "max_new_tokens": "64", "device": "h100",
           "gpu_price": "2.5", "gpus": "2", "json_output": None, "target": "llama3-8b", "drafts": "1b", "tp": "2",
-          "draft_tp": "1", "backend": "vllm", "slo": "tpot=0.05", "concurrency": "4", "input_len": "8192",
+          "draft_tp": "1", "dp": "2", "ep": None, "backend": "vllm", "slo": "tpot=0.05", "concurrency": "4", "input_len": "8192",
           "output_len": "64", "clients": "bench", "prefix_len": "16", "dtype": "fp8", "draft_dtype": "fp8",
           "kv_cache_dtype": "fp8", "max_num_seqs": "64", "max_num_batched_tokens": "4096",
           "async_scheduling": None, "prefix_caching": None, "trace": "azure-conv", "trace_window": "0:60",

@@ -128,9 +128,10 @@ def test_70b_on_one_h100_does_not_fit_and_is_never_priced():
     assert all(r["speedup"] is None and r["tokens_per_s_per_gpu"] is None for r in tp1)
     big = row(plan, tp=4, draft="autoregressive", batch_size=256)  # 256 rows of 8k tokens of KV at TP4
     assert not big["fits"] and 1 < big["largest_batch"] < 256 and big["tokens_per_s_per_gpu"] is None
-    text = runner.invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "1b", "--tp", "1", "--alpha", "0.7",
-                               "--batch-sizes", "1"]).output
-    assert "no batch fits: the weights alone exceed the GPUs' memory" in text
+    result = runner.invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "1b", "--tp", "1", "--alpha", "0.7",
+                                 "--batch-sizes", "1"])
+    assert result.exit_code == 2 and result.output.startswith("error: llama3-70b fits no batch on h100_sxm: at TP1 "
+                                                              "its weights alone take 131 GiB"), result.output
 
 
 @pytest.mark.parametrize("args, message", [
@@ -681,7 +682,8 @@ def test_an_fp8_target_is_planned_on_the_fp8_tables_with_its_weights_and_cache_i
     """--dtype fp8 --kv-cache-dtype fp8: the target's forwards on the tables' fp8 GEMMs and fp8 KV
     attention, its weights at a byte a parameter and every KV cache at a byte a value; a draft model's
     weights stay 16-bit. A 16-bit draft costs relatively more beside an fp8 target, so B* falls."""
-    from specbench.fit.table_plan import config_parameters, kv_bytes_per_token
+    from specbench.drafter_kinds import kv_bytes_per_token
+    from specbench.fit.table_plan import config_parameters
 
     args = ("--drafts", "8b", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "1,32",
             "--context-lengths", "1024", "--max-new-tokens", "128")

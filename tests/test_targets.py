@@ -1,6 +1,7 @@
 """Any target a team names: an alias, a Hugging Face id whose config is shipped, a local config.
-Dense decoders the tables hold are priced; a mixture of experts, MLA attention or an architecture
-the planner does not know is refused in one line naming what is missing, never priced as dense."""
+Dense decoders and the mixture-of-experts families the tables model are priced; a family they do
+not model, a layer kind they lack or an architecture the planner does not know is refused in one
+line naming what is missing, never priced as something else."""
 
 from __future__ import annotations
 
@@ -35,17 +36,56 @@ def test_the_2026_mixtures_of_experts_are_all_aliases():
                                 "gpt-oss-20b", "gpt-oss-120b", "llama4-scout", "llama4-maverick", "minimax-m2.5"}
 
 
-@pytest.mark.parametrize("alias", MOE_ALIASES)
-def test_every_moe_alias_is_refused_in_one_line_never_priced_as_dense(alias):
+# where each 2026 mixture of experts fits on an H200's tables, and how its experts are laid out there
+PRICED_AT = {"qwen3-30b-a3b": ["--tp", "1"], "qwen3-235b-a22b": ["--tp", "8"], "deepseek-v3": ["--tp", "8"],
+             "deepseek-r1": ["--tp", "1", "--dp", "8", "--ep"], "kimi-k2.5": ["--tp", "8"],
+             "gpt-oss-20b": ["--tp", "1"], "gpt-oss-120b": ["--tp", "2", "--ep"],
+             "minimax-m2.5": ["--tp", "4", "--ep"]}
+
+
+@pytest.mark.parametrize("alias", sorted(PRICED_AT))
+def test_every_moe_family_the_tables_model_is_priced_saying_how(alias):
+    result = plan("--target", alias, "--drafts", "eagle3", "--device", "h200", *PRICED_AT[alias])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"{alias} is a mixture of experts" in said and "routed experts" in said
+    assert ("whole experts on each GPU (EP)" in said) == ("--ep" in PRICED_AT[alias])
+    assert "1 dense layer at" in said  # its EAGLE-3 head as the trained heads are, not an MoE layer
+
+
+@pytest.mark.parametrize("alias", ["llama4-scout", "llama4-maverick"])
+def test_a_moe_family_the_tables_do_not_model_is_refused_in_one_line(alias):
     line = one_line_exit_2(plan("--target", alias, "--drafts", "eagle3", "--tp", "8"))
-    assert f"{alias} cannot be priced" in line and "mixture-of-experts" in line and "B active a token" in line
-    if alias.startswith(("deepseek", "kimi")):
-        assert "multi-head latent attention (MLA" in line
+    assert f"{alias} cannot be priced" in line and "chunked attention" in line and "B active a token" in line
 
 
-def test_a_moe_draft_alias_is_refused_too():
-    line = one_line_exit_2(plan("--target", "qwen3-32b", "--drafts", "30b-a3b", "--tp", "2"))
-    assert "qwen3-30b-a3b cannot be priced" in line and "128 routed experts, 8 per token" in line
+def test_bad_layouts_are_one_line_each():
+    line = one_line_exit_2(plan("--target", "llama3-70b", "--drafts", "8b", "--tp", "8", "--ep"))
+    assert "llama3-70b is dense" in line
+    line = one_line_exit_2(plan("--target", "qwen3-30b-a3b", "--drafts", "eagle3", "--device", "h200",
+                                "--tp", "1", "--dp", "3", "--ep"))
+    assert "does not divide qwen3-30b-a3b's 128 experts" in line
+    line = one_line_exit_2(plan("--target", "minimax-m2.5", "--drafts", "eagle3", "--device", "h200", "--tp", "8"))
+    assert "quantisation blocks" in line and "--ep" in line
+    line = one_line_exit_2(plan("--target", "deepseek-r1", "--drafts", "eagle3", "--device", "h100", "--tp", "8"))
+    assert "fits no batch on h100_sxm" in line and "GiB" in line
+    line = one_line_exit_2(plan("--target", "gpt-oss-120b", "--drafts", "mtp", "--device", "h200", "--tp", "8"))
+    assert "has no MTP layers" in line
+    # MXFP4 experts on a GPU whose tables hold none of gpt-oss's kernels
+    line = one_line_exit_2(plan("--target", "gpt-oss-120b", "--drafts", "eagle3", "--device", "a100", "--tp", "8"))
+    assert "a100_sxm" in line and "cannot price gpt-oss-120b" in line
+    line = one_line_exit_2(plan("--target", "qwen3-30b-a3b", "--drafts", "eagle3", "--device", "h200",
+                                "--tp", "2", "--dtype", "fp4"))
+    assert "no nvfp4 tensor cores" in line
+    line = one_line_exit_2(runner.invoke(app, ["plan", "--target", "gpt-oss-120b", "--drafts", "eagle3", "--alpha",
+                                               "0.7", "--device", "h200", "--dp", "2", "--ep", "--concurrency", "8"]))
+    assert "--dp does not apply" in line
+
+
+def test_a_moe_draft_model_is_priced_as_its_own_experts():
+    result = plan("--target", "qwen3-32b", "--drafts", "30b-a3b", "--tp", "2")
+    assert result.exit_code == 0, result.output
+    assert "qwen3-32b with 30b-a3b (qwen3-30b-a3b)" in " ".join(result.output.split())
 
 
 def test_a_dense_qwen3_target_is_priced_with_a_draft_named_by_its_size():

@@ -71,7 +71,8 @@ def closed_loop(target: str, *, concurrency: Sequence[int], input_len: int = 102
                 draft_dtype: str | None = None, kv_cache_dtype: str = "auto", max_num_seqs: int | None = None,
                 max_num_batched_tokens: int | None = None, async_scheduling: bool | None = None,
                 prefix_caching: bool | None = None, gpu_price: float | None = None, slo: str | None = None,
-                chart: Path | str | None = None, on_progress: OnProgress | None = None) -> ClosedLoop:
+                chart: Path | str | None = None, on_progress: OnProgress | None = None,
+                expert_parallel: bool = False) -> ClosedLoop:
     """`plan --target --concurrency`: one vLLM-like replica priced on `device`'s kernel tables, each
     of `concurrency` closed-loop clients sending `input_len` tokens in and `output_len` out, without
     speculation and with each drafter × K (no `alpha` nor `acceptance`: the baseline alone).
@@ -99,7 +100,8 @@ def closed_loop(target: str, *, concurrency: Sequence[int], input_len: int = 102
                              backend=backend, tp=tp, draft_tp=draft_tp, dtype=dtype, draft_dtype=draft_dtype,
                              kv_cache_dtype=kv_cache_dtype, clients=clients, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-                             prefix_caching=prefix_caching, check_load=check_load, fits=(input_len, output_len))
+                             prefix_caching=prefix_caching, check_load=check_load, fits=(input_len, output_len),
+                             expert_parallel=expert_parallel)
     parsed = parse_slo(slo) if slo is not None else None
     price, price_note = tables_gpu_price(replica.planner.system, gpu_price)
     table, unpriced = closed_loop_table(replica.planner, replica.drafters, replica.accepted, replica.tp,

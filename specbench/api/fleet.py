@@ -79,7 +79,7 @@ def size_fleet(target: str, *, trace: str, slo: str, trace_window: str = "", sca
                kv_cache_dtype: str = "auto", max_num_seqs: int | None = None,
                max_num_batched_tokens: int | None = None, async_scheduling: bool | None = None,
                prefix_caching: bool | None = None, gpu_price: float | None = None, chart: Path | str | None = None,
-               on_progress: OnProgress | None = None) -> FleetSizes:
+               on_progress: OnProgress | None = None, expert_parallel: bool = False) -> FleetSizes:
     """`plan --target --trace --slo`: serve `trace` (azure-conv, azure-code, mooncake-conv or a file;
     `trace_window` START:DURATION of it) at each of `scales` by vLLM-like replicas on `device`'s
     kernel tables behind `router` (least-outstanding, round-robin, prefix-aware), and find the
@@ -101,7 +101,7 @@ def size_fleet(target: str, *, trace: str, slo: str, trace_window: str = "", sca
         drafts=drafts, alpha=alpha, acceptance=acceptance, device=device, backend=backend, tp=tp, draft_tp=draft_tp,
         dtype=dtype, draft_dtype=draft_dtype, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-        prefix_caching=prefix_caching)
+        prefix_caching=prefix_caching, expert_parallel=expert_parallel)
     parsed = parse_slo(slo)
     table, unpriced = traffic_table(replica.planner, replica.drafters, replica.accepted, replica.tp, replica.draft_tp,
                                     ks, traffic, scales, Objective(parsed.bounds, parsed.percentile), headroom,
@@ -280,7 +280,7 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                 async_scheduling: bool | None = None, prefix_caching: bool | None = None,
                 gpu_price: float | None = None, chart: Path | str | None = None,
-                on_progress: OnProgress | None = None) -> FleetAsIs:
+                on_progress: OnProgress | None = None, expert_parallel: bool = False) -> FleetAsIs:
     """`plan --target --trace --replicas N`: `replicas` vLLM-like replicas on `device`'s kernel tables,
     as they are (not sized), serving `trace` at each of `scales`, without speculation and with each
     drafter × K: latency percentiles per scale, and where speculation turns from a gain into a loss
@@ -297,7 +297,7 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
         drafts=drafts, alpha=alpha, acceptance=acceptance, device=device, backend=backend, tp=tp, draft_tp=draft_tp,
         dtype=dtype, draft_dtype=draft_dtype, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
-        prefix_caching=prefix_caching)
+        prefix_caching=prefix_caching, expert_parallel=expert_parallel)
     objective, parsed = _objective(slo)
     found = traffic_configurations(replica.planner, replica.drafters, replica.accepted, replica.tp, replica.draft_tp,
                                    ks, traffic, replica.gemm_quant, replica.server)

@@ -48,10 +48,10 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
                    device: str, backend: str, tp: Sequence[int], draft_tp: int | None, dtype: str | None,
                    draft_dtype: str | None, kv_cache_dtype: str, clients: str, max_num_seqs: int | None,
                    max_num_batched_tokens: int | None, async_scheduling: bool | None, prefix_caching: bool | None,
-                   check_load, fits: tuple[int, int] | None) -> TablesReplica:
+                   check_load, fits: tuple[int, int] | None, expert_parallel: bool = False) -> TablesReplica:
     """The replica asked on the tables, its options checked in the command's order (`check_load`:
     the load's own checks); `fits`: (prompt, output) tokens a request must fit in the context."""
-    from specbench.api.tables import check_fits_context, check_precision, check_tp, gather_acceptance, \
+    from specbench.api.tables import check_fits_context, check_layout, check_precision, check_tp, gather_acceptance, \
         target_and_drafters
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
@@ -69,6 +69,7 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
     tp_sizes = check_tp(tp, draft_tp)
     system = kernel_tables.check_device(device, backend)
     family, target_name, target_config, drafters = target_and_drafters(target, drafts)
+    layout_notes = check_layout(target_name, target_config, 1, expert_parallel, gemm_quant, tp_sizes)
     if fits is not None:  # (a trace's rows past the context are left out, and counted, as it is read)
         check_fits_context(target_name, target_config, *fits, f"--input-len {fits[0]} + --output-len {fits[1]}")
     if alpha is None and acceptance is None:  # the baseline alone: speculation needs an acceptance
@@ -78,9 +79,11 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
     else:
         drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(
             drafters, alpha, acceptance, target_name, family)
-    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, draft_gemm_quant=draft_gemm_quant)
+    planner = tp_plan.TablePlanner(target_config, target_name, system, backend, draft_gemm_quant=draft_gemm_quant,
+                                   expert_parallel=expert_parallel)
     head = {"estimate": f"SIMULATED on {kernel_tables.label(system, backend)}", "target": target_name,
-            "device": system, "backend": backend, "dtype": dtype or "bf16", "draft_dtype": draft_dtype or "bf16",
+            "device": system, "backend": backend,
+            "dtype": dtype or ("the checkpoint's precision" if layout_notes else "bf16"), "draft_dtype": draft_dtype or "bf16",
             "kv_cache_dtype": kv_cache_dtype, "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens, "async_scheduling": async_scheduling,
             "server_flags": server.described(), **planner.described_host(),
@@ -88,7 +91,9 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
                              "measured": PIECEWISE_SOURCE}, "api_server": described(VLLM_API_SERVER_REQUEST),
             "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None,
-            "checked": silicon_check(system, backend, tuple(tp_sizes))}
+            "checked": silicon_check(system, backend, tuple(tp_sizes)) + (
+                "; those rows are dense models': a mixture-of-experts replica is unchecked" if layout_notes else ""),
+            "layout": layout_notes, **({"expert_parallel": expert_parallel} if layout_notes else {})}
     return TablesReplica(planner, drafters, accepted, tp_sizes, draft_tp, target_config, server, gemm_quant, head,
                          left_out, transferred)
 

@@ -46,6 +46,7 @@ class TablePrice:
     step_notes: list[str] = field(default_factory=list)  # steps the tables price below what an engine runs
     host: dict = field(default_factory=dict)  # the host, launch and executor overheads priced in
     seconds: float = 0.0
+    layout: dict = field(default_factory=dict)  # a mixture-of-experts target's dp and expert_parallel
 
     @property
     def unit(self) -> str:
@@ -75,7 +76,8 @@ class TablePrice:
         records = lambda frame: json.loads(frame.to_json(orient="records"))  # noqa: E731
         return {"estimate": f"ESTIMATE from {self.tables}", "tables": self.tables, "target": self.target,
                 "dtype": self.dtype, "draft_dtype": self.draft_dtype, "kv_cache_dtype": self.kv_cache_dtype,
-                "device": self.device, "backend": self.backend, "tp": self.tp, "output_tokens": self.output_tokens,
+                "device": self.device, "backend": self.backend, "tp": self.tp, **self.layout,
+                "output_tokens": self.output_tokens,
                 "alpha_from": self.alpha_from, "acceptance_transferred": self.transferred or None,
                 "drafts_left_out": self.left_out, "price": self.price_note, "price_per_gpu_hour": self.price,
                 "drafters": self.drafters, "seconds": round(self.seconds, 3), "corrected_by": self.corrected or None,
@@ -111,14 +113,16 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
           batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), context_lengths: Sequence[int] = (1024,),
           output_tokens: int = 128, gpu_price: float | None = None, slo: str | None = None,
           calibrate: Path | str | None = None, dtype: str | None = None, draft_dtype: str | None = None,
-          kv_cache_dtype: str = "auto") -> TablePrice:
+          kv_cache_dtype: str = "auto", dp: int = 1, expert_parallel: bool = False) -> TablePrice:
     """`plan --target`: `target` (an alias or a config directory) and `drafts` (aliases, sizes,
     config directories, ngram, eagle, eagle3, mtp, mtp:N) priced per TP, prompt length, K and batch
     size on `device`'s kernel tables. `alpha`: an i.i.d. α, or the command's text, a list 0.6,0.7
     or a per-position profile 0.9/0.8/0.7; `acceptance`: a run whose measured α to use (one of the
     two is needed). `draft_tp`: 1 or the target's (None: the target's). `slo`: tpot=SECONDS, the
     batch that meets it per TP. `calibrate`: a GPU run whose measurements correct the tables'
-    16-bit forwards. `dtype`, `draft_dtype`: bf16, fp8 or fp4; `kv_cache_dtype`: auto or fp8."""
+    16-bit forwards. `dtype`, `draft_dtype`: bf16, fp8 or fp4; `kv_cache_dtype`: auto or fp8. A
+    mixture-of-experts target: `dp` data-parallel attention ranks of TP GPUs each, and
+    `expert_parallel` whole experts per GPU (vLLM's --data-parallel-size, --enable-expert-parallel)."""
     from specbench.fit import kernel_tables
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.prices import tables_gpu_price
@@ -145,6 +149,7 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
         tpot = bounds["tpot"] * 1000
     system = kernel_tables.check_device(device, backend)
     family, target_name, target_config, drafters = target_and_drafters(target, drafts)
+    layout_notes = check_layout(target_name, target_config, dp, expert_parallel, gemm_quant, tp_sizes)
     check_fits_context(target_name, target_config, max(contexts), output_tokens,
                        f"--context-lengths {max(contexts)} + --max-new-tokens {output_tokens}")
     drafters, accepted, left_out, transferred, alpha_from = gather_acceptance(drafters, alpha, acceptance, target_name,
@@ -154,7 +159,7 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
     price_per_hour, price_note = tables_gpu_price(system, gpu_price)
     planner = tp_plan.TablePlanner(target_config, target_name, system, backend, corrections, measured_models,
                                    gemm_quant=gemm_quant, kv_cache_dtype=kv_cache_dtype,
-                                   draft_gemm_quant=draft_gemm_quant)
+                                   draft_gemm_quant=draft_gemm_quant, dp=dp, expert_parallel=expert_parallel)
     for drafter in drafters:
         source = planner.draft_source(drafter)
         if source is not None:
@@ -163,6 +168,14 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price_per_hour, draft_tp)
     left_out += unpriced
+    if not table.empty and not table["fits"].any():
+        largest = max(tp_sizes)
+        need = planner.memory(None, largest, largest, min(contexts) + output_tokens)
+        more = " or more --dp with --ep" if layout_notes else ""
+        raise UsageError(f"{target_name} fits no batch on {system}: at TP{largest}{f' × DP{dp}' if dp > 1 else ''} "
+                         f"its weights alone take {need.weights / 2 ** 30:.0f} GiB of each GPU's "
+                         f"{need.usable / 2 ** 30:.0f} GiB (with the runtime's {need.reserved / 2 ** 30:.1f} GiB); "
+                         f"give a larger --tp{more}, or a GPU with more memory (--device)")
     table, step_notes = tp_plan.flag_steps(table)
     if not (table["draft"] != tp_plan.AR).any():  # the baseline alone answers nothing of speculation
         raise UsageError(f"no draft could be priced, so there is nothing to set beside the baseline: "
@@ -172,8 +185,38 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
                       alpha_from, price_per_hour, price_note,
                       {d.name: drafter_label(d, draft_gemm_quant) for d in drafters}, DTYPE_OF[gemm_quant],
                       DTYPE_OF[draft_gemm_quant], kv_cache_dtype, precision_label(gemm_quant, kv_cache_dtype),
-                      transferred, left_out, corrected, [], step_notes, planner.described_host(),
-                      time.perf_counter() - started)
+                      transferred, left_out, corrected, layout_notes, step_notes, planner.described_host(),
+                      time.perf_counter() - started,
+                      {"dp": dp, "expert_parallel": expert_parallel} if layout_notes else {})
+
+
+def check_layout(name: str, config: dict, dp: int, expert_parallel: bool, gemm_quant: str | None,
+                 tp_sizes: Sequence[int] = (1,)) -> list[str]:
+    """--dp and --ep, which apply to a mixture-of-experts target alone: one line refusing them for a
+    dense one, else the notes saying how its experts are laid out and priced."""
+    from specbench.fit import kernel_tables
+    from specbench.models import routed_experts
+
+    if dp < 1:
+        raise UsageError(f"--dp must be >= 1, got {dp}")
+    moe = routed_experts(config)
+    if moe is None:
+        if dp != 1 or expert_parallel:
+            raise UsageError(f"--dp and --ep lay out a mixture-of-experts model's experts; {name} is dense: "
+                             f"leave them out (its GPUs are its --tp)")
+        return []
+    uneven = [tp * dp for tp in tp_sizes if moe.experts % (tp * dp)]
+    if expert_parallel and uneven:
+        raise UsageError(f"--ep puts whole experts on each of TP × DP = {uneven[0]} GPUs, which does not divide "
+                         f"{name}'s {moe.experts} experts: give a --tp and --dp whose product does")
+    quants = {"gemm": gemm_quant, "moe": gemm_quant} if gemm_quant else kernel_tables.model_quants(config)
+    spread = "whole experts on each GPU (EP)" if expert_parallel else "each expert split over the GPUs"
+    gpus = f"all TP × {dp} GPUs, the attention split over TP in each of {dp} data-parallel ranks (a batch split " \
+        f"evenly over them)" if dp > 1 else "its TP's GPUs"
+    return [f"{name} is a mixture of experts ({moe.describe()}): its experts at {quants['moe']} and its other "
+            f"weights at {quants['gemm']} ({'--dtype' if gemm_quant else 'its checkpoint'}'s), {spread}, over "
+            f"{gpus}; a step's expert GEMMs priced at the tokens it routes (a verify's K + 1 a row), on the "
+            f"tables' MoE timings, which NVIDIA measured with power-law expert popularity"]
 
 
 def parse_alphas(text: str) -> list[tuple[float, ...]]:

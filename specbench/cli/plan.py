@@ -90,6 +90,13 @@ def plan(
     draft_tp: Optional[str] = typer.Option(None, "--draft-tp", rich_help_panel="On kernel tables, no run",
                                            help="The draft model's TP: 1 or the target's (default: the "
                                                 "target's, as vLLM)."),
+    dp: int = typer.Option(1, "--dp", rich_help_panel="On kernel tables, no run",
+                           help="A mixture-of-experts target's data-parallel attention ranks (vLLM's "
+                                "--data-parallel-size): tp × dp GPUs a replica, the batch split over the "
+                                "ranks, the experts over all the GPUs."),
+    ep: bool = typer.Option(False, "--ep", rich_help_panel="On kernel tables, no run",
+                            help="A mixture-of-experts target's experts whole on each GPU (vLLM's "
+                                 "--enable-expert-parallel), not each split over them."),
     backend: str = typer.Option("vllm", rich_help_panel="On kernel tables, no run",
                                 help="Whose kernels: vllm, sglang or trtllm."),
     slo: Optional[str] = typer.Option(None, "--slo", rich_help_panel="On kernel tables, no run",
@@ -203,7 +210,8 @@ def plan(
         return {"drafts": split_list(drafts, str, "--drafts"), "tp": split_list(tp, int, "--tp"),
                 "draft_tp": None if draft_tp in (None, "tp") else split_list(draft_tp, int, "--draft-tp")[0],
                 "alpha": alpha, "acceptance": acceptance, "device": device or "h100", "backend": backend,
-                "dtype": dtype, "draft_dtype": draft_dtype, "kv_cache_dtype": kv_cache_dtype}
+                "dtype": dtype, "draft_dtype": draft_dtype, "kv_cache_dtype": kv_cache_dtype,
+                "expert_parallel": ep, **({"dp": dp} if mode == "tables" else {})}
 
     def served() -> dict:  # vLLM's server flags, for a replica on the tables
         return {"ks": split_list(k, int, "--k"), "max_num_seqs": max_num_seqs,

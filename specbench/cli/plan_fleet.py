@@ -25,7 +25,7 @@ def _head_notes(head: dict, what: str, left_out: list[str], transferred: str) ->
     alpha = f"α from {head['alpha_from']}" if head.get("alpha_from") else "no speculation simulated"
     return [f"[bold red]SIMULATED[/] {head['estimate'].removeprefix('SIMULATED on ')}: {head['target']} "
             f"({head['dtype']}{kv}), {what}; {alpha}; not measurements"] + \
-        ([head["checked"]] if head.get("checked") else []) + \
+        ([head["checked"]] if head.get("checked") else []) + list(head.get("layout") or []) + \
         ([f"TRANSFERRED ACCEPTANCE: {transferred}"] if transferred else []) + \
         [f"BEYOND THE RUN: {why}" for why in head.get("beyond_measured", [])] + \
         [f"left out: {why}" for why in left_out]

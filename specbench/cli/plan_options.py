@@ -41,6 +41,8 @@ APPLIES = {
     "drafts": _TABLES,
     "tp": _TABLES,
     "draft_tp": _TABLES,
+    "dp": {"tables"},
+    "ep": _TABLES,
     "backend": _TABLES,
     "slo": _ALL - {"run"},
     "concurrency": _CLOSED_LOOP,
@@ -76,6 +78,8 @@ INSTEAD = {
     ("max_new_tokens", "served"): "a closed loop's output tokens are --output-len; a trace's are its own",
     ("batch_sizes", "served"): "a served replica batches what its clients send: --concurrency sets them",
     ("slo", "run"): "an SLO is judged on the kernel tables (--target) or on served load (--concurrency, --trace)",
+    ("dp", "served"): "a data-parallel replica is priced as a static batch (plan --target M --dp N), not "
+                      "simulated: its ranks' schedulers are not modelled",
     ("gpus", "served"): "a replica's GPUs are its --tp",
     ("gpus", "tables"): "with --target, a replica's GPUs are its --tp",
     ("run_dir", "tables"): "--target plans on the kernel tables, without a run (a run's acceptance: --acceptance RUN)",

@@ -256,7 +256,10 @@ _MISSING = (
     (r"context attention data missing for \w+ \{(?P<fields>[^}]*)\}", "no prefill-attention timings for {what}"),
     (r"GEMM perf data missing for quant '(?P<quant>[^']+)'", "no GEMM timings at {quant}"),
     (r"(?:NCCL|custom_allreduce) data missing", "no all-reduce timings for this TP size"),
+    (r"OneCCL data not configured", "no collective timings at this many GPUs"),
     (r"Parallelism width mismatch", "its parallel sizes do not multiply to the same number of GPUs"),
+    (r"moe_intermediate_size=(?P<width>\d+) / moe_tp_size=(?P<split>\d+)\) % weight_block_size=(?P<block>\d+)",
+     "its experts' {width}-wide MLP split {split} ways breaks the checkpoint's {block}-wide quantisation blocks"),
 )
 
 
@@ -276,25 +279,76 @@ def what_is_missing(message: str) -> str:
     return re.sub(r"\w+Key \{[^}]*\}", "its shape", first.replace("perf database error: ", ""))
 
 
+def moe_sizes(tp: int, dp: int, expert_parallel: bool) -> dict:
+    """aiconfigurator's parallel sizes of a mixture-of-experts replica as vLLM lays it out: attention
+    split over `tp` GPUs in each of `dp` data-parallel ranks, and the routed experts over all
+    tp × dp GPUs, whole experts per GPU with `expert_parallel` (vLLM's --enable-expert-parallel),
+    else each expert split across them."""
+    gpus = tp * dp
+    return {"attention_dp_size": dp, "moe_tp_size": 1 if expert_parallel else gpus,
+            "moe_ep_size": gpus if expert_parallel else 1}
+
+
+@functools.cache
+def _model_quants(config_dir: str, backend: str) -> dict[str, str]:
+    from aiconfigurator_core.sdk.engine import build_model_config
+    from aiconfigurator_core.sdk.models import get_model
+
+    model_config = build_model_config(tp_size=1, pp_size=1, attention_dp_size=1, moe_tp_size=1, moe_ep_size=1,
+                                      gemm_quant_mode=None, kvcache_quant_mode=None, fmha_quant_mode=None,
+                                      moe_quant_mode=None, comm_quant_mode=None, forward_model=None,
+                                      attention_backend=None)
+    resolved = get_model(config_dir, model_config, backend).config
+    return {"gemm": resolved.gemm_quant_mode.name, "moe": resolved.moe_quant_mode.name,
+            "kv": resolved.kvcache_quant_mode.name}
+
+
+def model_quants(config: dict, backend: str = "vllm") -> dict[str, str]:
+    """The precisions the tables price a checkpoint's weights and KV cache at, read from its config's
+    quantization_config as aiconfigurator reads it: {"gemm": …, "moe": …, "kv": …} by the tables'
+    names (bfloat16, fp8_block, w4a16_mxfp4, int4_wo, …)."""
+    _core()
+    try:
+        return dict(_model_quants(_config_dir(config), backend))
+    except Exception as error:  # noqa: BLE001 - an architecture its model builders do not know
+        raise TablesUnavailable(f"the tables cannot read this model's precision: {what_is_missing(str(error))}") \
+            from None
+
+
 class Forward:
-    """One model at one TP size on one system's tables: forward times in ms."""
+    """One model at one parallel layout on one system's tables: forward times in ms. A dense model
+    runs at `tp`; a mixture-of-experts one at `tp` within each of `dp` data-parallel attention ranks,
+    its experts over all tp × dp GPUs (`moe_sizes`), and every batch size given to it is one rank's
+    (its experts' GEMMs see the tokens of all `dp` ranks)."""
 
     def __init__(self, config: dict, system: str, backend: str, tp: int, nextn: int = 0, name: str = "the model",
-                 gemm_quant: str | None = None, kv_quant: str | None = None):
+                 gemm_quant: str | None = None, kv_quant: str | None = None, dp: int = 1,
+                 expert_parallel: bool = False):
         _core()
         from aiconfigurator_core.sdk.engine import EngineHandle
+        from specbench.models import routed_experts
 
-        self.tp, self.nextn, self.name = tp, nextn, name
-        self.layers = int(config.get("num_hidden_layers", 0))  # what a step's kernel launches scale with
-        self.hidden_size = int(config.get("hidden_size", 0))
+        self.tp, self.nextn, self.name, self.dp = tp, nextn, name, dp
+        text = config.get("text_config") or config
+        self.layers = int(text.get("num_hidden_layers", 0))  # what a step's kernel launches scale with
+        self.hidden_size = int(text.get("hidden_size", 0))
         self._where = f"{system} {BACKENDS.get(backend, backend)} {backend_version(system, backend)}"
         quant = {"gemm_quant_mode": gemm_quant} if gemm_quant else {}
         if kv_quant:  # the KV cache's precision (vLLM's --kv-cache-dtype fp8): what decode attention reads
             quant["kvcache_quant_mode"] = kv_quant
+        parallel = {}
+        if routed_experts(config) is not None:
+            parallel = moe_sizes(tp, dp, expert_parallel)
+            if gemm_quant:  # --dtype sets the experts' precision as well as the other GEMMs'
+                quant["moe_quant_mode"] = gemm_quant
+        elif dp != 1 or expert_parallel:
+            raise ValueError(f"{name} has no routed experts: data-parallel attention and expert parallelism "
+                             f"apply to a mixture-of-experts model")
+        self.layout = f"TP{tp}" + (f" × DP{dp}" if dp > 1 else "") + (" with EP" if expert_parallel else "")
         tables = despiked_systems(system, backend)
         try:
             self._engine = EngineHandle.compile(_config_dir(config), system, backend, tp_size=tp, nextn=nextn,
-                                                systems_path=tables, **quant)
+                                                systems_path=tables, **parallel, **quant)
         except Exception as error:  # noqa: BLE001 - its errors name the config field it could not use
             raise self._unavailable(error) from None
         self._logits_cache: dict[int, float] = {}
@@ -304,17 +358,19 @@ class Forward:
         """A kernel the tables did not measure (a head size, a quantisation): one line naming it."""
         flops = re.search(r"missing system flops: quant mode '([^']+)' needs '([^']+)'", str(error))
         if flops:  # an fp8 or fp4 GEMM on a GPU without such tensor cores (fp8 on an A100)
-            return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
+            return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at {self.layout}: "
                                      f"{self._where.split()[0]} has no {flops.group(1)} tensor cores (its system "
                                      f"file gives no {flops.group(2)}; vLLM runs such weights there as weight-only "
                                      f"Marlin GEMMs, which the tables did not time): plan it at bf16")
-        return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at TP{self.tp}: "
+        return TablesUnavailable(f"the {self._where} tables cannot price {self.name} at {self.layout}: "
                                  f"{(missing := what_is_missing(str(error)))}; {self._instead(missing)}")
 
     def _instead(self, missing: str) -> str:
         """What to try: another TP size where the all-reduce is missing, else another GPU's tables."""
-        if "all-reduce" in missing:
+        if "all-reduce" in missing or "collective timings" in missing:
             return "try another --tp"
+        if "quantisation blocks" in missing:
+            return "try --ep (whole experts on each GPU) or a smaller --tp"
         system = self._where.split()[0]
         others = [name for name, key in DEVICE_SYSTEMS.items() if key != system and name in ("h100", "h200", "b200")]
         return f"try another GPU's tables (--device {' or '.join(others)})"

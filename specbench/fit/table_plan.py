@@ -46,10 +46,10 @@ from specbench.fit.host_cost import (
     described,
 )
 from specbench.fit.prices import cost_per_million
-from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_token
+from specbench.drafter_kinds import BYTES_PER_VALUE, DrafterKind, drafter_kind, kv_bytes_per_row
 from specbench.step_model.overheads import NO_OVERHEADS, Overheads
 from specbench.step_model.static_tables import StaticTablesStep
-from specbench.models import REGISTRY, lookup_alias, routed_experts, shipped_hub_config
+from specbench.models import REGISTRY, lookup_alias, routed_expert_parameters, routed_experts, shipped_hub_config
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
@@ -57,7 +57,9 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use
 # Bytes per weight by the GEMMs' quantisation (the tables' names); the KV cache stays 16-bit, as
 # vLLM keeps it unless --kv-cache-dtype says otherwise (KV_BYTES).
 WEIGHT_BYTES = {None: 2, "": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_static": 1, "fp8_block": 1, "nvfp4": 0.5,
-                "int4_wo": 0.5, "int8_wo": 1}
+                "int4_wo": 0.5, "int8_wo": 1,
+                # MXFP4: 4-bit values and one 8-bit scale per 32 (gpt-oss's experts)
+                "w4a16_mxfp4": 4.25 / 8}
 KV_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1}  # per value, by vLLM's --kv-cache-dtype
 # what `plan --dtype` offers for the target's GEMMs, by the tables' names (None: the model's 16 bits)
 GEMM_QUANTS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4"}
@@ -111,13 +113,15 @@ class Memory:
     kv_per_row: float  # bytes per row (prompt + output + K lookahead) on that GPU
     reserved: float
     usable: float
+    # data-parallel attention ranks: each holds the KV cache of its own share of the rows
+    ranks: int = 1
 
     def need(self, batch_size: int) -> float:
-        return self.weights + self.reserved + batch_size * self.kv_per_row
+        return self.weights + self.reserved + -(-batch_size // self.ranks) * self.kv_per_row
 
     def largest_batch(self) -> int:
         free = self.usable - self.weights - self.reserved
-        return max(0, int(free // self.kv_per_row)) if self.kv_per_row > 0 else 0
+        return max(0, int(free // self.kv_per_row)) * self.ranks if self.kv_per_row > 0 else 0
 
 
 def parameters(config: dict, layers: int | None = None) -> int:
@@ -125,23 +129,41 @@ def parameters(config: dict, layers: int | None = None) -> int:
     return config_parameters(config, layers)
 
 
+def target_weight_bytes(target: dict, tp: int, dp: int, gemm_quant: str | None) -> float:
+    """The target's weights on one GPU. A dense model's at `gemm_quant`'s bytes, split over TP. A
+    mixture-of-experts model's routed experts spread over all tp × dp GPUs (by expert or within
+    each) at its MoE precision, the rest (attention, shared experts, embeddings) split over TP in
+    each data-parallel rank at its GEMMs' precision: `gemm_quant` where --dtype names one (both
+    parts then), else its checkpoint's (`kernel_tables.model_quants`)."""
+    routed = routed_expert_parameters(target)
+    if not routed:
+        return parameters(target) * WEIGHT_BYTES.get(gemm_quant, BYTES_PER_VALUE) / tp
+    quants = {"gemm": gemm_quant, "moe": gemm_quant} if gemm_quant else kernel_tables.model_quants(target)
+    unknown = [q for q in quants.values() if q not in WEIGHT_BYTES]
+    if unknown:
+        raise ValueError(f"no bytes per weight known for {unknown[0]} weights")
+    return (parameters(target) - routed) * WEIGHT_BYTES[quants["gemm"]] / tp \
+        + routed * WEIGHT_BYTES[quants["moe"]] / (tp * dp)
+
+
 def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int,
            device: kernel_tables.Device, gemm_quant: str | None = None, kv_cache_dtype: str = "auto",
-           draft_gemm_quant: str | None = None) -> Memory:
-    """The target's weights at `gemm_quant`'s bytes and the drafter's its kind states (an MTP head's
+           draft_gemm_quant: str | None = None, dp: int = 1) -> Memory:
+    """The target's weights (`target_weight_bytes`) and the drafter's its kind states (an MTP head's
     as the target's, a draft model's at `draft_gemm_quant`'s, an EAGLE head's at 16 bits), every KV
-    cache at `kv_cache_dtype`'s (vLLM's one cache config serves the draft too)."""
+    cache at `kv_cache_dtype`'s (vLLM's one cache config serves the draft too; MLA's latent cache
+    and sliding windows as `kv_bytes_per_row` holds them), each of `dp` ranks holding its rows'."""
     weight_bytes = WEIGHT_BYTES.get(gemm_quant, BYTES_PER_VALUE)
-    weights = parameters(target) * weight_bytes / tp
-    kv = kv_bytes_per_token(target, tp) * tokens_per_row
+    weights = target_weight_bytes(target, tp, dp, gemm_quant)
+    kv = kv_bytes_per_row(target, tp, tokens_per_row)
     if drafter is not None:
         kind = drafter.draft_kind
         draft_bytes = WEIGHT_BYTES.get(draft_gemm_quant, BYTES_PER_VALUE) if kind.takes_draft_dtype else BYTES_PER_VALUE
-        weights += kind.draft_weight_bytes(drafter, target, tp, draft_tp, weight_bytes, draft_bytes)
+        weights += kind.draft_weight_bytes(drafter, target, tp, draft_tp, weight_bytes, draft_bytes, weights)
         kv += kind.draft_kv_bytes_per_token(drafter, target, tp, draft_tp) * tokens_per_row
     kv *= KV_BYTES[kv_cache_dtype] / BYTES_PER_VALUE
     return Memory(weights, kv, float(device.reserved_bytes.get(tp, max(device.reserved_bytes.values()))),
-                  GPU_MEMORY_UTILIZATION * device.memory_bytes)
+                  GPU_MEMORY_UTILIZATION * device.memory_bytes, dp)
 
 
 @dataclass
@@ -176,7 +198,16 @@ class TablePlanner:
     kv_cache_dtype: str = "auto"
     # a draft model's GEMMs (its checkpoint's quantisation; None: 16-bit); an EAGLE head stays 16-bit
     draft_gemm_quant: str | None = None
+    # a mixture-of-experts target's layout beyond TP: data-parallel attention ranks (vLLM's
+    # --data-parallel-size; a batch is split evenly over them) and whole experts per GPU
+    # (--enable-expert-parallel); kernel_tables.moe_sizes
+    dp: int = 1
+    expert_parallel: bool = False
     _forwards: dict = field(default_factory=dict)
+
+    def rank_rows(self, batch_size: int) -> int:
+        """The rows of the busiest data-parallel rank: what each of its steps computes."""
+        return -(-batch_size // self.dp)
 
     @property
     def kv_quant(self) -> str | None:
@@ -185,7 +216,7 @@ class TablePlanner:
 
     def memory(self, drafter: Drafter | None, tp: int, draft_tp: int, tokens_per_row: int) -> Memory:
         return memory(self.target, drafter, tp, draft_tp, tokens_per_row, kernel_tables.device(self.system),
-                      self.gemm_quant, self.kv_cache_dtype, self.draft_gemm_quant)
+                      self.gemm_quant, self.kv_cache_dtype, self.draft_gemm_quant, self.dp)
 
     @property
     def overheads(self) -> Overheads:
@@ -228,13 +259,17 @@ class TablePlanner:
         """`config`'s forward at `tp`: its GEMMs at `gemm_quant` (None: the target's at the planner's
         `gemm_quant`, any other model's at 16 bits), the KV cache at `kv_quant` (None: the planner's
         `kv_cache_dtype`)."""
-        gemm_quant = gemm_quant if gemm_quant is not None else (self.gemm_quant if config is self.target else None)
+        target = config is self.target
+        gemm_quant = gemm_quant if gemm_quant is not None else (self.gemm_quant if target else None)
         kv_quant = kv_quant if kv_quant is not None else self.kv_quant
+        if kv_quant is None and target and routed_experts(config) is not None:
+            kv_quant = "bfloat16"  # vLLM's "auto" keeps 16 bits where the tables would read an fp8 checkpoint's as fp8
         key = (id(config), tp, nextn, kv_quant, gemm_quant)
         if key not in self._forwards:
+            layout = {"dp": self.dp, "expert_parallel": self.expert_parallel} if target else {}
             self._forwards[key] = kernel_tables.Forward(config, self.system, self.backend, tp, nextn,
                                                         name or self.target_name, gemm_quant=gemm_quant,
-                                                        kv_quant=kv_quant)
+                                                        kv_quant=kv_quant, **layout)
         return self._forwards[key]
 
     def draft_forward(self, drafter: Drafter, tp: int) -> kernel_tables.Forward:
@@ -360,9 +395,10 @@ def _autoregressive(planner: TablePlanner, batch_sizes: list[int], context: int,
                "fits": fits, "largest_batch": need.largest_batch(), "memory_gib": need.need(b) / 2 ** 30,
                "alpha": float("nan"), "tau": 1.0}
         if fits:
-            step = priced.seconds(priced.decoding(b, context + output_tokens // 2)) * 1000
-            total = priced.seconds(priced.prefilling(b, context)) * 1000 + (output_tokens - 1) * step
-            ar[b] = (b * output_tokens / total * 1000 / tp, step)
+            rank = planner.rank_rows(b)
+            step = priced.seconds(priced.decoding(rank, context + output_tokens // 2)) * 1000
+            total = priced.seconds(priced.prefilling(rank, context)) * 1000 + (output_tokens - 1) * step
+            ar[b] = (b * output_tokens / total * 1000 / (tp * planner.dp), step)
             row.update(ar_step_ms=step, step_ms=step, decode_tpot_ms=step, tpot_ms=_tpot(total, output_tokens),
                        tokens_per_s_per_gpu=ar[b][0], tokens_per_s_per_user=1000 / _tpot(total, output_tokens),
                        speedup=1.0)
@@ -380,9 +416,11 @@ def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acce
         need = planner.memory(drafter, tp, draft_tp, context + output_tokens + k)
         for b in batch_sizes:
             fits = need.need(b) <= need.usable and b in ar
-            step = priced.seconds(priced.decoding(b, context + output_tokens // 2, k)) * 1000 if fits else float("nan")
+            rank = planner.rank_rows(b)
+            step = priced.seconds(priced.decoding(rank, context + output_tokens // 2, k)) * 1000 if fits \
+                else float("nan")
             if fits and b not in prefills:
-                prefills[b] = priced.seconds(priced.prefilling(b, context)) * 1000
+                prefills[b] = priced.seconds(priced.prefilling(rank, context)) * 1000
             prefill = prefills.get(b, 0.0)
             for acceptance in acceptances:
                 tau = acceptance.tokens_per_step(k)
@@ -391,7 +429,7 @@ def _speculative(planner: TablePlanner, drafter: Drafter, acceptances: list[Acce
                        "memory_gib": need.need(b) / 2 ** 30, "alpha": acceptance.alpha, "tau": tau}
                 if fits:
                     total = prefill + (output_tokens - 1) / tau * step
-                    per_gpu = b * output_tokens / total * 1000 / tp
+                    per_gpu = b * output_tokens / total * 1000 / (tp * planner.dp)
                     row.update(ar_step_ms=ar[b][1], step_ms=step, decode_tpot_ms=step / tau,
                                tpot_ms=_tpot(total, output_tokens), tokens_per_s_per_gpu=per_gpu,
                                tokens_per_s_per_user=1000 / _tpot(total, output_tokens), speedup=per_gpu / ar[b][0])
@@ -561,7 +599,7 @@ def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
     if lookup_alias(reference, family) is not None:
         name, config = shipped_config(reference, family)
         refuse_unpriced(name, config)
-        return name, config
+        return name, decoder_config(config)
     path = Path(reference).expanduser()
     file = path / "config.json" if path.is_dir() else path
     if file.is_file():
@@ -580,45 +618,65 @@ def model_config(reference: str, family: str | None = None) -> tuple[str, dict]:
                          f"aiconfigurator-core ships, or a directory holding the model's config.json "
                          f"(huggingface-cli download MODEL config.json)")
     refuse_unpriced(name, config)
+    text = config.get("text_config") or config
     missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
-                               "intermediate_size") if key not in config]
+                               "intermediate_size") if key not in text]
     if missing:
         raise ValueError(f"{file if file.is_file() else name}: a model config needs {', '.join(missing)}")
-    config.setdefault("num_key_value_heads", config["num_attention_heads"])
+    text.setdefault("num_key_value_heads", text["num_attention_heads"])
+    if text.get("model_type") in PRICED_MOE_ARCHITECTURES:
+        return name, decoder_config(config)
     by_architecture = {architecture: model_type for model_type, architecture in PRICED_ARCHITECTURES.items()}
     config.setdefault("model_type", by_architecture.get((config.get("architectures") or [None])[0], "llama"))
     config.setdefault("architectures", [PRICED_ARCHITECTURES[config["model_type"]]])  # what the tables' engine reads
     return name, config
 
 
-# The decoders the tables' planner prices, by model_type: aiconfigurator's LLAMA family (grouped-query
-# attention, one gated MLP a layer), with the architecture name its engine reads.
+def decoder_config(config: dict) -> dict:
+    """The config of what decodes: a multimodal checkpoint's decoder (Kimi-K2.5's text_config, which
+    names its own architecture) is priced alone, its vision tower being no part of a decode step."""
+    text = config.get("text_config")
+    return text if text and text.get("architectures") else config
+
+
+# The decoders the tables' planner prices, by model_type, with the architecture name the tables'
+# engine reads: aiconfigurator's LLAMA family (grouped-query attention, one gated MLP a layer), and
+# the mixture-of-experts families it models (routed and shared experts, the router; DeepSeek's and
+# Kimi's multi-head latent attention; gpt-oss's sliding-window layers)
 PRICED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+PRICED_MOE_ARCHITECTURES = {"qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                            "deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
+                            "minimax_m2": "MiniMaxM2ForCausalLM"}
 
 
 def unpriced_parts(config: dict) -> list[str]:
-    """What in `config` the tables' planner cannot price, each in a few words: routed experts,
-    multi-head latent attention, sliding-window layers, an architecture outside PRICED_ARCHITECTURES
-    (named only where nothing more specific explains it). Empty: a dense decoder it prices."""
+    """What in `config` the tables' planner cannot price, each in a few words: chunked attention
+    layers, sliding windows outside gpt-oss's, routed experts or MLA outside the families it prices,
+    an architecture it does not know (named only where nothing more specific explains it). Empty:
+    a decoder it prices."""
     text = config.get("text_config") or config
+    model_type = text.get("model_type") or config.get("model_type")
+    architecture = (config.get("architectures") or [None])[0]
+    moe_family = model_type in PRICED_MOE_ARCHITECTURES
     parts = []
-    if (moe := routed_experts(text)) is not None:
+    if (moe := routed_experts(text)) is not None and not moe_family:
         try:
             total, active = (config_parameters({"model_type": "llama", **text}, active=used) / 1e9
                              for used in (False, True))
             size = f"; {total:.1f}B parameters in all, {active:.1f}B active a token"
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             size = ""
-        parts.append(f"mixture-of-experts layers ({moe.describe()}{size})")
-    if text.get("kv_lora_rank"):
-        parts.append(f"multi-head latent attention (MLA, a {text['kv_lora_rank']}-wide latent KV cache)")
-    windowed = [kind for kind in text.get("layer_types") or [] if kind != "full_attention"]
-    if windowed or text.get("use_sliding_window") or text.get("attention_chunk_size"):
-        parts.append("sliding-window or chunked attention layers")
-    model_type = text.get("model_type") or config.get("model_type")
-    architecture = (config.get("architectures") or [None])[0]
+        parts.append(f"mixture-of-experts layers of a family the tables do not model ({moe.describe()}{size})")
+    if text.get("kv_lora_rank") and not moe_family:
+        parts.append(f"multi-head latent attention (MLA, a {text['kv_lora_rank']}-wide latent KV cache) outside "
+                     f"DeepSeek's and Kimi's families")
+    if text.get("attention_chunk_size"):
+        parts.append(f"chunked attention layers ({text['attention_chunk_size']}-token chunks)")
+    windowed = [kind for kind in text.get("layer_types") or [] if kind not in ("full_attention", "sliding_attention")]
+    if windowed or (text.get("use_sliding_window") and model_type != "gpt_oss"):
+        parts.append("sliding-window attention layers")
     if model_type:
-        known = model_type in PRICED_ARCHITECTURES
+        known = model_type in PRICED_ARCHITECTURES or moe_family
     else:
         known = architecture is None or architecture in PRICED_ARCHITECTURES.values()
     if not known and not parts:
@@ -629,17 +687,16 @@ def unpriced_parts(config: dict) -> list[str]:
 
 
 def refuse_unpriced(name: str, config: dict) -> None:
-    """A config the tables cannot price is refused in one line naming what they lack: the planner
-    prices a dense decoder with grouped-query attention (one MLP per layer, every weight read each
-    step), which is neither an MoE step's expert reads nor its memory, nor MLA's KV cache."""
+    """A config the tables cannot price is refused in one line naming what they lack, rather than
+    priced as a model it is not."""
     parts = unpriced_parts(config)
     if not parts:
         return
     listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
     raise ValueError(f"{name} cannot be priced on the kernel tables: it has {listed}; the planner prices dense "
-                     f"{', '.join(PRICED_ARCHITECTURES)} decoders (grouped-query attention, one MLP a layer), so it is "
-                     f"refused rather than priced as one; measure it where it runs "
-                     f"(specbench sweep --engine vllm --target MODEL_DIR)")
+                     f"{', '.join(PRICED_ARCHITECTURES)} decoders and the {', '.join(PRICED_MOE_ARCHITECTURES)} "
+                     f"mixture-of-experts families, so it is refused rather than priced as one of them; measure it "
+                     f"where it runs (specbench sweep --engine vllm --target MODEL_DIR)")
 
 
 def parse_drafters(names: list[str], target_name: str, target: dict, family: str | None) -> list[Drafter]:
@@ -652,11 +709,15 @@ def parse_drafters(names: list[str], target_name: str, target: dict, family: str
             drafters.append(Drafter(name, "ngram", label="n-gram lookup"))
         elif name in ("eagle", "eagle3"):
             head = drafter_kind(name)
-            drafters.append(Drafter(name, name, head.draft_config(target), head.label(target_name)))
+            drafters.append(Drafter(name, name, head.draft_config(target), head.label(target_name, target)))
         elif m := re.fullmatch(r"mtp(?::(\d+))?", name):
             layers = int(m.group(1) or 1)
             if layers < 1:
                 raise ValueError(f"draft {name!r}: MTP needs at least 1 layer (mtp:N)")
+            text = target.get("text_config") or target
+            if routed_experts(text) is not None and not text.get("num_nextn_predict_layers"):
+                raise ValueError(f"draft {name!r}: {target_name}'s checkpoint has no MTP layers (its config declares "
+                                 f"no num_nextn_predict_layers): price eagle3 or a draft model for it")
             drafters.append(Drafter(name, "mtp", label=f"MTP: {layers} layer(s) of {target_name}", layers=layers))
         else:
             base = name.partition("@")[0]

@@ -7,7 +7,7 @@ for runs older than that record. So the judge never imports the engine."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -47,7 +47,11 @@ def recorded_shapes(meta: dict) -> dict:
 
 @dataclass(frozen=True)
 class Architecture:
-    """What a decoder's forward reads and computes, from its config."""
+    """What a decoder's forward reads and computes, from its config. A mixture of experts keeps
+    its routed experts apart (`experts` > 0): each MoE layer routes a token to `experts_per_token`
+    of `experts` MLPs of width `expert_intermediate`, beside shared experts of width
+    `shared_intermediate` and a router; its other `layers - moe_layers` layers keep one MLP of
+    width `intermediate`."""
 
     layers: int
     hidden: int
@@ -58,30 +62,75 @@ class Architecture:
     vocab: int
     tied_embeddings: bool
     bytes_per_parameter: int
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    moe_layers: int = 0
 
     @classmethod
     def from_config(cls, config: dict, dtype: str) -> "Architecture":
-        if (moe := routed_experts(config)) is not None:  # its forward reads a step's experts, not one MLP
-            raise ValueError(f"a mixture-of-experts model ({moe.describe()}) has no dense shape")
+        config = config.get("text_config") or config
+        if config.get("kv_lora_rank"):  # its cache and attention are not the heads' shapes below
+            raise ValueError(f"{config.get('model_type', 'this model')}'s multi-head latent attention "
+                             f"(kv_lora_rank {config['kv_lora_rank']}) has no shape here")
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        moe = routed_experts(config)
+        routed = dict(experts=moe.experts, experts_per_token=moe.per_token, expert_intermediate=moe.intermediate,
+                      shared_intermediate=moe.shared_intermediate, moe_layers=moe.moe_layers) if moe else {}
         return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
                    kv_heads=int(config.get("num_key_value_heads") or heads),
                    head_dim=int(config.get("head_dim") or hidden // heads),
-                   intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                   intermediate=int(config.get("intermediate_size") or 0), vocab=int(config["vocab_size"]),
                    tied_embeddings=bool(config.get("tie_word_embeddings")),
-                   bytes_per_parameter=DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2))
+                   bytes_per_parameter=DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2), **routed)
 
     @classmethod
     def from_dict(cls, values: dict) -> "Architecture":
-        return cls(**{key: values[key] for key in cls.__dataclass_fields__})
+        # shapes recorded before the experts' fields were are dense
+        return cls(**{key: values[key] for key in cls.__dataclass_fields__ if key in values})
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def with_layers(self, layers: int) -> "Architecture":
+        """The first `layers` layers (a self-draft's); a mixture of experts' dense layers come
+        first (DeepSeek's first_k_dense_replace)."""
+        dense = self.layers - self.moe_layers
+        return replace(self, layers=layers, moe_layers=max(0, layers - dense) if self.experts else 0)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    def describe_experts(self) -> str:
+        return (f"{self.experts} experts, top-{self.experts_per_token}, in {self.moe_layers} of {self.layers} layers"
+                + (", shared experts" if self.shared_intermediate else "")) if self.is_moe else "dense"
+
+    @property
+    def _attention_parameters(self) -> int:
+        return 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+
+    @property
+    def expert_parameters(self) -> int:
+        """One routed expert's gated MLP."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    def _mlp_parameters(self, routed: float) -> float:
+        """Every layer's MLP weights with `routed` routed experts counted in each MoE layer."""
+        dense = (self.layers - self.moe_layers) * 3 * self.hidden * self.intermediate
+        if not self.is_moe:
+            return dense
+        per_layer = routed * self.expert_parameters + 3 * self.hidden * self.shared_intermediate \
+            + self.hidden * self.experts  # the router
+        return dense + self.moe_layers * per_layer
+
     @property
     def layer_parameters(self) -> int:
-        attention = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
-        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        """A layer's parameters that one position multiplies (of a mixture of experts: its top-k
+        experts, averaged over the layers)."""
+        mlp = self._mlp_parameters(self.experts_per_token) / self.layers if self.layers else 0
+        return int(self._attention_parameters + mlp + 2 * self.hidden)
 
     @property
     def linear_parameters(self) -> int:
@@ -90,9 +139,25 @@ class Architecture:
 
     @property
     def weight_bytes(self) -> int:
-        """Read once per forward: the layers, the head and the final norm (the input embedding
-        only at the batch's rows, unless it is the head too)."""
-        return (self.linear_parameters + self.hidden) * self.bytes_per_parameter
+        """Every weight a forward may read: the layers (every expert), the head and the final norm
+        (the input embedding only at the batch's rows, unless it is the head too)."""
+        return int(self.weights_read(float("inf")))
+
+    def distinct_experts(self, tokens):
+        """The expected routed experts a layer reads for `tokens` tokens routed in one forward,
+        each its top-k of E, routing uniform: E·(1 − (1 − k/E)^T) (specbench.fit.experts)."""
+        tokens = np.asarray(tokens, float)
+        if not self.is_moe:
+            return np.zeros_like(tokens)
+        return self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
+
+    def weights_read(self, tokens):
+        """Bytes of weights a forward of `tokens` positions (rows x positions) reads: all of a
+        dense model's; of a mixture of experts, the routed experts its tokens choose and the rest."""
+        fixed = (self.layers * (self._attention_parameters + 2 * self.hidden) + self._mlp_parameters(0)
+                 + self.vocab * self.hidden + self.hidden)
+        routed = self.moe_layers * self.distinct_experts(tokens) * self.expert_parameters
+        return (fixed + routed) * self.bytes_per_parameter
 
     @property
     def kv_bytes_per_token(self) -> int:

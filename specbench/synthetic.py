@@ -19,7 +19,7 @@ import math
 from importlib import resources
 
 from specbench.models import (
-    ModelNotAvailable, attention_parameters, lookup_alias, mlp_parameters, shipped_hub_config,
+    ModelNotAvailable, attention_parameters, lookup_alias, mlp_parameters, routed_experts, shipped_hub_config,
 )
 
 
@@ -51,6 +51,42 @@ def config_parameters(config: dict, num_layers: int | None = None, active: bool 
     embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
     layers = all_layers if num_layers is None else num_layers
     return int(layers * layer) + embeddings + hidden
+
+
+def random_model_record(name: str, config: dict, built_layers: int) -> dict:
+    """What run.json records of a model built with random weights: the layers built of all, its
+    parameters in all and active a token (at full depth), and a mixture of experts' experts."""
+    moe = routed_experts(config)
+    record = {"model": name, "layers_built": built_layers,
+              "layers_full": int((config.get("text_config") or config)["num_hidden_layers"]),
+              "parameters": config_parameters(config), "active_parameters": config_parameters(config, active=True),
+              "mixture_of_experts": None}
+    if moe is not None:
+        record["mixture_of_experts"] = {"experts": moe.experts, "experts_per_token": moe.per_token,
+                                        "expert_intermediate": moe.intermediate,
+                                        "shared_intermediate": moe.shared_intermediate, "moe_layers": moe.moe_layers}
+    return record
+
+
+def describe_random_model(record: dict) -> str:
+    """One line of a `random_model_record`, after the model's name."""
+    moe = record.get("mixture_of_experts")
+    experts = (f"mixture of experts: {moe['experts']} experts, top-{moe['experts_per_token']}, in "
+               f"{moe['moe_layers']} layers{' with shared experts' if moe['shared_intermediate'] else ''}; "
+               f"{record['parameters'] / 1e9:.3g}B parameters, {record['active_parameters'] / 1e9:.3g}B active a token"
+               if moe else f"dense, {record['parameters'] / 1e9:.3g}B parameters")
+    return f"{record['layers_built']} of {record['layers_full']} layers built; {experts}"
+
+
+def random_model_lines(meta: dict) -> list[str]:
+    """A run's models built with random weights (run.json `random_weights`), a line each."""
+    records = meta.get("random_weights") or {}
+    named = ([(f"target {records['target']['model']}", records["target"])] if records.get("target") else []) + \
+        [(f"draft {label}" + (f" ({record['model']})" if record["model"] != label else ""), record)
+         for label, record in (records.get("drafts") or {}).items()]
+    scaled = " (step times scaled to full depth)"
+    return [f"random weights, {role}: {describe_random_model(record)}"
+            + (scaled if record["layers_built"] < record["layers_full"] else "") for role, record in named]
 
 
 # --- acceptance at a chosen rate ---------------------------------------------------------------

@@ -76,6 +76,52 @@ def test_drafts_map_to_speculative_configs():
     assert synthetic["synthetic_acceptance_rates"] == pytest.approx([0.8, 0.64, 0.512])
 
 
+def spec_decode_metrics(drafts: int, accepted_by_position: list[int]) -> str:
+    """/metrics with vLLM's spec-decode counters, as a server of K = len(accepted_by_position) writes them."""
+    labels = 'engine="0",model_name="m"'
+    lines = [f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts}",
+             f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {drafts * len(accepted_by_position)}",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {sum(accepted_by_position)}"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{p}"}} {n}'
+              for p, n in enumerate(accepted_by_position)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("draft, expected", [
+    ("mtp", {"method": "mtp", "num_speculative_tokens": 3}),
+    ("eagle3:/heads/eagle3-qwen3-30b", {"method": "eagle3", "model": "/heads/eagle3-qwen3-30b",
+                                        "num_speculative_tokens": 3}),
+])
+def test_mtp_and_eagle3_reach_the_servers_speculative_config_and_their_acceptance_is_recorded(draft, expected, tmp_path):
+    from specbench.grid import SweepConfig, base_speculative_configs, plan_cells
+    from specbench.served.vllm_engine import VllmCellRun, VllmEngine, VllmStage
+
+    config = SweepConfig(engine="vllm", drafts=[draft], ks=[3], batch_sizes=[1], temperatures=[0.0],
+                         workloads=["chat"])
+    config.validate()
+    engine = VllmEngine(config, tmp_path)
+    engine.target_dir = "/models/target"
+    cell = next(c for c in plan_cells(config) if c.is_speculative)
+    stage = VllmStage(engine, (cell.draft, cell.k, cell.alpha), [cell])
+    command = engine.server_command(*stage.setup, port=8000)
+    # what the server's own parser reads (vLLM's, and the stand-in's: json.loads of the argument)
+    assert json.loads(command[command.index("--speculative-config") + 1]) == expected
+    # what a finished run reads back as the configuration each draft ran
+    meta = {"engine": {"name": "vllm", "servers": [{"label": stage.server_label, "command": command}]}}
+    assert base_speculative_configs(meta, [draft]) == {draft: expected}
+    # its acceptance: the deltas of the server's spec-decode counters over two repeats
+    run = VllmCellRun(stage, cell, [[1, 2, 3]], ["p0"])
+    run.count_acceptance(Snapshot.parse(spec_decode_metrics(10, [8, 5, 2])),
+                         Snapshot.parse(spec_decode_metrics(30, [26, 17, 9])))
+    run.count_acceptance(Snapshot.parse(spec_decode_metrics(30, [26, 17, 9])),
+                         Snapshot.parse(spec_decode_metrics(50, [44, 29, 16])))
+    columns = run.acceptance_columns()
+    assert columns["num_drafts"] == 40 and columns["drafted"] == 120 and columns["accepted"] == 74
+    assert columns["alpha"] == pytest.approx(74 / 120) and columns["tau"] == pytest.approx(1 + 74 / 40)
+    assert columns["acceptance_by_position"] == pytest.approx([36 / 40, 24 / 40, 14 / 40])
+    assert columns["rejections"] == 40 - 14 and columns["k_drafted_mean"] == 3
+
+
 def test_synthetic_rates_are_vllms_unconditional_ones():
     assert synthetic_rates((0.9, 0.5), 4) == pytest.approx([0.9, 0.45, 0.225, 0.1125])
 

@@ -466,12 +466,15 @@ def print_summary(run_dir: Path) -> None:
     from specbench.fit.nodes import node_spread, spread_text
     from specbench.fit.noise import run_noise
     from specbench.results import load_run
+    from specbench.synthetic import random_model_lines
 
     from specbench.fit.decisions import measured_answer
 
     run = load_run(run_dir)
     console.print(f"[bold]{escape(measured_answer(run.cells))}[/]", highlight=False, soft_wrap=True)
     print_table(cells_table(run.cells, f"sweep results ({len(run.cells)} cells)"), keep=5)
+    for line in random_model_lines(run.meta):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     failed = run.cells[run.cells["status"] != "ok"]
     mismatches = run.cells[run.cells["lossless"] == "MISMATCH"] if "lossless" in run.cells else []
     for row in failed.to_dict("records"):

@@ -25,8 +25,9 @@ point found by a one-dimensional search. Where the run's forwards do not decide 
 of them memory-bound, say, so the flop rate is unseen), the device's measured copy bandwidth and
 matrix-multiply rate decide it: each is a prior the fit is pulled towards, weakly, so that data
 which do decide it win. Shapes come from the model's config (layers, heads, KV heads, dimensions,
-dtype): dense Llama/Qwen/Mistral-style decoders; a mixture of experts would need its active
-parameters instead.
+dtype): Llama/Qwen/Mistral-style decoders. A mixture of experts' flops are its active parameters'
+(each token's top-k experts) and its weight reads the experts a forward's rows x positions tokens
+choose, routing taken as uniform (`Architecture.weights_read`): more of them the wider the forward.
 
 Where the sweep measured the engine's bare forward at a range of row counts (`ForwardProfile`),
 that curve replaces the `max(...)`: the device's own efficiency at each size (a CPU's products
@@ -155,7 +156,7 @@ class ForwardTimeModel:
         if self.profile is not None:
             weights = self.profile_scale * self.profile(m)
         else:
-            weights = self.seconds_per_weight_byte * np.maximum(arch.weight_bytes,
+            weights = self.seconds_per_weight_byte * np.maximum(arch.weights_read(m),
                                                                 arch.linear_flops(rows, positions) / self.ridge)
         offset = np.where(m <= self.small_rows, self.small_offset_s + self.small_offset_per_position_s * m, 0.0)
         return (self.overhead_s + offset + self.per_row_s * np.asarray(rows, float)
@@ -167,7 +168,8 @@ class ForwardTimeModel:
     def bound(self, rows, positions, context) -> np.ndarray:
         """'memory' or 'compute': which side of the ridge the weights are on."""
         flops = self.architecture.linear_flops(rows, positions)
-        return np.where(flops / self.ridge > self.architecture.weight_bytes, "compute", "memory")
+        weights = self.architecture.weights_read(np.asarray(rows, float) * np.asarray(positions, float))
+        return np.where(flops / self.ridge > weights, "compute", "memory")
 
     def on_device(self, measured_peaks: tuple[float, float], target_peaks: tuple[float, float]) -> "ForwardTimeModel":
         """The same efficiencies (fitted / peak) on another device's peaks (bandwidth, flop rate):
@@ -308,7 +310,7 @@ def _fit(points: pd.DataFrame, architecture: Architecture, bandwidth_prior: floa
         ridges = [math.nan]
     else:
         priors += [(WEIGHTS_COLUMN, 1 / bandwidth_prior, BANDWIDTH_PRIOR_WEIGHT)] if bandwidth_prior else []
-        weights_column = lambda ridge: total(np.maximum(arch.weight_bytes,  # noqa: E731
+        weights_column = lambda ridge: total(np.maximum(arch.weights_read(rows * positions),  # noqa: E731
                                                         arch.linear_flops(rows, positions) / ridge))
         ridges = RIDGES
         prior_ridge = flops_prior / bandwidth_prior if flops_prior and bandwidth_prior else None

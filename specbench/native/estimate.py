@@ -145,11 +145,12 @@ def estimate_native(config: SweepConfig, rates: Rates, tokens: dict[str, float],
             drafts[draft] = (shape, dtypes[draft])
         elif kind.target_prefix_layers:
             layers = min(spec.layers, target.layers)
-            drafts[draft] = (Architecture(**{**target.to_dict(), "layers": layers}), dtypes["target"])
+            drafts[draft] = (target.with_layers(layers), dtypes["target"])
 
     def forward(shape: Architecture, dtype: str, calls: float, rows: float, context: float = 0.0) -> float:
         flops = float(shape.linear_flops(rows, 1)) + float(shape.attention_flops(rows, 1, context))
-        return calls * (shape.weight_bytes / rates.bandwidth + shape.layers * LAYER_OVERHEAD_S) \
+        reads = float(shape.weights_read(rows / calls)) if calls else 0.0  # a mixture of experts': its tokens' experts
+        return calls * (reads / rates.bandwidth + shape.layers * LAYER_OVERHEAD_S) \
             + flops / rates.flops[dtype]
 
     def generation(cell: Cell, batch: int, requests: int, new_tokens: int, prompt: float) -> float:

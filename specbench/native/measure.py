@@ -14,6 +14,7 @@ import torch
 from specbench.measure import PeakSampler
 from specbench.native.engine import Clock, GenerationResult
 from specbench.native.forward import CausalLM
+from specbench.shapes import Architecture
 
 
 def request_rows(result: GenerationResult, request_ids: list[str], offset_s: float = 0.0) -> list[dict]:
@@ -209,7 +210,8 @@ def matmul_rate(device: torch.device | str, dtype: torch.dtype, size: int | None
 
 def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
     """Bytes one autoregressive decode step must read at least: every weight once (shared by the
-    batch) except the input embedding, of which only the batch's rows are read, plus each row's
+    batch) except the input embedding, of which only the batch's rows are read, and of a mixture
+    of experts only the routed experts the batch's tokens are expected to choose; plus each row's
     K and V over its context."""
     config = model.config
     embedding = model.decoder.get_input_embeddings().weight
@@ -217,6 +219,10 @@ def decode_step_bytes(model: CausalLM, batch: int, context: int) -> int:
     weights = model.parameter_bytes() - (0 if tied else embedding.numel() * embedding.element_size())
     kv_heads, head_dim = model.kv_heads_and_dim()
     element = torch.finfo(model.dtype).bits // 8
+    shape = Architecture.from_config(config.to_dict(), str(model.dtype).replace("torch.", ""))
+    if shape.is_moe:
+        unread = shape.moe_layers * (shape.experts - float(shape.distinct_experts(batch))) * shape.expert_parameters
+        weights -= int(unread * element)
     kv = 2 * config.num_hidden_layers * kv_heads * head_dim * context * element
     return weights + batch * (kv + config.hidden_size * element)
 

@@ -68,6 +68,22 @@ def build_random_model(alias: str, dtype: torch.dtype, device: str | list[str], 
     return RandomModel(CausalLM.from_hf(model, name=f"{name} (random weights)"), name, full, config.num_hidden_layers)
 
 
+def unsupported_attention(config: dict) -> str | None:
+    """Why the native engine's cache (per-head keys and values, one full causal mask for every
+    layer) cannot run a config's attention as the model does; None where it can."""
+    config = config.get("text_config") or config
+    if config.get("kv_lora_rank"):
+        return f"multi-head latent attention (kv_lora_rank {config['kv_lora_rank']}: one latent cached a token)"
+    kinds = sorted(set(config.get("layer_types") or []) - {"full_attention"})
+    if kinds:
+        return f"{', '.join(kinds)} layers"
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        return f"sliding-window attention ({config['sliding_window']} tokens)"
+    if config.get("attention_chunk_size"):
+        return f"chunked attention ({config['attention_chunk_size']} tokens)"
+    return None
+
+
 def layers_that_fit(config: dict, dtype: torch.dtype, budget_bytes: float, minimum: int = 2) -> int:
     """The most decoder layers (of config's) whose weights fit in `budget_bytes`."""
     bytes_per = torch.finfo(dtype).bits // 8

@@ -29,12 +29,14 @@ from specbench.native.measure import (
 )
 from specbench.native.placement import free_bytes, memory_budget, parse_devices, placement_devices
 from specbench.native.random_models import (
-    LayerScaler, build_random_model, layers_that_fit, rescale_result, synthetic_acceptance,
+    LayerScaler, build_random_model, layers_that_fit, rescale_result, synthetic_acceptance, unsupported_attention,
 )
 from specbench.native.sampling import SamplingParams
 from specbench.schema import TURNS, measured_columns
 from specbench.shapes import Architecture, engine_shapes
-from specbench.synthetic import config_parameters, expected_acceptance, parse_alpha, shipped_config
+from specbench.synthetic import (
+    config_parameters, describe_random_model, expected_acceptance, parse_alpha, random_model_record, shipped_config,
+)
 from specbench.workloads import encode_prompt
 
 
@@ -48,6 +50,17 @@ def validate_native(config: SweepConfig) -> None:
             raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
     if config.cuda_graphs and (not devices[0].startswith("cuda") or len(devices) > 1):
         raise ValueError(f"--cuda-graphs needs the models on one CUDA device, got --device {config.device}")
+    if config.synthetic:
+        target_alias, target_config = shipped_config(config.target)
+        models = [(target_alias, target_config)]
+        for label in config.drafts:
+            spec = parse_draft_spec(label)
+            if drafter_kind(spec.kind).separate_model:
+                models.append(shipped_config(spec.model, model_family(target_alias)))
+        for alias, raw in models:
+            if (why := unsupported_attention(raw)) is not None:
+                raise ValueError(f"--weights random on the native engine: {alias} has {why}, which the engine's "
+                                 f"cache does not run as the model does; --engine vllm runs it")
 
 
 class NativeEngine(Engine):
@@ -71,6 +84,9 @@ class NativeEngine(Engine):
             scaled += [f"{label} {s.built_layers}/{s.full_layers} layers" for label, s in models.draft_scalers.items()]
             if scaled:
                 message += "; ESTIMATE: built " + ", ".join(scaled) + ", step times scaled to full depth"
+            target = models.random_records["target"]
+            if target["mixture_of_experts"]:
+                message += f"; {target['model']}: {describe_random_model(target)}"
         models.copy_bandwidth = measured_bandwidth(models.target.model.device)
         dtypes = {models.target.model.dtype} | {loaded.model.dtype for loaded in models.draft_models.values()}
         models.matmul_rates = {str(d).replace("torch.", ""): measured_matmul_rate(models.target.model.device, d)
@@ -94,6 +110,8 @@ class NativeEngine(Engine):
             if Projection._dense_limits:  # the CPU's measured crossover from dense to packed products
                 meta["hardware"]["dense_max_rows"] = max(Projection._dense_limits.values())
             meta["estimated"] = self.models.target_scaler is not None or bool(self.models.draft_scalers)
+            if self.models.random_records:
+                meta["random_weights"] = self.models.random_records
 
     def encode(self, record) -> list[int]:
         return _prompt_ids(record, self.models, self.config)
@@ -150,6 +168,7 @@ class Models:
     copy_bandwidth: float = float("nan")  # bytes/s on the target's device, for the roofline
     matmul_rates: dict = field(default_factory=dict)  # dtype -> FLOP/s of square products there
     profiles: dict = field(default_factory=dict)  # "target" and "drafts" -> forward_profile, for the performance model
+    random_records: dict = field(default_factory=dict)  # random weights: "target" and "drafts" -> random_model_record
 
     def architectures(self) -> dict:
         """The shapes the performance model reads (specbench.fit.roofline), at full depth."""
@@ -252,11 +271,14 @@ def load_random_models(config: SweepConfig) -> Models:
         draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
                                                                                  "random weights"), 0.0)
     share_vocabulary(target.model, [loaded.model for loaded in draft_models.values()])
+    records = {"target": random_model_record(target_alias, target_config, target.built_layers),
+               "drafts": {label: random_model_record(alias, draft_config, draft_models[label].model.config.num_hidden_layers)
+                          for label, (alias, draft_config, *_) in draft_sizes.items()}}
     loaded = LoadedModel(target.model, tokenizer,
                          ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
                          time.perf_counter() - started)
     return Models(loaded, drafts, draft_models, synthetic=True, target_scaler=target_scaler,
-                  draft_scalers=draft_scalers)
+                  draft_scalers=draft_scalers, random_records=records)
 
 
 def load_models(config: SweepConfig) -> Models:

@@ -18,6 +18,7 @@ from specbench.fit import load_label
 from specbench.report.analysis import TABLE_NOTES, Analysis, analyse, answer, summary_tables
 from specbench.report.charts import CHART_NOTES, CHARTS, NothingToDraw, drawers
 from specbench.results import Run
+from specbench.synthetic import random_model_lines
 
 TRUST_SECTION = "how far the performance model's predictions can be trusted"
 NOT_DRAWN_SECTION = "charts not drawn"
@@ -145,7 +146,9 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
         ({"nodes (a cluster run)": nodes + "; each speed-up is paired with the baseline measured on its own node"}
          if nodes else {}) | \
         ({TRUST_SECTION: "\n".join(a.trust)} if a.trust else {}) | \
-        ({NOT_DRAWN_SECTION: "\n".join(not_drawn)} if not_drawn else {}) | dict(extra_sections or {})
+        ({NOT_DRAWN_SECTION: "\n".join(not_drawn)} if not_drawn else {}) | \
+        ({"models built with random weights": "\n".join(built)} if (built := random_model_lines(meta)) else {}) | \
+        dict(extra_sections or {})
 
     body, contents = [], []
 

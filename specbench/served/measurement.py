@@ -326,11 +326,7 @@ class ServedCellRun:
         self.machine_stall_max_s = max(self.machine_stall_max_s, stalls.longest_s)
         after = self._settled_snapshot(before, run)
         self.runs.append(run)
-        for name in COUNTERS:
-            self.counters[name] = self.counters.get(name, 0.0) + delta(before, after, name)
-        for position, value in after.by_label(PER_POSITION, "position").items():
-            previous = before.by_label(PER_POSITION, "position").get(position, 0.0)
-            self.per_position[int(position)] = self.per_position.get(int(position), 0.0) + value - previous
+        self.count_acceptance(before, after)
         self.server_ttft.append(histogram_mean_delta(before, after, "vllm:time_to_first_token_seconds"))
         self.server_itl.append(histogram_mean_delta(before, after, "vllm:inter_token_latency_seconds"))
         self.server_queue.append(histogram_mean_delta(before, after, "vllm:request_queue_time_seconds"))
@@ -359,6 +355,15 @@ class ServedCellRun:
                 self.outputs[request.index] = list(request.tokens)
         self.throughput_per_repeat.append(run.output_tokens / run.wall_s)
         self.request_rate_per_repeat.append(len(run.requests) / run.wall_s)
+
+    def count_acceptance(self, before: Snapshot, after: Snapshot) -> None:
+        """Adds one repeat's deltas of the server's spec-decode counters (whatever its method:
+        they are vLLM's for every drafter) to the cell's."""
+        for name in COUNTERS:
+            self.counters[name] = self.counters.get(name, 0.0) + delta(before, after, name)
+        for position, value in after.by_label(PER_POSITION, "position").items():
+            previous = before.by_label(PER_POSITION, "position").get(position, 0.0)
+            self.per_position[int(position)] = self.per_position.get(int(position), 0.0) + value - previous
 
     def _settled_snapshot(self, before: Snapshot, run: LoadRun, timeout_s: float = 5.0) -> Snapshot:
         """/metrics once the server has counted every token the client received (its stats can

@@ -96,3 +96,47 @@ def test_the_static_planner_prices_its_steps_through_the_contract():
         plain.seconds(StepShape(prefill_tokens=512, decode_rows=4, prefill_chunks=((512, 0),), decode_context=4096.0))
     with pytest.raises(ValueError, match="one fresh prompt length"):
         plain.seconds(StepShape(prefill_tokens=300, prefill_chunks=((100, 0), (200, 0))))
+
+
+def test_a_native_runs_fit_prices_its_steps_through_the_contract():
+    """NativeFitStep on a run's StepTimes: a decode is the target's forward over one position a row,
+    a speculative step the drafter's K proposals and the verify of K + 1, a prefill the batch's
+    forwards (the target's, then a draft model's); a search drafter proposes in its fitted time."""
+    import numpy as np
+
+    from specbench.fit.prefill_times import prefill_forwards
+    from specbench.fit.roofline import ForwardTimeModel
+    from specbench.fit.step_times import SearchTime, StepTimes, search_features
+    from specbench.shapes import Architecture
+    from specbench.step_model import NativeFitStep
+    from specbench.synthetic import shipped_config
+
+    def forward(config: str, overhead_s: float) -> ForwardTimeModel:
+        return ForwardTimeModel(Architecture.from_config(shipped_config(config)[1], "bfloat16"), overhead_s, 20e-6,
+                                0.0, 0.0, 1 / 2.5e12, 240.0, 1 / 2.0e12, 0.0)
+
+    target, draft = forward("llama3-8b", 3e-3), forward("llama3.2-1b", 1e-3)
+    search = SearchTime(("fixed", "rows", "row_context", "drafted"), (1e-4, 1e-6, 1e-9, 2e-6))
+    times = StepTimes(target, {"1b": draft, "ngram": search}, target, {"1b": draft})
+    assert isinstance(NativeFitStep(times), StepModel)
+    decode = NativeFitStep.decoding(8, 600)
+    assert NativeFitStep(times).seconds(decode) == pytest.approx(float(target.seconds(8, 1, 600)), rel=1e-12)
+    step = NativeFitStep(times, "1b")
+    assert step.seconds(NativeFitStep.decoding(8, 600, 3)) == pytest.approx(
+        3 * float(draft.seconds(8, 1, 600)) + float(target.seconds(8, 4, 600)), rel=1e-12)
+    ngram = NativeFitStep(times, "ngram").proposing_s(NativeFitStep.decoding(8, 600, 3))
+    assert ngram == pytest.approx(float(search.seconds(search_features(8, 600, 3))), rel=1e-12)
+    lengths = [300, 500, 500, 700]
+    batch = sum(float(m.seconds(r, p, 0)) for m in (target, draft) for r, p in prefill_forwards(lengths))
+    assert step.seconds(NativeFitStep.prefilling(lengths)) == pytest.approx(batch, rel=1e-12)
+    assert np.isnan(NativeFitStep(times, "8b").seconds(NativeFitStep.decoding(1, 100, 2)))  # a draft the run lacks
+
+
+def test_the_fitted_forwards_share_one_interface_without_type_checks():
+    """A run's fitted forwards (roofline, corrected tables, a search's time) are asked the same
+    questions: nothing in the native fit tests a model's type or attributes to decide how."""
+    fit = PACKAGE / "fit"
+    found = [f"{path.name}: {line.strip()}" for path in (fit / "step_times.py", fit / "cost.py")
+             for line in path.read_text().splitlines()
+             if re.search(r"isinstance\(model|hasattr\(model", line)]
+    assert found == []

@@ -123,6 +123,10 @@ class TableForward:
         out = np.array([self._one(*x) for x in zip(r.ravel(), p.ravel(), c.ravel())], float).reshape(r.shape)
         return out if out.shape else out[()]
 
+    def proposal_s(self, k: int, rows, context):
+        """A draft model's K proposals: K decodes."""
+        return k * self.seconds(rows, 1, context)
+
     def corrected(self, decode: Correction, verify: Correction | None = None) -> "TableForward":
         return TableForward(self.forward, decode, verify or self.verify, self.prefill)
 

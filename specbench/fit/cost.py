@@ -38,6 +38,7 @@ from specbench.fit.cells import TRAFFIC, base_draft, label_synthetic, ok_closed_
 from specbench.fit.roofline import fit_forward_time
 from specbench.fit.step_times import LinearTime, StepTimes, architectures, device_priors, fit_step_times, run_dtype
 from specbench.schema import AR
+from specbench.step_model.native_fit import NativeFitStep
 
 DECODE_SAMPLES = 16  # points of the decode at which step times are averaged (the context grows)
 
@@ -87,14 +88,23 @@ class CostModel:
             return np.full(batch_size, float(prompt_tokens))
         return np.quantile(self.prompt_lengths, (np.arange(batch_size) + 0.5) / batch_size)
 
+    def step(self, draft: str | None = None) -> NativeFitStep:
+        """The run's fitted step for `draft` (None: the target alone), as a step model."""
+        return NativeFitStep(self.times, draft)
+
+    def _over_decode(self, price, batch_size: int, k: int, prompt_tokens: float | None) -> float:
+        """`price` (a step's seconds, or a part of it) averaged over the decode's contexts."""
+        return float(np.mean([price(NativeFitStep.decoding(batch_size, context, k))
+                              for context in self._contexts(batch_size, prompt_tokens)]))
+
     def t_ar(self, batch_size: int, prompt_tokens: float | None = None) -> float:
-        return float(np.mean(self.times.target_s(batch_size, 1, self._contexts(batch_size, prompt_tokens))))
+        return self._over_decode(self.step().seconds, batch_size, 0, prompt_tokens)
 
     def t_verify(self, batch_size: int, positions: int, prompt_tokens: float | None = None) -> float:
-        return float(np.mean(self.times.target_s(batch_size, positions, self._contexts(batch_size, prompt_tokens))))
+        return self._over_decode(self.step().seconds, batch_size, positions - 1, prompt_tokens)
 
     def t_draft(self, draft: str, k: int, batch_size: int, prompt_tokens: float | None = None) -> float:
-        return float(np.mean(self.times.draft_s(draft, k, batch_size, self._contexts(batch_size, prompt_tokens))))
+        return self._over_decode(self.step(draft).proposing_s, batch_size, k, prompt_tokens)
 
     def _any_row(self, draft: str, batch_size: int) -> float:
         """Share of steps where at least one of B rows drafted (each does with its coverage)."""
@@ -119,13 +129,13 @@ class CostModel:
 
     def ar_seconds(self, batch_size: int, prompt_tokens: float | None = None) -> float:
         """A batch's end-to-end time without speculation: prefill and decode."""
-        prompts = self.batch_prompts(batch_size, prompt_tokens)
-        return self.times.prefill_s(prompts) + (self.new_tokens - 1) * self.t_ar(batch_size, prompt_tokens)
+        prompts = NativeFitStep.prefilling(self.batch_prompts(batch_size, prompt_tokens))
+        return self.step().seconds(prompts) + (self.new_tokens - 1) * self.t_ar(batch_size, prompt_tokens)
 
     def speedup(self, alpha: float, draft: str, k: int, batch_size: int, prompt_tokens: float | None = None) -> float:
         """End to end, as measured: prefill, draft prefill and the decode steps of the slowest row."""
-        prompts = self.batch_prompts(batch_size, prompt_tokens)
-        speculative = self.times.prefill_s(prompts) + self.times.draft_prefill_s(draft, prompts) \
+        prompts = NativeFitStep.prefilling(self.batch_prompts(batch_size, prompt_tokens))
+        speculative = self.step(draft).seconds(prompts) \
             + self.speculative_steps(alpha, draft, k, batch_size) * self.step_time(draft, k, batch_size, prompt_tokens)
         return self.ar_seconds(batch_size, prompt_tokens) / speculative
 

@@ -165,6 +165,16 @@ class ForwardTimeModel:
                 + weights + self.seconds_per_kv_byte * arch.kv_bytes(rows, visible)
                 + self.seconds_per_attention_flop * arch.attention_flops(rows, positions, visible))
 
+    def proposal_s(self, k: int, rows, context):
+        """A draft model's K proposals: K forwards of one position a row."""
+        return k * self.seconds(rows, 1, context)
+
+    def batch_prefill_s(self, lengths) -> float:
+        """A batch's prefill: the forwards the native engine groups its prompts into (`prefill_forwards`)."""
+        from specbench.fit.prefill_times import prefill_forwards
+
+        return float(sum(self.seconds(rows, positions, 0) for rows, positions in prefill_forwards(lengths)))
+
     def bound(self, rows, positions, context) -> np.ndarray:
         """'memory' or 'compute': which side of the ridge the weights are on."""
         flops = self.architecture.linear_flops(rows, positions)

@@ -12,7 +12,7 @@ from scipy.optimize import nnls
 
 from specbench.drafter_kinds import drafter_kind
 from specbench.fit.cells import TRAFFIC, base_draft, ok_closed_loop, with_context
-from specbench.fit.prefill_times import fit_prefills, prefill_forwards
+from specbench.fit.prefill_times import fit_prefills
 from specbench.fit.roofline import (
     DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
@@ -116,6 +116,15 @@ class LinearTime:
         return sum(c * np.asarray(features[name], float) for name, c in zip(self.names, self.coefficients))
 
 
+@dataclass
+class SearchTime(LinearTime):
+    """A draft without a model (n-gram search, a layer subset): one fitted time a step
+    (`search_features`), whatever K's forwards."""
+
+    def proposal_s(self, k: int, rows, context):
+        return self.seconds(search_features(np.full(np.shape(context), rows), context, k))
+
+
 def search_features(rows, context, k) -> dict[str, np.ndarray]:
     """A draft without a model (n-gram search, a layer subset): per step, per row, per row and
     cached token (the search scans the context), and per drafted token."""
@@ -127,8 +136,12 @@ def search_features(rows, context, k) -> dict[str, np.ndarray]:
 class StepTimes:
     """A run's hardware and models as forward times: fitted once, shared by every traffic group."""
 
+    # each a forward-time model (a fitted roofline, or the kernel tables corrected by the run:
+    # calibration.TableForward), read through seconds(rows, positions, context); a draft's also
+    # through proposal_s (its K proposals: a model's forwards, or a search's fitted time, SearchTime)
+    # and a prefill's through batch_prefill_s
     target: ForwardTimeModel
-    drafts: dict[str, ForwardTimeModel | LinearTime]  # model drafts: per-token forward; others: per step
+    drafts: dict[str, ForwardTimeModel | SearchTime]
     prefill: ForwardTimeModel | None
     draft_prefill: dict[str, ForwardTimeModel]
 
@@ -140,17 +153,11 @@ class StepTimes:
         model = self.drafts.get(base_draft(draft))
         if model is None:
             return np.full(np.shape(context), np.nan)
-        if isinstance(model, LinearTime):  # a search (n-gram): per step, not per token
-            return model.seconds(search_features(np.full(np.shape(context), rows), context, k))
-        return k * model.seconds(rows, 1, context)  # a model: a roofline, or corrected kernel tables
+        return model.proposal_s(k, rows, context)
 
     @staticmethod
     def _prefill(model: ForwardTimeModel | None, lengths) -> float:
-        if model is None:
-            return 0.0
-        if hasattr(model, "batch_prefill_s"):  # corrected tables: corrected as they were fitted, by the batch
-            return float(model.batch_prefill_s(lengths))
-        return float(sum(model.seconds(rows, positions, 0) for rows, positions in prefill_forwards(lengths)))
+        return 0.0 if model is None else float(model.batch_prefill_s(lengths))
 
     def prefill_s(self, lengths) -> float:
         """The target's prefill of a batch with these prompt lengths."""
@@ -219,7 +226,7 @@ def fit_step_times(cells: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFr
                                              device_priors(meta, draft_dtype)[1], quantum, small, shared,
                                              ForwardProfile.from_dict((profiles.get("drafts") or {}).get(draft)))
         else:
-            drafts[draft] = LinearTime.fit(search_features(points["rows"], points["context"], points["k"]),
+            drafts[draft] = SearchTime.fit(search_features(points["rows"], points["context"], points["k"]),
                                            points["seconds"].to_numpy())
     prefill, draft_prefill = fit_prefills(cells, requests, target_arch, draft_archs, (bandwidth, flops))
     return StepTimes(target, drafts, prefill, draft_prefill)

@@ -8,7 +8,9 @@
 - backends: `static_tables`, the kernel tables' static-batch step (`plan --target`'s, priced by
   fit.table_plan.TablePlanner); `mixed_tables`, the kernel tables' mixed prefill + decode step (the
   replica's, on a GPU a run did not measure); `served_fit`, a served run's fitted step
-  (`ServedPrice`, fitted by `fleet.served.fit_served`).
+  (`ServedPrice`, fitted by `fleet.served.fit_served`); `native_fit`, a native run's fitted step
+  (`NativeFitStep` on `fit.step_times.StepTimes`: a roofline over the run's forwards, or the tables
+  corrected by them, `fit.calibration.TableForward`), which `plan RUN` prices through.
 
 The package is priced by `fit` and `fleet` and imports nothing of measuring."""
 
@@ -16,5 +18,6 @@ from specbench.step_model.model import StepFunction, StepModel, as_step_model  #
 from specbench.step_model.overheads import NO_OVERHEADS, Overheads  # noqa: F401
 from specbench.step_model.shape import StepShape, capped_pairs  # noqa: F401
 from specbench.step_model.mixed_tables import MixedTablesStep  # noqa: F401
+from specbench.step_model.native_fit import NativeFitStep  # noqa: F401
 from specbench.step_model.served_fit import ServedPrice, ServedStep  # noqa: F401
 from specbench.step_model.static_tables import StaticTablesStep  # noqa: F401

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -20,6 +20,7 @@ from specbench.drafter_kinds import drafter_kind
 from specbench.models import (
     DEFAULT_TARGET, default_dtype, dtype_name, lookup_alias, parse_draft_spec, parse_dtype, resolve_model,
 )
+from specbench.results import nested_config, recorded_config
 from specbench.schema import AR, ROUTERS
 from specbench.synthetic import parse_alpha, shipped_config
 
@@ -130,51 +131,73 @@ def default_drafts(engine: str = "native") -> list[str]:
 
 
 @dataclass
-class SweepConfig:
+class GridOptions:
+    """What the cells are (target, drafts, K, temperatures, workloads, prompt lengths) and what
+    each measures (requests, output length, repeats, seed, sampling, real or random weights)."""
+
     target: str = DEFAULT_TARGET
     # None: the engine's own (`default_drafts`; an endpoint's label, none for plain servers alone),
-    # chosen once the engine is known, so SweepConfig(engine="vllm") runs what vLLM can
+    # chosen once the engine is known (SweepConfig), so an engine="vllm" sweep runs what vLLM can
     drafts: list[str] | None = None
     # None: [2, 4]; an endpoint's [0] (its server speculates as configured, K unknown to specbench)
     ks: list[int] | None = None
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     workloads: list[str] = field(default_factory=lambda: ["chat", "code"])
+    context_lengths: list[int] = field(default_factory=list)  # prompts built to these lengths; [] = as they come
     max_new_tokens: int = 48
     num_prompts: int = 4
     repeats: int = 1
     seed: int = 0
-    dtype: str | None = None
-    device: str = "cpu"
     top_p: float = 1.0
     top_k: int = 0
-    chat_template: bool = True
-    warmup: bool = True
-    allow_download: bool = False
-    trust_remote_code: bool = False
     weights: str = "real"  # "random": timing-only, architectures from shipped configs
     alphas: list[str] = field(default_factory=list)  # synthetic acceptance profiles (random weights)
     target_layers: int | None = None  # random weights: build only this many target layers, scale
-    cuda_graphs: bool = False  # decode steps at fixed shapes, replayed from CUDA graphs
-    engine: str = "native"
-    vllm: VllmOptions = field(default_factory=VllmOptions)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.weights == "random"
+
+
+@dataclass
+class LoadOptions:
+    """How requests arrive: a closed loop at each batch size, an open loop at each request rate,
+    or a trace's own arrivals (served engines); a run uses one of the three."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     request_rates: list[float] = field(default_factory=list)  # open loop (served engines); replaces batch sizes
     burstiness: float = 1.0  # gamma shape of inter-arrival times: 1 is Poisson, < 1 burstier
-    slo: str = ""  # e.g. "ttft=1.0,tpot=0.05": recorded for report and check (they can override it)
-    endpoint: str = ""  # engine "endpoint": a running OpenAI-compatible server to measure
-    baseline_endpoint: str = ""  # ... and the same model served without speculation
-    api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
-    router: str = "least-outstanding"  # several endpoints: which gets each request (schema.ROUTERS)
-    context_lengths: list[int] = field(default_factory=list)  # prompts built to these lengths; [] = as they come
-    until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
-    max_repeats: int = 12  # ... up to this many per cell
-    min_speedup: float = 1.0  # the bar that verdict is about
     trace: str = ""  # served engines: replay this request trace (a shipped name or a file; specbench.traces)
     trace_window: str = ""  # START:DURATION in the trace's seconds ("" = all of it)
     trace_speedup: float = 1.0  # the trace's time scale: 0.5 replays it at half speed
     trace_max_requests: int = 0  # at most this many of the window's requests (0 = all)
-    executor: str = "local"  # where cells run: this process, or "ray" (a cluster; specbench.executors)
-    ray_address: str = ""  # --executor ray: the cluster (default RAY_ADDRESS, else a local instance)
+
+
+@dataclass
+class EndpointOptions:
+    """The running servers the endpoint engine measures."""
+
+    urls: str = ""  # a running OpenAI-compatible server to measure; URL1,URL2: several of one model
+    baseline_urls: str = ""  # ... and the same model served without speculation
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable an endpoint's API key is read from
+    router: str = "least-outstanding"  # several endpoints: which gets each request (schema.ROUTERS)
+
+
+@dataclass
+class EngineOptions:
+    """The engine that runs the cells and how it loads the models: the native engine's options,
+    the vLLM servers' (`vllm`) and the endpoints' (`endpoint`)."""
+
+    name: str = "native"  # one of ENGINES
+    dtype: str | None = None
+    device: str = "cpu"
+    chat_template: bool = True
+    warmup: bool = True
+    allow_download: bool = False
+    trust_remote_code: bool = False
+    cuda_graphs: bool = False  # decode steps at fixed shapes, replayed from CUDA graphs
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    endpoint: EndpointOptions = field(default_factory=EndpointOptions)
 
     @property
     def torch_dtype(self):
@@ -182,97 +205,158 @@ class SweepConfig:
         return parse_dtype(self.dtype) if self.dtype else default_dtype(self.device)
 
     @property
-    def synthetic(self) -> bool:
-        return self.weights == "random"
-
-    def __post_init__(self) -> None:
-        if self.drafts is None:
-            self.drafts = ([] if self.baseline_only else ["endpoint"] if self.engine == "endpoint"
-                           else default_drafts(self.engine))
-        if self.ks is None:
-            self.ks = [0] if self.engine == "endpoint" else [2, 4]
-
-    @property
     def baseline_only(self) -> bool:
         """Plain servers measured alone (--baseline-endpoint without --endpoint): baseline cells only."""
-        return self.engine == "endpoint" and not self.endpoint and bool(self.baseline_endpoint)
+        return self.name == "endpoint" and not self.endpoint.urls and bool(self.endpoint.baseline_urls)
+
+
+@dataclass
+class ExecutorOptions:
+    """Where cells run: this process, or "ray" (a cluster; specbench.executors)."""
+
+    name: str = "local"
+    ray_address: str = ""  # ray: the cluster (default RAY_ADDRESS, else a local instance)
+
+
+@dataclass
+class GateOptions:
+    """What the verdict is judged against: the SLO run.json records for report and check, and
+    --until-decided's repeats."""
+
+    slo: str = ""  # e.g. "ttft=1.0,tpot=0.05": recorded for report and check (they can override it)
+    until_decided: bool = False  # after the grid, add repeats where check's verdict is inconclusive
+    max_repeats: int = 12  # ... up to this many per cell
+    min_speedup: float = 1.0  # the bar that verdict is about
+
+
+@dataclass
+class SweepConfig:
+    """What a sweep is asked to run, in groups: the cells (`grid`), how requests arrive (`load`),
+    the engine (`engine`), where cells run (`executor`) and what the verdict is judged against (`gate`)."""
+
+    grid: GridOptions = field(default_factory=GridOptions)
+    load: LoadOptions = field(default_factory=LoadOptions)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    executor: ExecutorOptions = field(default_factory=ExecutorOptions)
+    gate: GateOptions = field(default_factory=GateOptions)
+
+    def __post_init__(self) -> None:
+        # a new GridOptions, not the caller's changed: one grid may serve configs of several engines
+        grid, engine = self.grid, self.engine
+        if grid.drafts is None:
+            drafts = ([] if engine.baseline_only else ["endpoint"] if engine.name == "endpoint"
+                      else default_drafts(engine.name))
+            self.grid = grid = replace(grid, drafts=drafts)
+        if grid.ks is None:
+            self.grid = replace(grid, ks=[0] if engine.name == "endpoint" else [2, 4])
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SweepConfig:
+        """A config as run.json records it, nested or flat (`results.nested_config`); settings it
+        does not know are left out, those it lacks take their defaults."""
+        return _from_dict(cls, nested_config(values))
 
     def validate(self) -> None:
         """One-line errors for bad grid values, before anything loads. The engine's, the executor's
         and the SLO's own checks are the sweep's (`sweep.check_config`): the plan knows no engine."""
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.trace:
+        grid, load, engine, gate = self.grid, self.load, self.engine, self.gate
+        if engine.name not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine.name!r}")
+        if load.trace:
             from specbench.traces import check_trace_config
 
             check_trace_config(self)
-        load = ("--request-rates", self.request_rates) if self.request_rates else ("--batch-sizes", self.batch_sizes)
-        for name, values in (*([] if self.baseline_only else [("--drafts", self.drafts)]), ("--k", self.ks),
-                             *([] if self.trace else [load]),
-                             ("--temperatures", self.temperatures), ("--workloads", self.workloads)):
+        loads = ("--request-rates", load.request_rates) if load.request_rates else ("--batch-sizes", load.batch_sizes)
+        for name, values in (*([] if engine.baseline_only else [("--drafts", grid.drafts)]), ("--k", grid.ks),
+                             *([] if load.trace else [loads]),
+                             ("--temperatures", grid.temperatures), ("--workloads", grid.workloads)):
             if not values:
                 raise ValueError(f"{name} is empty")
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} repeats a value: {values}")
-        if any(k < 1 for k in self.ks) and not (self.engine == "endpoint" and self.ks == [0]):
-            raise ValueError(f"K must be >= 1, got {self.ks}")
-        if any(b < 1 for b in self.batch_sizes):
-            raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
-        if self.request_rates:
-            if self.engine not in SERVED_ENGINES:
+        if any(k < 1 for k in grid.ks) and not (engine.name == "endpoint" and grid.ks == [0]):
+            raise ValueError(f"K must be >= 1, got {grid.ks}")
+        if any(b < 1 for b in load.batch_sizes):
+            raise ValueError(f"batch sizes must be >= 1, got {load.batch_sizes}")
+        if load.request_rates:
+            if engine.name not in SERVED_ENGINES:
                 raise ValueError("--request-rates needs a served engine (--engine vllm or --endpoint): "
                                  "the native engine runs static batches")
-            if any(not rate > 0 for rate in self.request_rates):
-                raise ValueError(f"request rates must be > 0 (inf: every request at once), got {self.request_rates}")
-            if len(set(self.request_rates)) != len(self.request_rates):
-                raise ValueError(f"--request-rates repeats a value: {self.request_rates}")
-        if len(set(self.context_lengths)) != len(self.context_lengths):
-            raise ValueError(f"--context-lengths repeats a value: {self.context_lengths}")
-        if any(c < MIN_CONTEXT_LENGTH for c in self.context_lengths):
+            if any(not rate > 0 for rate in load.request_rates):
+                raise ValueError(f"request rates must be > 0 (inf: every request at once), got {load.request_rates}")
+            if len(set(load.request_rates)) != len(load.request_rates):
+                raise ValueError(f"--request-rates repeats a value: {load.request_rates}")
+        if len(set(grid.context_lengths)) != len(grid.context_lengths):
+            raise ValueError(f"--context-lengths repeats a value: {grid.context_lengths}")
+        if any(c < MIN_CONTEXT_LENGTH for c in grid.context_lengths):
             raise ValueError(f"context lengths must be >= {MIN_CONTEXT_LENGTH} tokens (room for the workload's "
-                             f"question), got {self.context_lengths}")
-        if self.router not in ROUTERS:
-            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
-        if not self.burstiness > 0:
-            raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
-        if any(t < 0 or not math.isfinite(t) for t in self.temperatures):
-            raise ValueError(f"temperatures must be finite and >= 0, got {self.temperatures}")
-        for name, value in (("--max-new-tokens", self.max_new_tokens), ("--num-prompts", self.num_prompts),
-                            ("--repeats", self.repeats)):
+                             f"question), got {grid.context_lengths}")
+        if engine.endpoint.router not in ROUTERS:
+            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {engine.endpoint.router!r}")
+        if not load.burstiness > 0:
+            raise ValueError(f"--burstiness must be > 0, got {load.burstiness}")
+        if any(t < 0 or not math.isfinite(t) for t in grid.temperatures):
+            raise ValueError(f"temperatures must be finite and >= 0, got {grid.temperatures}")
+        for name, value in (("--max-new-tokens", grid.max_new_tokens), ("--num-prompts", grid.num_prompts),
+                            ("--repeats", grid.repeats)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if not (math.isfinite(self.min_speedup) and self.min_speedup > 0):
-            raise ValueError(f"--min-speedup must be a positive number, got {self.min_speedup:g}")
-        if self.until_decided:
-            if self.request_rates:
+        if not (math.isfinite(gate.min_speedup) and gate.min_speedup > 0):
+            raise ValueError(f"--min-speedup must be a positive number, got {gate.min_speedup:g}")
+        if gate.until_decided:
+            if load.request_rates:
                 raise ValueError("--until-decided adds repeats to speed-up cells; a request-rate run's SLO verdict "
                                  "narrows with more requests per load (--num-prompts)")
-            if self.engine == "endpoint" and not self.baseline_endpoint:
+            if engine.name == "endpoint" and not engine.endpoint.baseline_urls:
                 raise ValueError("--until-decided needs speed-ups: an endpoint run needs --baseline-endpoint")
-            if self.max_repeats < max(2, self.repeats):
-                raise ValueError(f"--max-repeats must be at least 2 and --repeats ({self.repeats}), got "
-                                 f"{self.max_repeats}")
-        check_sampling(1.0, self.top_p, self.top_k)
-        if self.dtype:
-            dtype_name(self.dtype)
-        for draft in self.drafts:
+            if gate.max_repeats < max(2, grid.repeats):
+                raise ValueError(f"--max-repeats must be at least 2 and --repeats ({grid.repeats}), got "
+                                 f"{gate.max_repeats}")
+        check_sampling(1.0, grid.top_p, grid.top_k)
+        if engine.dtype:
+            dtype_name(engine.dtype)
+        for draft in grid.drafts:
             base, schedule = split_schedule(draft)
-            if schedule is not None and self.engine not in SERVED_ENGINES:
+            if schedule is not None and engine.name not in SERVED_ENGINES:
                 raise ValueError(f"draft {draft!r}: a K schedule runs on a served engine (--engine vllm)")
-            if self.engine != "endpoint":  # an endpoint's draft is a label
-                parse_draft_spec(base, allow_served=self.engine != "native")
-        if self.weights not in ("real", "random"):
-            raise ValueError(f"--weights must be real or random, got {self.weights!r}")
-        if self.synthetic and not self.alphas:
+            if engine.name != "endpoint":  # an endpoint's draft is a label
+                parse_draft_spec(base, allow_served=engine.name != "native")
+        if grid.weights not in ("real", "random"):
+            raise ValueError(f"--weights must be real or random, got {grid.weights!r}")
+        if grid.synthetic and not grid.alphas:
             raise ValueError("--weights random needs --alpha (acceptance rates to simulate, e.g. 0.6,0.8)")
-        if self.alphas and not self.synthetic:
+        if grid.alphas and not grid.synthetic:
             raise ValueError("--alpha simulates acceptance and needs --weights random")
-        if len(set(self.alphas)) != len(self.alphas):
-            raise ValueError(f"--alpha repeats a value: {self.alphas}")
-        for alpha in self.alphas:
+        if len(set(grid.alphas)) != len(grid.alphas):
+            raise ValueError(f"--alpha repeats a value: {grid.alphas}")
+        for alpha in grid.alphas:
             parse_alpha(alpha)
-        if self.target_layers is not None and (self.target_layers < 1 or not self.synthetic):
+        if grid.target_layers is not None and (grid.target_layers < 1 or not grid.synthetic):
             raise ValueError("--target-layers must be >= 1 and needs --weights random")
+
+
+def _from_dict(cls, values: dict):
+    """`cls` of `values`: the fields it knows, its dataclass fields (the groups) built the same way."""
+    known = {}
+    for item in fields(cls):
+        if item.name in values:
+            value, group = values[item.name], item.default_factory
+            known[item.name] = _from_dict(group, value) if is_dataclass(group) and isinstance(value, dict) else value
+    return cls(**known)
+
+
+def setting(config: SweepConfig, path: str):
+    """A setting by its place in the groups: `setting(config, "load.batch_sizes")`."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def with_setting(config, path: str, value):
+    """A copy of `config` (a SweepConfig, or one of its groups) with the setting at `path` set to `value`."""
+    head, _, rest = path.partition(".")
+    return replace(config, **{head: with_setting(getattr(config, head), rest, value) if rest else value})
 
 
 def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
@@ -294,7 +378,7 @@ def draft_headroom(k: int) -> int:
 
 def positions_needed(config: SweepConfig, prompt_tokens: int) -> int:
     """The positions a row of `prompt_tokens` needs at the sweep's output length and largest K."""
-    return prompt_tokens + config.max_new_tokens + draft_headroom(max(config.ks, default=0))
+    return prompt_tokens + config.grid.max_new_tokens + draft_headroom(max(config.grid.ks, default=0))
 
 
 @dataclass(frozen=True)
@@ -314,11 +398,11 @@ def context_limit(config: SweepConfig, shape: dict | None = None, served_limit: 
     """The smallest known of the target's own context (its max_position_embeddings, or vLLM's
     --max-model-len in its place where given: what its servers run at) and the context the user's
     endpoints say they serve (`served_limit`, their /v1/models max_model_len; 0: not asked)."""
-    own = int(config.vllm.max_model_len or 0)
+    own = int(config.engine.vllm.max_model_len or 0)
     target = int((shape or {}).get("max_position_embeddings") or 0)
     known = [limit for limit in (
         ContextLimit(own, f"the vLLM servers run at --max-model-len {own}") if own else
-        ContextLimit(target, f"{config.target} has a {target}-token context"),
+        ContextLimit(target, f"{config.grid.target} has a {target}-token context"),
         ContextLimit(served_limit, f"the endpoints serve a {served_limit}-token context (/v1/models max_model_len)",
                      ENDPOINTS_CONTEXT)) if limit.tokens > 0]
     return min(known, key=lambda limit: limit.tokens) if known else ContextLimit(0)
@@ -329,11 +413,12 @@ def check_context_limit(config: SweepConfig, shape: dict | None = None, served_l
     tokens (and a step's drafts) would not fit the context the sweep's servers take
     (`context_limit`)."""
     limit = context_limit(config, shape, served_limit)
-    longest = max(config.context_lengths, default=0)
+    longest = max(config.grid.context_lengths, default=0)
     needed = positions_needed(config, longest)
     if limit.tokens and needed > limit.tokens:
         asked = f"--context-lengths {longest} + " if longest else ""
-        raise ValueError(f"{asked}--max-new-tokens {config.max_new_tokens} needs {needed} positions; {limit.whose}")
+        raise ValueError(f"{asked}--max-new-tokens {config.grid.max_new_tokens} needs {needed} positions; "
+                         f"{limit.whose}")
 
 
 
@@ -341,15 +426,15 @@ def target_shape(config: SweepConfig) -> dict | None:
     """The target's config (layers, context length) without loading it: shipped for registry
     models, else a local model's config.json; None when neither is at hand."""
     try:
-        return shipped_config(config.target)[1]
+        return shipped_config(config.grid.target)[1]
     except Exception:
         pass
-    if config.synthetic or config.engine == "endpoint":
+    if config.grid.synthetic or config.engine.name == "endpoint":
         return None
     try:
         import json
 
-        target = resolve_model(config.target, allow_download=False)
+        target = resolve_model(config.grid.target, allow_download=False)
         path = Path(target.path) / "config.json"
         return json.loads(path.read_text()) if path.exists() else None
     except Exception:
@@ -412,7 +497,7 @@ def base_speculative_configs(meta: dict, drafts) -> dict[str, dict]:
             continue
         model = None
         if kind.separate_model:
-            target = lookup_alias(str((meta.get("config") or {}).get("target", "")))
+            target = lookup_alias(str(recorded_config(meta)["grid"].get("target", "")))
             entry = lookup_alias(spec.model, target.family if target else None)
             model = entry.hub_id if entry else spec.model
         found[draft] = speculative_config(spec, 1, model)
@@ -470,7 +555,7 @@ class ReplayShape(Protocol):
 
 def _needs(replay: ReplayShape | None, config: SweepConfig) -> ReplayShape:
     if replay is None:
-        raise ValueError(f"--trace {config.trace}: a trace sweep is planned with its replay (grid.build_replay)")
+        raise ValueError(f"--trace {config.load.trace}: a trace sweep is planned with its replay (grid.build_replay)")
     return replay
 
 
@@ -483,12 +568,12 @@ def build_replay(config: SweepConfig, served_limit: int = 0):
     """The trace's replay for this sweep, read once (a bad trace file fails here, in one line): rows
     that would not fit the target's context with a step's drafts are left out (`served_limit`: the
     context the user's endpoints say they serve, when smaller). None without --trace."""
-    if not config.trace:
+    if not config.load.trace:
         return None
     from specbench.traces import sweep_replay
 
     limit = context_limit(config, target_shape(config), served_limit)
-    room = max(0, limit.tokens - draft_headroom(max(config.ks, default=0))) if limit.tokens else 0
+    room = max(0, limit.tokens - draft_headroom(max(config.grid.ks, default=0))) if limit.tokens else 0
     return sweep_replay(config, room, limit.name)
 
 
@@ -496,45 +581,45 @@ def plan_cells(config: SweepConfig, replay: ReplayShape | None = None) -> list[C
     """Run order: workload, context length, temperature, load ascending (so an out-of-memory skips the larger
     batches), baseline first, then draft x K. (A served engine regroups them by server.) An
     endpoint run without --baseline-endpoint has no baseline cells."""
-    loads = [(0, rate) for rate in sorted(config.request_rates)] if config.request_rates \
-        else [(b, 0.0) for b in sorted(config.batch_sizes)]
-    if config.trace:  # one load: the trace replayed, labelled with its mean rate
+    loads = [(0, rate) for rate in sorted(config.load.request_rates)] if config.load.request_rates \
+        else [(b, 0.0) for b in sorted(config.load.batch_sizes)]
+    if config.load.trace:  # one load: the trace replayed, labelled with its mean rate
         loads = [(0, round(_needs(replay, config).rate, 4))]
-    with_baseline = config.engine != "endpoint" or bool(config.baseline_endpoint)
+    with_baseline = config.engine.name != "endpoint" or bool(config.engine.endpoint.baseline_urls)
     cells = []
-    for workload in config.workloads:
-        for context in config.context_lengths or [0]:
-            for temperature in config.temperatures:
+    for workload in config.grid.workloads:
+        for context in config.grid.context_lengths or [0]:
+            for temperature in config.grid.temperatures:
                 for batch_size, rate in loads:
                     if with_baseline:
                         cells.append(Cell(workload, batch_size, temperature, request_rate=rate, context_length=context))
-                    for draft in config.drafts:
+                    for draft in config.grid.drafts:
                         _, schedule = split_schedule(draft)
                         if schedule is not None:
                             k = schedule_k(schedule, batch_size) if batch_size else max(k for _, _, k in schedule)
                             cells.append(Cell(workload, batch_size, temperature, draft, k, request_rate=rate,
                                               context_length=context))
                             continue
-                        for k in config.ks:
-                            for alpha in config.alphas or [""]:
+                        for k in config.grid.ks:
+                            for alpha in config.grid.alphas or [""]:
                                 cells.append(Cell(workload, batch_size, temperature, draft, k, alpha, rate, context))
     return cells
 
 
 def requests_per_cell(config: SweepConfig, batch_size: int, replay: ReplayShape | None = None) -> int:
     """At least --num-prompts, rounded up to whole batches (exactly --num-prompts open-loop)."""
-    if config.trace:
+    if config.load.trace:
         return _needs(replay, config).request_count
     if batch_size == 0:
-        return config.num_prompts
-    return math.ceil(max(config.num_prompts, batch_size) / batch_size) * batch_size
+        return config.grid.num_prompts
+    return math.ceil(max(config.grid.num_prompts, batch_size) / batch_size) * batch_size
 
 
 def describe_plan(config: SweepConfig, replay: ReplayShape | None = None) -> dict:
     cells = plan_cells(config, replay)
-    requests = sum(requests_per_cell(config, c.batch_size, replay) for c in cells) * config.repeats
-    per_request = config.max_new_tokens
-    if config.trace:
+    requests = sum(requests_per_cell(config, c.batch_size, replay) for c in cells) * config.grid.repeats
+    per_request = config.grid.max_new_tokens
+    if config.load.trace:
         per_request = _needs(replay, config).output_tokens_mean
     return {"cells": len(cells), "baseline_cells": sum(not c.is_speculative for c in cells),
             "speculative_cells": sum(c.is_speculative for c in cells), "requests": requests,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import importlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
@@ -20,7 +20,7 @@ from typing import Callable
 import pandas as pd
 
 from specbench.engines import CellMeasurement, CellOutcome, Engine, Stage, StageFailed
-from specbench.grid import AR, Cell, SweepConfig, requests_per_cell
+from specbench.grid import AR, Cell, SweepConfig, requests_per_cell, with_setting
 from specbench.lossless import PROBE_MIN_TOKENS, PROBE_TOKENS, sampled_check
 from specbench.results import COPIES, append_part, merge_parts, read_table, write_table
 from specbench.schema import BRACKETED, SIDE_BY_SIDE, grid_columns, runs_list
@@ -170,13 +170,13 @@ ENGINES = {"native": ("specbench.native.runner", "NativeEngine", "validate_nativ
 
 def check_engine(config: SweepConfig) -> None:
     """The chosen engine's own checks of a config (one-line ValueErrors), before anything loads."""
-    module, _, check = ENGINES[config.engine]
+    module, _, check = ENGINES[config.engine.name]
     getattr(importlib.import_module(module), check)(config)
 
 
 def open_engine(config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> Engine:
     """The chosen engine, its implementation imported only now."""
-    module, name, _ = ENGINES[config.engine]
+    module, name, _ = ENGINES[config.engine.name]
     return getattr(importlib.import_module(module), name)(config, run_dir, replay)
 
 
@@ -188,10 +188,11 @@ def measure_here(work: SweepWork) -> None:
     loop = CellLoop(config, engine, tables, work.workloads, work.on_event, work.position, len(work.planned),
                     node_id=work.node_id, replay=work.replay)
     try:
-        if config.engine == "native" and config.synthetic:  # building a 70B at random takes minutes: say so first
-            work.on_event(SweepEvent("stage", message=f"building the target {config.target} and drafts "
-                                                      f"{', '.join(config.drafts)} with random weights (timing only; "
-                                                      f"a large model takes a minute or more)…"))
+        # building a 70B at random takes minutes: say so first
+        if config.engine.name == "native" and config.grid.synthetic:
+            work.on_event(SweepEvent("stage", message=f"building the target {config.grid.target} and drafts "
+                                                      f"{', '.join(config.grid.drafts)} with random weights (timing "
+                                                      f"only; a large model takes a minute or more)…"))
         message = engine.open()
         engine.annotate(meta)
         work.save_meta()
@@ -229,7 +230,7 @@ class CellLoop:
     def again(self, first_repeat: int, repeats: int | None = None) -> "CellLoop":
         """A loop measuring more repeats of cells this one measured, numbered from `first_repeat`
         (`repeats` of them; default the sweep's): same engine, tables, prompts and replay."""
-        config = self.config if repeats is None else replace(self.config, repeats=repeats)
+        config = self.config if repeats is None else with_setting(self.config, "grid.repeats", repeats)
         loop = CellLoop(config, self.engine, self.tables, self.workloads, self.on_event, self.position, self.total,
                         first_repeat=first_repeat, where=self.where, node_id=self.node_id, replay=self.replay)
         loop._prompts = self._prompts
@@ -246,13 +247,13 @@ class CellLoop:
         """The group's prompts (token ids) and their ids: the same for every cell of the group."""
         if cell.group not in self._prompts:
             records = self.workloads[cell.workload].sample(requests_per_cell(self.config, cell.batch_size, self.replay),
-                                                           self.config.seed)
+                                                           self.config.grid.seed)
             if cell.context_length:
                 records = long_context_records(records, cell.workload, cell.context_length, self.engine.encode,
-                                               self.config.seed)
+                                               self.config.grid.seed)
             if self.replay is not None:  # one prompt per trace request, at its input length
                 records = trace_records(self.replay.requests, self.workloads[cell.workload].records,
-                                        cell.workload, self.engine.encode, self.config.seed)
+                                        cell.workload, self.engine.encode, self.config.grid.seed)
             self._prompts[cell.group] = ([self.engine.encode(r) for r in records], [r.id for r in records])
         return self._prompts[cell.group]
 
@@ -290,7 +291,7 @@ class CellLoop:
             row["context_length"] = cell.context_length
             if not cell.is_speculative:
                 pass  # the baseline itself: nothing to compare
-            elif self.config.synthetic:
+            elif self.config.grid.synthetic:
                 row["lossless"] = "n/a (synthetic)"
             else:
                 verdict, detail = self.lossless(cell, outcome)
@@ -318,7 +319,7 @@ class CellLoop:
         if outcome.row.get("pairing") == SIDE_BY_SIDE and row.get("pairing") == SIDE_BY_SIDE:
             row["baseline_tokens_per_s_runs"] = runs_list(row["baseline_tokens_per_s_runs"]) + \
                 runs_list(outcome.row["baseline_tokens_per_s_runs"])
-        if cell.is_speculative and cell.temperature == 0 and not self.config.synthetic:
+        if cell.is_speculative and cell.temperature == 0 and not self.config.grid.synthetic:
             verdict, detail = self.lossless(cell, outcome, repeat=self.first_repeat)
             if verdict == "MISMATCH":
                 row.update(status="failed", lossless=verdict, lossless_detail=detail,
@@ -377,8 +378,8 @@ class CellLoop:
             if run is not None:
                 runs.append((cell, run))
         try:
-            for repeat in range(self.config.repeats):
-                last = repeat == self.config.repeats - 1
+            for repeat in range(self.config.grid.repeats):
+                last = repeat == self.config.grid.repeats - 1
                 for entry in list(runs):
                     cell, run = entry
                     measured = self.attempt(cell, lambda: (run.warm_up() if repeat == 0 else None,
@@ -397,7 +398,7 @@ class CellLoop:
 
     def finish(self, cell: Cell, run: CellMeasurement) -> None:
         outcome = self.attempt(cell, run.finish)
-        if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.synthetic \
+        if outcome is not None and cell.is_speculative and cell.temperature > 0 and not self.config.grid.synthetic \
                 and not self.first_repeat:  # a cell's sampled check judged its first repeats
             if not self.engine.scores_samples:
                 outcome.row["lossless"] = "unchecked"
@@ -413,13 +414,13 @@ class CellLoop:
         prompts = self.prompts(cell)[0]
         measured = [list(r["tokens"]) for r in outcome.requests]
         contexts = [prompts[i % len(prompts)] for i in range(len(measured))]
-        length = min(PROBE_TOKENS, self.config.max_new_tokens)
+        length = min(PROBE_TOKENS, self.config.grid.max_new_tokens)
         missing = max(0, PROBE_MIN_TOKENS - sum(map(len, measured)))
         extra = [prompts[(len(measured) + i) % len(prompts)] for i in range(math.ceil(missing / length))]
         outputs = measured + (run.sample(extra, length) if extra else [])
         scored = self.engine.score(contexts + extra, outputs)
         config = self.config
-        verdict, detail, figures = sampled_check(scored, cell.temperature, config.top_k, config.top_p,
+        verdict, detail, figures = sampled_check(scored, cell.temperature, config.grid.top_k, config.grid.top_p,
                                                  self.engine.vocab_size)
         outcome.row.update(figures)
         outcome.row["lossless"], outcome.row["lossless_detail"] = verdict, detail

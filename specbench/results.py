@@ -232,7 +232,60 @@ def read_meta(path: Path) -> dict:
                          "damaged") from None
     if not isinstance(meta, dict) or "status" not in meta or not isinstance(meta.get("config", {}), dict):
         raise DamagedRun(f"{where} is not a specbench run.json (a JSON object with the sweep's status and config)")
+    if meta.get("config"):  # none recorded stays none: nothing is planned from it
+        meta["config"] = nested_config(meta["config"])
     return meta
+
+
+# --- run.json's config -------------------------------------------------------------------------
+
+CONFIG_GROUPS = ("grid", "load", "engine", "executor", "gate")  # SweepConfig's, as run.json nests them
+# a flat config's settings (every one at the top level of run.json's "config"; in its order, which
+# resume's messages keep) -> each one's place in the groups
+FLAT_CONFIG: dict[str, tuple[str, ...]] = {
+    "target": ("grid", "target"), "drafts": ("grid", "drafts"), "ks": ("grid", "ks"),
+    "batch_sizes": ("load", "batch_sizes"), "temperatures": ("grid", "temperatures"),
+    "workloads": ("grid", "workloads"), "max_new_tokens": ("grid", "max_new_tokens"),
+    "num_prompts": ("grid", "num_prompts"), "repeats": ("grid", "repeats"), "seed": ("grid", "seed"),
+    "dtype": ("engine", "dtype"), "device": ("engine", "device"), "top_p": ("grid", "top_p"),
+    "top_k": ("grid", "top_k"), "chat_template": ("engine", "chat_template"), "warmup": ("engine", "warmup"),
+    "allow_download": ("engine", "allow_download"), "trust_remote_code": ("engine", "trust_remote_code"),
+    "weights": ("grid", "weights"), "alphas": ("grid", "alphas"), "target_layers": ("grid", "target_layers"),
+    "cuda_graphs": ("engine", "cuda_graphs"), "engine": ("engine", "name"), "vllm": ("engine", "vllm"),
+    "request_rates": ("load", "request_rates"), "burstiness": ("load", "burstiness"), "slo": ("gate", "slo"),
+    "endpoint": ("engine", "endpoint", "urls"), "baseline_endpoint": ("engine", "endpoint", "baseline_urls"),
+    "api_key_env": ("engine", "endpoint", "api_key_env"), "router": ("engine", "endpoint", "router"),
+    "context_lengths": ("grid", "context_lengths"), "until_decided": ("gate", "until_decided"),
+    "max_repeats": ("gate", "max_repeats"), "min_speedup": ("gate", "min_speedup"), "trace": ("load", "trace"),
+    "trace_window": ("load", "trace_window"), "trace_speedup": ("load", "trace_speedup"),
+    "trace_max_requests": ("load", "trace_max_requests"), "executor": ("executor", "name"),
+    "ray_address": ("executor", "ray_address"),
+}
+
+
+def nested_config(config: dict) -> dict:
+    """run.json's config in SweepConfig's groups, every group present (empty where none is
+    recorded). A flat config's settings are moved into their groups; keys it does not know stay at
+    the top level."""
+    flat = any(key in FLAT_CONFIG and not (key in CONFIG_GROUPS and isinstance(value, dict))
+               for key, value in config.items())
+    nested: dict = {} if flat else dict(config)
+    if flat:
+        for key, value in config.items():
+            *groups, name = FLAT_CONFIG.get(key, (key,))
+            place = nested
+            for group in groups:
+                place = place.setdefault(group, {})
+            place[name] = value
+    for group in CONFIG_GROUPS:
+        if not isinstance(nested.get(group), dict):
+            nested[group] = {}
+    return nested
+
+
+def recorded_config(meta: dict) -> dict:
+    """A run's config (run.json's "config", `meta` its dict) in SweepConfig's groups (`nested_config`)."""
+    return nested_config(meta.get("config") or {})
 
 
 def check_cells(cells: pd.DataFrame, where: Path) -> None:

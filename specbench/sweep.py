@@ -9,20 +9,22 @@ the cells to an executor (this process or a Ray cluster), which runs the measuri
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from specbench.drafter_kinds import drafter_kind
 from specbench.grid import (  # noqa: F401  (SweepConfig and plan_cells are the sweep's vocabulary too)
     AR, Cell, SweepConfig, VllmOptions, build_replay, check_context_limit, context_limit, describe_plan, plan_cells,
-    positions_needed, split_schedule, target_shape,
+    positions_needed, setting, split_schedule, target_shape, with_setting,
 )
 from specbench.measuring import (
     CellLoop, SweepEvent, SweepTables, SweepWork, check_engine, close_brackets, pair_with_baseline,
 )
 from specbench.models import dtype_name, load_tokenizer, model_family, parse_draft_spec, resolve_model
-from specbench.results import cpu_flags, hardware_info, new_run_dir, now_iso, read_table, versions, write_json
+from specbench.results import (
+    FLAT_CONFIG, cpu_flags, hardware_info, new_run_dir, nested_config, now_iso, read_table, versions, write_json,
+)
 from specbench.schema import BRACKETED
 from specbench.synthetic import shipped_config
 from specbench.traces import Replay
@@ -32,7 +34,7 @@ from specbench.workloads import Workload, encode_prompt, load_workload
 def endpoint_context_limit(config: SweepConfig) -> int:
     """On the user's endpoints, the context they say they serve (0: another engine, or none says):
     what a trace's rows, the context lengths and the prompts must fit there."""
-    if config.engine != "endpoint":
+    if config.engine.name != "endpoint":
         return 0
     from specbench.served.endpoint import served_context_limit
 
@@ -47,10 +49,10 @@ def check_config(config: SweepConfig, replay: Replay | None = None) -> Replay | 
     from specbench.fit.slo import parse_slo
 
     config.validate()
-    if replay is None and config.trace:
+    if replay is None and config.load.trace:
         replay = build_replay(config, endpoint_context_limit(config))
-    if config.slo:
-        parse_slo(config.slo)
+    if config.gate.slo:
+        parse_slo(config.gate.slo)
     validate_executor(config)
     check_engine(config)
     return replay
@@ -61,7 +63,7 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
     trace, and what must fit the target (its context, its layers). Returns the loaded workloads and
     the trace's replay (built here once, unless `check_config` built it already: None without --trace)."""
     replay = check_config(config, replay)
-    if config.engine == "endpoint":  # an unreachable server is the likelier mistake than a missing tokenizer
+    if config.engine.name == "endpoint":  # an unreachable server is the likelier mistake than a missing tokenizer
         from specbench.served.endpoint import check_reachable
 
         check_reachable(config)
@@ -69,28 +71,28 @@ def preflight(config: SweepConfig, replay: Replay | None = None) -> tuple[dict[s
     shape = target_shape(config)
     check_context_limit(config, shape, served)
     check_self_drafts(config, shape)
-    workloads = {name: load_workload(name) for name in config.workloads}
+    workloads = {name: load_workload(name) for name in config.grid.workloads}
     check_prompt_lengths(config, workloads, shape, served)
-    if config.engine == "vllm":
+    if config.engine.name == "vllm":
         import sys
 
         from specbench.served.vllm_engine import installed_vllm_version
 
-        installed_vllm_version(config.vllm.python or sys.executable)  # one line saying how to install it
-    if config.synthetic:
-        target_alias, _ = shipped_config(config.target)
+        installed_vllm_version(config.engine.vllm.python or sys.executable)  # one line saying how to install it
+    if config.grid.synthetic:
+        target_alias, _ = shipped_config(config.grid.target)
         family = model_family(target_alias)
-        for draft in config.drafts:
-            spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
+        for draft in config.grid.drafts:
+            spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine.name != "native")
             if drafter_kind(spec.kind).separate_model:
                 shipped_config(spec.model, family)
         return workloads, replay
-    target = resolve_model(config.target, allow_download=config.allow_download)
+    target = resolve_model(config.grid.target, allow_download=config.engine.allow_download)
     family = target.spec.family if target.spec else None
-    for draft in config.drafts if config.engine != "endpoint" else []:  # an endpoint's draft is a label
-        spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine != "native")
+    for draft in config.grid.drafts if config.engine.name != "endpoint" else []:  # an endpoint's draft is a label
+        spec = parse_draft_spec(split_schedule(draft)[0], allow_served=config.engine.name != "native")
         if drafter_kind(spec.kind).separate_model:
-            resolve_model(spec.model, family=family, allow_download=config.allow_download)
+            resolve_model(spec.model, family=family, allow_download=config.engine.allow_download)
     return workloads, replay
 
 
@@ -102,16 +104,16 @@ def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str |
     (AVX512-BF16 or AMX; `flags`: the CPU's, results.cpu_flags): torch falls back to kernels there
     that a 2-core AVX2 VM ran at 0.2-1.5 GFLOP/s against fp32's 20-66, so such a draft's cells
     measure that CPU's bf16, not the draft. None where it does not apply."""
-    if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic:
+    if config.engine.name != "native" or not config.engine.device.startswith("cpu") or config.grid.synthetic:
         return None
     def sixteen_bit(dtype: str | None) -> bool:  # None: the CPU's default, fp32
         return dtype is not None and dtype_name(dtype) in ("bfloat16", "float16")
 
-    models = [config.target] * sixteen_bit(config.dtype)
-    for draft in config.drafts:
+    models = [config.grid.target] * sixteen_bit(config.engine.dtype)
+    for draft in config.grid.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
-        if drafter_kind(spec.kind).separate_model and sixteen_bit(spec.dtype or config.dtype):
-            models.append(f"{spec.model}@{spec.dtype or config.dtype}")
+        if drafter_kind(spec.kind).separate_model and sixteen_bit(spec.dtype or config.engine.dtype):
+            models.append(f"{spec.model}@{spec.dtype or config.engine.dtype}")
     flags = cpu_flags() if flags is None else flags
     if not models or BF16_INSTRUCTIONS & set(flags):
         return None
@@ -122,12 +124,12 @@ def slow_bf16_note(config: SweepConfig, flags: list[str] | None = None) -> str |
 def check_self_drafts(config: SweepConfig, shape: dict | None) -> None:
     """self:N drafts with the target's first N layers: N must be fewer than the target has."""
     layers = (shape or {}).get("num_hidden_layers")
-    for draft in config.drafts:
+    for draft in config.grid.drafts:
         base = split_schedule(draft)[0]
         if layers and base.startswith("self:"):
             n = parse_draft_spec(base, allow_served=True).layers
             if n >= layers:
-                raise ValueError(f"draft {draft!r}: {config.target} has {layers} layers; a self-draft uses fewer "
+                raise ValueError(f"draft {draft!r}: {config.grid.target} has {layers} layers; a self-draft uses fewer "
                                  f"(self:1 to self:{layers - 1})")
 
 
@@ -145,7 +147,7 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
     room = limit - positions_needed(config, 0) if limit else None
     tokenizer = None
     for name, workload in workloads.items():
-        if config.context_lengths or config.trace or not workload.records:
+        if config.grid.context_lengths or config.load.trace or not workload.records:
             continue  # prompts built to the context lengths or a trace's, checked against the context already
         longest = max(workload.records, key=lambda record: len(record.text))
         chars = len(longest.text)
@@ -153,15 +155,16 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
             where = f"; {context.whose}" if limit else ""
             raise ValueError(f"workload {name}: prompt {longest.id} is {chars:,} characters, over the size limit"
                              f"{where}")
-        if room is None or chars + 64 <= room or config.synthetic:
+        if room is None or chars + 64 <= room or config.grid.synthetic:
             continue
         if tokenizer is None:
 
-            tokenizer = load_tokenizer(config.target, config.allow_download, config.trust_remote_code)
-        tokens = len(encode_prompt(longest, tokenizer, config.chat_template))
+            tokenizer = load_tokenizer(config.grid.target, config.engine.allow_download,
+                                       config.engine.trust_remote_code)
+        tokens = len(encode_prompt(longest, tokenizer, config.engine.chat_template))
         if tokens > room:
             raise ValueError(f"workload {name}: prompt {longest.id} is {tokens} tokens; with --max-new-tokens "
-                             f"{config.max_new_tokens} it needs {positions_needed(config, tokens)} positions and "
+                             f"{config.grid.max_new_tokens} it needs {positions_needed(config, tokens)} positions and "
                              f"{context.whose}")
 
 
@@ -169,13 +172,14 @@ def check_prompt_lengths(config: SweepConfig, workloads: dict[str, Workload], sh
 
 DEFAULT_RUN_BUDGET_S = 15 * 60  # what a default run may take on a slow 2-core CPU: a quarter of an hour
 # options that size a run: given any, the user sized it, and the grid is run as given (and told)
-SIZE_FIELDS = {"target", "drafts", "ks", "batch_sizes", "temperatures", "workloads", "context_lengths",
-               "max_new_tokens", "num_prompts", "repeats", "dtype", "alphas", "until_decided"}
+SIZE_FIELDS = {"grid.target", "grid.drafts", "grid.ks", "load.batch_sizes", "grid.temperatures", "grid.workloads",
+               "grid.context_lengths", "grid.max_new_tokens", "grid.num_prompts", "grid.repeats", "engine.dtype",
+               "grid.alphas", "gate.until_decided"}
 # grid values a default run (no option of SIZE_FIELDS given) gives up, in this order, while its
 # estimate is over the budget: sampled cells first (greedy ones are checked exactly), then K 4,
 # the code workload, batch size 16
-TRIMS = (("temperatures", [0.0], "--temperatures 0"), ("ks", [2], "--k 2"), ("workloads", ["chat"], "--workloads chat"),
-         ("batch_sizes", [1, 4], "--batch-sizes 1,4"))
+TRIMS = (("grid.temperatures", [0.0], "--temperatures 0"), ("grid.ks", [2], "--k 2"),
+         ("grid.workloads", ["chat"], "--workloads chat"), ("load.batch_sizes", [1, 4], "--batch-sizes 1,4"))
 
 
 @dataclass
@@ -210,18 +214,18 @@ def plan_time(config: SweepConfig, workloads: dict, given: set[str] | None = Non
     which cells are slow, why, and the options that cut them."""
     from specbench.native.estimate import estimate_native, native_dtypes, probe_rates, prompt_tokens
 
-    if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic \
-            or config.executor != "local":  # a cluster's nodes are not this machine
+    if config.engine.name != "native" or not config.engine.device.startswith("cpu") or config.grid.synthetic \
+            or config.executor.name != "local":  # a cluster's nodes are not this machine
         return TimePlan(config, None)
     if rates is None:
         rates = probe_rates(sorted(set(native_dtypes(config).values()) | {"float32"}))
     tokens = prompt_tokens(config, workloads)
     chosen, why = [], []
-    if given is not None and "drafts" not in given:
-        drafts = [_in_fp32(draft) if _slower_16_bit(draft, config, rates) else draft for draft in config.drafts]
-        if drafts != config.drafts:
+    if given is not None and "grid.drafts" not in given:
+        drafts = [_in_fp32(draft) if _slower_16_bit(draft, config, rates) else draft for draft in config.grid.drafts]
+        if drafts != config.grid.drafts:
             slow = estimate_native(config, rates, tokens)
-            config = replace(config, drafts=drafts)
+            config = with_setting(config, "grid.drafts", drafts)
             chosen.append(f"--drafts {','.join(drafts)}")
             bf16 = rates.flops.get("bfloat16", float("nan"))
             why.append(f"bf16 products run at {bf16 / 1e9:.3g} GFLOP/s on this CPU against fp32's "
@@ -232,11 +236,11 @@ def plan_time(config: SweepConfig, workloads: dict, given: set[str] | None = Non
         return TimePlan(config, None)
     if given is not None and not given & SIZE_FIELDS and estimate.seconds > DEFAULT_RUN_BUDGET_S:
         before, trims = estimate.seconds, []
-        for name, values, option in TRIMS:
+        for path, values, option in TRIMS:
             if estimate.seconds <= DEFAULT_RUN_BUDGET_S:
                 break
-            if list(getattr(config, name)) != values and set(values) <= set(getattr(config, name)):
-                config = replace(config, **{name: values})
+            if list(setting(config, path)) != values and set(values) <= set(setting(config, path)):
+                config = with_setting(config, path, values)
                 estimate = estimate_native(config, rates, tokens)
                 trims.append(option)
         chosen += trims
@@ -294,24 +298,24 @@ def _slow_cells(config: SweepConfig, estimate, rates, tokens: dict, cells: list[
                  f"fp32's {rates.flops['float32'] / 1e9:.3g}{_no_bf16_instructions()}")
     cuts = []
     if slowest != AR:
-        others = [draft for draft in config.drafts if draft != slowest]
+        others = [draft for draft in config.grid.drafts if draft != slowest]
         if _slower_16_bit(slowest, config, rates):
-            cuts.append(("drafts", [*others, _in_fp32(slowest)]))
+            cuts.append(("grid.drafts", [*others, _in_fp32(slowest)]))
         if others:
-            cuts.append(("drafts", others))
-    if len(config.temperatures) > 1:
-        cuts.append(("temperatures", [min(config.temperatures)]))
-    if len(config.batch_sizes) > 1:
-        cuts.append(("batch_sizes", sorted(config.batch_sizes)[:-1]))
-    if len(config.ks) > 1:
-        cuts.append(("ks", [min(config.ks)]))
+            cuts.append(("grid.drafts", others))
+    if len(config.grid.temperatures) > 1:
+        cuts.append(("grid.temperatures", [min(config.grid.temperatures)]))
+    if len(config.load.batch_sizes) > 1:
+        cuts.append(("load.batch_sizes", sorted(config.load.batch_sizes)[:-1]))
+    if len(config.grid.ks) > 1:
+        cuts.append(("grid.ks", [min(config.grid.ks)]))
     told = []
-    for name, values in cuts:
-        changed = replace(config, **{name: values})
+    for path, values in cuts:
+        changed = with_setting(config, path, values)
         left = None if cells is None else [cell for cell in plan_cells(changed) if cell.id in {c.id for c in cells}]
         after = estimate_native(changed, rates, tokens, left)
         if after is not None and after.seconds < estimate.seconds:
-            option = OPTION_NAMES.get(name, name).replace("_", "-")
+            option = OPTION_NAMES[path].replace("_", "-")
             told.append(f"--{option} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)} "
                         f"(about {minutes_of(after.seconds)})")
     return line + ("; cut it with " + ", ".join(told) if told else "")
@@ -319,44 +323,62 @@ def _slow_cells(config: SweepConfig, estimate, rates, tokens: dict, cells: list[
 
 # --- resuming a run ----------------------------------------------------------------------------
 
-# SweepConfig fields that name cells (a resume may add values: new cells, old ones kept), and those
-# that change what a cell measures (a resume must keep them). The rest (--slo, downloads) may change.
-GRID_FIELDS = ("drafts", "ks", "batch_sizes", "request_rates", "temperatures", "workloads", "context_lengths",
-               "alphas")
-MEASURED_FIELDS = ("target", "max_new_tokens", "num_prompts", "repeats", "seed", "dtype", "device", "top_p", "top_k",
-                   "chat_template", "weights", "target_layers", "cuda_graphs", "engine", "vllm", "burstiness",
-                   "endpoint", "baseline_endpoint", "router", "trace", "trace_window", "trace_speedup",
-                   "trace_max_requests")
-OPTION_NAMES = {"ks": "k", "alphas": "alpha", "allow_download": "download"}  # field -> its CLI option
+# SweepConfig settings that name cells (a resume may add values: new cells, old ones kept), and
+# those that change what a cell measures (a resume must keep them). The rest (--slo, downloads) may change.
+GRID_FIELDS = ("grid.drafts", "grid.ks", "load.batch_sizes", "load.request_rates", "grid.temperatures",
+               "grid.workloads", "grid.context_lengths", "grid.alphas")
+MEASURED_FIELDS = ("grid.target", "grid.max_new_tokens", "grid.num_prompts", "grid.repeats", "grid.seed",
+                   "engine.dtype", "engine.device", "grid.top_p", "grid.top_k", "engine.chat_template", "grid.weights",
+                   "grid.target_layers", "engine.cuda_graphs", "engine.name", "engine.vllm", "load.burstiness",
+                   "engine.endpoint.urls", "engine.endpoint.baseline_urls", "engine.endpoint.router", "load.trace",
+                   "load.trace_window", "load.trace_speedup", "load.trace_max_requests")
+# each setting (its path in SweepConfig's groups) -> the sweep option that sets it: a flat
+# config's key, but for these
+RENAMED_OPTIONS = {"ks": "k", "alphas": "alpha", "allow_download": "download"}
+OPTION_NAMES = {".".join(path): RENAMED_OPTIONS.get(key, key) for key, path in FLAT_CONFIG.items()}
 
 
 def resumed_config(previous: dict, config: SweepConfig, given: set[str] | None = None) -> tuple[SweepConfig, list[str]]:
-    """The config to resume a run with: the run's own settings, except those given on the command
-    line (`given`: field names; None = all). A grid setting given replaces the run's (cells already
-    measured are kept, new ones added); a measurement setting given must equal the run's, or the
-    resume is refused with one line naming each difference. Returns the config and notes."""
-    from dataclasses import fields
-
-    asked = asdict(config)
-    merged, conflicts, notes = dict(asked), [], []
-    for item in fields(SweepConfig):
-        name = item.name
-        if name not in previous:
+    """The config to resume a run with: the run's own settings (`previous`: run.json's config),
+    except those given on the command line (`given`: settings' paths, "grid.ks"; None = all). A grid
+    setting given replaces the run's (cells already measured are kept, new ones added); a measurement
+    setting given must equal the run's, or the resume is refused with one line naming each
+    difference. Returns the config and notes."""
+    previous, asked = nested_config(previous), asdict(config)
+    merged, conflicts, notes = asdict(config), [], []
+    for path, option in OPTION_NAMES.items():
+        recorded, before = _recorded(previous, path)
+        if not recorded:
             continue
-        before, now = previous[name], asked[name]
-        if given is not None and name not in given:
-            merged[name] = before
-        elif name in MEASURED_FIELDS and _normal(before) != _normal(now):
-            conflicts.append(f"--{OPTION_NAMES.get(name, name).replace('_', '-')} {_shown(now)} (the run: "
-                             f"{_shown(before)})")
-        elif name in GRID_FIELDS and _normal(before) != _normal(now):
-            notes.append(f"--{OPTION_NAMES.get(name, name).replace('_', '-')} {_shown(now)} replaces the run's "
-                         f"{_shown(before)}: its cells already measured are kept")
+        now = _recorded(asked, path)[1]
+        if given is not None and path not in given:
+            _record(merged, path, before)
+        elif path in MEASURED_FIELDS and _normal(before) != _normal(now):
+            conflicts.append(f"--{option.replace('_', '-')} {_shown(now)} (the run: {_shown(before)})")
+        elif path in GRID_FIELDS and _normal(before) != _normal(now):
+            notes.append(f"--{option.replace('_', '-')} {_shown(now)} replaces the run's {_shown(before)}: its cells "
+                         f"already measured are kept")
     if conflicts:
         raise ValueError("--resume would mix cells measured under other settings: " + "; ".join(conflicts)
                          + ". Leave those options out to resume with the run's, or start a new run")
-    merged["vllm"] = VllmOptions(**merged["vllm"]) if isinstance(merged["vllm"], dict) else merged["vllm"]
-    return SweepConfig(**merged), notes
+    return SweepConfig.from_dict(merged), notes
+
+
+def _recorded(config: dict, path: str) -> tuple[bool, object]:
+    """(whether `config`, a nested config dict, holds the setting at `path`, its value)."""
+    *groups, name = path.split(".")
+    for group in groups:
+        config = config.get(group)
+        if not isinstance(config, dict):
+            return False, None
+    return name in config, config.get(name)
+
+
+def _record(config: dict, path: str, value) -> None:
+    *groups, name = path.split(".")
+    for group in groups:
+        config = config[group]
+    config[name] = value
 
 
 def _normal(value):
@@ -384,7 +406,7 @@ def served_cpu_rate(config: SweepConfig) -> dict:
     past what it measured (fleet.served.held_price), as a native run records its own."""
     from specbench.native.measure import matmul_rate
 
-    dtype = config.torch_dtype  # the servers' dtype: --dtype, else fp32 on a CPU
+    dtype = config.engine.torch_dtype  # the servers' dtype: --dtype, else fp32 on a CPU
     return {"matmul_flops_per_s": matmul_rate("cpu", dtype), "matmul_dtype": str(dtype).replace("torch.", "")}
 
 
@@ -408,12 +430,12 @@ def run_sweep(
     executor.preflight()  # an unreachable cluster fails here, before a run directory says "running"
     if note := slow_bf16_note(config):  # once the sweep is sure to run: bad input stays one line
         on_event(SweepEvent("stage", message=note))
-    run_dir = resume_dir or new_run_dir(Path(results_root), config.target)
+    run_dir = resume_dir or new_run_dir(Path(results_root), config.grid.target)
     tables = SweepTables(run_dir)
     meta = {"config": asdict(config), "plan": describe_plan(config, replay), "started": now_iso(), "status": "running",
-            "hardware": hardware_info(), "versions": versions(), "seed": config.seed,
-            "synthetic": config.synthetic, "engine": {"name": config.engine}, **(notes or {})}
-    if config.engine == "vllm" and config.device.startswith("cpu") and config.executor == "local":
+            "hardware": hardware_info(), "versions": versions(), "seed": config.grid.seed,
+            "synthetic": config.grid.synthetic, "engine": {"name": config.engine.name}, **(notes or {})}
+    if config.engine.name == "vllm" and config.engine.device.startswith("cpu") and config.executor.name == "local":
         meta["hardware"].update(served_cpu_rate(config))
     if replay is not None:
         meta["trace"] = replay.to_dict()
@@ -428,7 +450,7 @@ def run_sweep(
     done = tables.finished_ids()
     work = SweepWork(config, cells, [cell for cell in cells if cell.id not in done], tables, workloads, on_event,
                      meta, lambda: write_json(run_dir / "run.json", meta), replay=replay,
-                     more_repeats=add_repeats_until_decided if config.until_decided else None)
+                     more_repeats=add_repeats_until_decided if config.gate.until_decided else None)
     try:
         executor.run(work)
         meta["status"] = "complete"
@@ -464,19 +486,19 @@ def add_repeats_until_decided(sweep: CellLoop, planned: list[Cell]) -> str:
         requests, steps = read_table(tables.run_dir, "requests"), read_table(tables.run_dir, "steps")
         # mid-sweep: judged on the cells measured so far, as complete
         result = evaluate(tables.cells, sizes, state=None, requests=requests, steps=steps,
-                          min_speedup=config.min_speedup)
+                          min_speedup=config.gate.min_speedup)
         if result.exit_code != INCONCLUSIVE:
             return f"decided: {result.verdict}: {result.message}"
-        groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.min_speedup,
+        groups = {by_id[c].group for c in undecided_cells(tables.cells, result.draft, sizes, config.gate.min_speedup,
                                                                 requests=requests, steps=steps)
                   if c in by_id}
         chosen = [by_id[c] for c in ok["cell_id"] if c in by_id and by_id[c].group in groups
                   and by_id[c].draft in (AR, result.draft)]
-        done = max(int(tables.row(cell.id)["repeats"]) for cell in chosen) if chosen else config.max_repeats
-        if done >= config.max_repeats:
-            return (f"budget spent: {config.max_repeats} repeats (--max-repeats) and still INCONCLUSIVE: "
+        done = max(int(tables.row(cell.id)["repeats"]) for cell in chosen) if chosen else config.gate.max_repeats
+        if done >= config.gate.max_repeats:
+            return (f"budget spent: {config.gate.max_repeats} repeats (--max-repeats) and still INCONCLUSIVE: "
                     f"{result.message}")
-        extra = min(max(done, 2), config.max_repeats - done)
+        extra = min(max(done, 2), config.gate.max_repeats - done)
         sweep.on_event(SweepEvent("stage", message=f"--until-decided: {result.message}; {extra} more repeat(s) of "
                                                    f"{len(chosen)} cells ({', '.join(sorted(groups))})"))
         more = sweep.again(first_repeat=done, repeats=extra)

@@ -381,7 +381,8 @@ def sweep_replay(config, context_limit: int, context_name: str = "the target's c
     that would not fit `context_limit` (input, output and a step's drafts, grid.draft_headroom
     already taken off; 0: no limit; `context_name` says whose) are skipped, as are inputs below
     MIN_TRACE_INPUT tokens."""
-    return replay(load_trace(config.trace), config.trace_window, config.trace_speedup, config.trace_max_requests,
+    load = config.load
+    return replay(load_trace(load.trace), load.trace_window, load.trace_speedup, load.trace_max_requests,
                   context_limit, MIN_TRACE_INPUT, context_name)
 
 
@@ -402,10 +403,10 @@ class ReplayRecord:
 def check_trace_config(config) -> None:
     """One-line errors for --trace and the options beside it. The trace itself is read by the
     sweep's preflight, which builds the replay once (`grid.build_replay`)."""
-    if config.engine not in ("vllm", "endpoint"):
+    if config.engine.name not in ("vllm", "endpoint"):
         raise TraceError("--trace replays a trace's arrivals on a served engine (--engine vllm or --endpoint); the "
                          "native engine runs static batches")
-    if config.request_rates:
+    if config.load.request_rates:
         raise TraceError("--trace replays the trace's own arrivals: leave out --request-rates")
-    if config.until_decided:
+    if config.gate.until_decided:
         raise TraceError("--until-decided adds repeats to batch-size cells; a trace replay is judged with --slo")

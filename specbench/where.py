@@ -55,7 +55,7 @@ def where_columns(engine, node_id: str = "local") -> dict:
     import torch
 
     name = getattr(engine, "name", "")
-    gpus, driver = used_gpus(name, engine.config.device)
+    gpus, driver = used_gpus(name, engine.config.engine.device)
     models = sorted({model for model, _ in gpus})
     if name == "endpoint":
         model = "endpoint"

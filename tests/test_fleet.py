@@ -1545,11 +1545,12 @@ def test_a_plan_on_a_vllm_run_keeps_to_its_servers_context(tmp_path):
 
     run = Path(__file__).resolve().parents[1] / "tests/fixtures/cpu/vllm-local"
     assert served_context(json.loads((run / "run.json").read_text())) == 8192
-    assert served_context({"config": {"target": "smollm2-135m", "vllm": {"max_model_len": 4096}}}) == 4096
-    assert served_context({"config": {"target": "/a/local/model"}}) == 0  # not known: the KV cache alone bounds
+    served = {"grid": {"target": "smollm2-135m"}, "engine": {"vllm": {"max_model_len": 4096}}}
+    assert served_context({"config": served}) == 4096
+    local = {"grid": {"target": "/a/local/model"}}
+    assert served_context({"config": local}) == 0  # not known: the KV cache alone bounds
     # an endpoint run's servers said what they serve (/v1/models max_model_len), whatever the target's own context
-    assert served_context({"config": {"target": "/a/local/model"}, "engine": {"name": "endpoint",
-                                                                              "context_limit": 2048}}) == 2048
+    assert served_context({"config": local, "engine": {"name": "endpoint", "context_limit": 2048}}) == 2048
     result = CliRunner().invoke(app, ["plan", str(run), "--concurrency", "4", "--input-len", "9000",
                                       "--output-len", "64"])
     assert result.exit_code == 2 and result.output.strip() == (
@@ -1841,7 +1842,7 @@ def test_a_load_spread_over_two_servers_is_simulated_on_two_replicas_behind_its_
     requests = pd.DataFrame([{"cell_id": name, "repeat": 0, "arrival_s": arrivals[i], "prompt_tokens": prompts[i],
                               "output_tokens": outputs[i], "ttft_s": 0.0, "tpot_s": 0.0, "e2e_s": 0.0}
                              for name in ("one", "two") for i in range(count)])
-    meta = {"config": {"router": "round-robin"},
+    meta = {"config": {"engine": {"endpoint": {"router": "round-robin"}}},
             "engine": {"servers": [{"label": "endpoint", "kv_cache": {"kv_cache_size_tokens": "46592",
                                                                       "block_size": "128"}}]}}
     one, two = cell_loads(cells, requests, meta=meta)

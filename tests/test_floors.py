@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specbench.grid import ENGINES, SweepConfig
+from specbench.grid import ENGINES, EngineOptions, GateOptions, GridOptions, SweepConfig
 
 RUN = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"
 PROBE = ("import sys, runpy; sys.argv = ['specbench', *sys.argv[1:]]\n"
@@ -31,15 +31,15 @@ def test_the_grid_checks_its_values_and_the_sweep_checks_the_engine():
     from specbench.measuring import ENGINES as IMPLEMENTATIONS
     from specbench.sweep import check_config
 
-    config = SweepConfig(cuda_graphs=True)  # the native engine refuses CUDA graphs without CUDA
+    config = SweepConfig(engine=EngineOptions(cuda_graphs=True))  # the native engine refuses CUDA graphs without CUDA
     config.validate()
     with pytest.raises(ValueError, match="--cuda-graphs needs"):
         check_config(config)
     assert set(IMPLEMENTATIONS) == set(ENGINES)
     with pytest.raises(ValueError, match="top_p must be in"):
-        SweepConfig(top_p=0).validate()
+        SweepConfig(grid=GridOptions(top_p=0)).validate()
     with pytest.raises(ValueError, match="SLO|slo"):
-        check_config(SweepConfig(slo="nonsense"))
+        check_config(SweepConfig(gate=GateOptions(slo="nonsense")))
 
 
 def test_the_walls_hold():

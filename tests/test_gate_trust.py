@@ -260,7 +260,8 @@ def test_resume_takes_the_runs_settings_and_extends_its_grid(tiny_model_dirs, tm
     code, out, _ = run_cli(["sweep", "--resume", "--output", output, "--batch-sizes", "1,2"], capsys)
     assert code == 0 and "--batch-sizes 1,2 replaces the run's 1: its cells already measured are kept" in out
     run = load_run(output)
-    assert len(run.cells) == 4 and run.meta["config"]["max_new_tokens"] == 6 and run.meta["config"]["batch_sizes"] == [1, 2]
+    assert len(run.cells) == 4 and run.meta["config"]["grid"]["max_new_tokens"] == 6 \
+        and run.meta["config"]["load"]["batch_sizes"] == [1, 2]
     code, _, err = run_cli(["sweep", "--resume", "--output", output, "--seed", "3", "--dtype", "fp32"], capsys)
     assert code == 2 and "--seed 3 (the run: 0)" in err and "--dtype fp32 (the run: fp64)" in err
 

@@ -114,9 +114,10 @@ def test_capture_needs_cuda(llama_target):
 
 def test_cuda_graphs_flag_needs_cuda():
     from specbench.sweep import SweepConfig, check_config
+    from specbench.grid import EngineOptions
 
     with pytest.raises(ValueError, match="--cuda-graphs needs"):
-        check_config(SweepConfig(cuda_graphs=True))
+        check_config(SweepConfig(engine=EngineOptions(cuda_graphs=True)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

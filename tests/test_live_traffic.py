@@ -16,7 +16,10 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.fit import parse_slo, slo_capacity, slo_table
 from specbench.gate import FAIL, PASS, UNANSWERABLE, evaluate_slo
-from specbench.grid import OPEN_ENDED, SweepConfig, format_schedule, parse_schedule, plan_cells, schedule_k
+from specbench.grid import (
+    OPEN_ENDED, EngineOptions, GridOptions, LoadOptions, SweepConfig, format_schedule, parse_schedule, plan_cells,
+    schedule_k,
+)
 from specbench.results import load_run
 from specbench.served.client import arrival_times
 from specbench.served.server import ServerProcess, free_port
@@ -54,13 +57,14 @@ def test_k_schedules_read_as_check_prints_them():
 
 
 def test_a_scheduled_draft_is_one_cell_per_group_at_its_k():
-    config = SweepConfig(drafts=["ngram", "ngram@schedule:{1: 3, 2+: 1}"], ks=[2], batch_sizes=[1, 4],
-                         temperatures=[0.0], workloads=["chat"], engine="vllm")
+    config = SweepConfig(grid=GridOptions(drafts=["ngram", "ngram@schedule:{1: 3, 2+: 1}"], ks=[2], temperatures=[0.0],
+                                          workloads=["chat"]),
+                         load=LoadOptions(batch_sizes=[1, 4]), engine=EngineOptions(name="vllm"))
     cells = {c.id for c in plan_cells(config)}
     assert "chat|B1|T0|ngram@schedule:{1: 3, 2+: 1}|K3" in cells and "chat|B4|T0|ngram@schedule:{1: 3, 2+: 1}|K1" in cells
     assert len(cells) == 2 * 3
-    rates = SweepConfig(drafts=["ngram"], ks=[2], request_rates=[2.0, float("inf")], temperatures=[0.0],
-                        workloads=["chat"], engine="vllm")
+    rates = SweepConfig(grid=GridOptions(drafts=["ngram"], ks=[2], temperatures=[0.0], workloads=["chat"]),
+                        load=LoadOptions(request_rates=[2.0, float("inf")]), engine=EngineOptions(name="vllm"))
     assert [c.id for c in plan_cells(rates)] == ["chat|R2|T0|autoregressive", "chat|R2|T0|ngram|K2",
                                                  "chat|Rinf|T0|autoregressive", "chat|Rinf|T0|ngram|K2"]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specbench.fit.roofline import fit_forward_time
-from specbench.grid import SweepConfig, plan_cells
+from specbench.grid import EngineOptions, GridOptions, LoadOptions, SweepConfig, plan_cells
 from specbench.shapes import Architecture
 from specbench.synthetic import config_parameters, random_model_lines
 
@@ -82,9 +82,10 @@ def test_a_random_weights_moe_target_is_transformers_own_model_and_times_a_cell(
     from specbench.native.forward import check_forward_matches
 
     runner = tiny_configs
-    config = SweepConfig(weights="random", alphas=["0.8"], target="tiny-moe", drafts=["tiny-dense"], ks=[2],
-                         batch_sizes=[2], temperatures=[0.0], workloads=["chat"], max_new_tokens=6, num_prompts=2,
-                         target_layers=1, warmup=False)
+    config = SweepConfig(grid=GridOptions(weights="random", alphas=["0.8"], target="tiny-moe", drafts=["tiny-dense"],
+                                          ks=[2], temperatures=[0.0], workloads=["chat"], max_new_tokens=6,
+                                          num_prompts=2, target_layers=1),
+                         load=LoadOptions(batch_sizes=[2]), engine=EngineOptions(warmup=False))
     runner.validate_native(config)
     models = runner.load_random_models(config)
     target = models.target.model
@@ -121,7 +122,8 @@ def test_random_weights_refuse_attention_the_native_cache_does_not_run(tiny_conf
     CONFIGS["tiny-sliding"] = {**TINY_MOE, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}
     try:
         for name, why in (("tiny-mla", "multi-head latent attention"), ("tiny-sliding", "sliding_attention layers")):
-            config = SweepConfig(weights="random", alphas=["0.8"], target=name, drafts=["ngram"], ks=[2])
+            config = SweepConfig(grid=GridOptions(weights="random", alphas=["0.8"], target=name, drafts=["ngram"],
+                                                  ks=[2]))
             with pytest.raises(ValueError, match=f"--weights random on the native engine: {name} has {why}.*"
                                                  f"--engine vllm runs it"):
                 runner.validate_native(config)

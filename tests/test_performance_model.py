@@ -17,7 +17,7 @@ from specbench.fit import (
 from specbench.fit.cost import expected_longest
 from specbench.fit.prefill_times import prefill_forwards
 from specbench.fit.roofline import ForwardProfile, slower_than_larger
-from specbench.grid import Cell, SweepConfig, plan_cells
+from specbench.grid import Cell, GridOptions, LoadOptions, SweepConfig, plan_cells
 from specbench.synthetic import shipped_config
 from specbench.workloads import encode_prompt, load_workload, long_context_records
 
@@ -236,7 +236,8 @@ def test_plan_marks_what_it_never_measured(timing_run):
     planned = json.loads(runner.invoke(app, ["plan", str(timing_run), "--k", "2,5", "--batch-sizes", "3,4,32",
                                              "--json"]).output)
     records = planned["predictions"]
-    assert planned["output_tokens"] == json.loads((timing_run / "run.json").read_text())["config"]["max_new_tokens"]
+    recorded = json.loads((timing_run / "run.json").read_text())["config"]
+    assert planned["output_tokens"] == recorded["grid"]["max_new_tokens"]
     assert any(line.startswith("held out: B=4 predicted from B=1,2") for line in planned["trust"])
     speculative = [r for r in records if r["draft"] != "autoregressive"]
     assert all(r["interpolated_b"] == (r["batch_size"] == 3) and r["measured_b"] == (r["batch_size"] == 4)
@@ -350,15 +351,16 @@ def test_committed_h100_context_run_is_predicted_at_a_length_it_did_not_see():
 
 def test_context_length_grid_and_prompts():
     assert token_count("4k") == 4096 and token_count("512") == 512 and token_count("16K") == 16384
-    config = SweepConfig(drafts=["ngram"], ks=[2], batch_sizes=[1], temperatures=[0.0], workloads=["chat"],
-                         context_lengths=[512, 4096])
+    config = SweepConfig(grid=GridOptions(drafts=["ngram"], ks=[2], temperatures=[0.0], workloads=["chat"],
+                                          context_lengths=[512, 4096]),
+                         load=LoadOptions(batch_sizes=[1]))
     cells = plan_cells(config)
     assert [c.id for c in cells] == ["chat|C512|B1|T0|autoregressive", "chat|C512|B1|T0|ngram|K2",
                                      "chat|C4096|B1|T0|autoregressive", "chat|C4096|B1|T0|ngram|K2"]
     assert Cell("chat", 1, 0.0).id == "chat|B1|T0|autoregressive"  # runs without the axis keep their ids
     for bad, message in (([512, 512], "repeats"), ([16], ">= 128")):
         with pytest.raises(ValueError, match=message):
-            SweepConfig(context_lengths=bad).validate()
+            SweepConfig(grid=GridOptions(context_lengths=bad)).validate()
     from specbench.models import load_tokenizer
     from specbench.models import ModelNotAvailable
 

@@ -130,12 +130,15 @@ def test_groups_spread_over_both_nodes_with_the_local_runs_tokens(tiny_model_dir
 
 
 def test_resume_after_an_interruption_keeps_what_finished(tiny_model_dirs, tmp_path, on_cluster):
+    from specbench.grid import EngineOptions, ExecutorOptions, GridOptions, LoadOptions
     from specbench.sweep import SweepConfig, run_sweep
 
     output = tmp_path / "run"
-    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
-                         batch_sizes=[1, 2], temperatures=[0.0], workloads=["chat"], max_new_tokens=12,
-                         num_prompts=2, dtype="fp64", executor="ray")
+    config = SweepConfig(grid=GridOptions(target=tiny_model_dirs["target"],
+                                          drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2], temperatures=[0.0],
+                                          workloads=["chat"], max_new_tokens=12, num_prompts=2),
+                         load=LoadOptions(batch_sizes=[1, 2]), engine=EngineOptions(dtype="fp64"),
+                         executor=ExecutorOptions(name="ray"))
 
     def stop_after_first(event):
         if event.kind == "done":
@@ -156,6 +159,7 @@ def test_resume_after_an_interruption_keeps_what_finished(tiny_model_dirs, tmp_p
 
 
 def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs, tmp_path, monkeypatch, capfd):
+    from specbench.grid import EngineOptions, ExecutorOptions, GridOptions, LoadOptions
     from specbench.sweep import SweepConfig, run_sweep
 
     cluster, nodes = start_cluster()
@@ -164,9 +168,11 @@ def test_a_killed_worker_node_has_its_cells_retried_on_the_other(tiny_model_dirs
         by_id = {node.node_id: node for node in nodes}
         # two draft-model groups (K=2, K=3): an n-gram cell ends ~0.5 s after its baseline, a window the driver's
         # lag closed once in CI (the node was killed with nothing left on it); a draft-model cell ends ~2 s after
-        config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"]], ks=[2, 3],
-                             batch_sizes=[1], temperatures=[0.0], workloads=["chat"], max_new_tokens=160,
-                             num_prompts=4, dtype="fp64", executor="ray")
+        config = SweepConfig(grid=GridOptions(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"]],
+                                              ks=[2, 3], temperatures=[0.0], workloads=["chat"], max_new_tokens=160,
+                                              num_prompts=4),
+                             load=LoadOptions(batch_sizes=[1]), engine=EngineOptions(dtype="fp64"),
+                             executor=ExecutorOptions(name="ray"))
         killed, messages = [], []
 
         def kill_the_node_that_measured_the_baseline(event):
@@ -244,12 +250,15 @@ def test_a_signal_stops_the_cluster_sweep_within_seconds_and_resume_completes_it
 def test_a_signal_after_the_last_cell_leaves_the_run_complete(tiny_model_dirs, tmp_path, on_cluster):
     """Every planned cell finished, then the signal: the run is complete (check judges it), not
     'interrupted' with 6 of 6 cells."""
+    from specbench.grid import EngineOptions, ExecutorOptions, GridOptions, LoadOptions
     from specbench.sweep import SweepConfig, run_sweep
 
     output = tmp_path / "run"
-    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
-                         batch_sizes=[1, 2], temperatures=[0.0], workloads=["chat"], max_new_tokens=12,
-                         num_prompts=2, dtype="fp64", executor="ray")
+    config = SweepConfig(grid=GridOptions(target=tiny_model_dirs["target"],
+                                          drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2], temperatures=[0.0],
+                                          workloads=["chat"], max_new_tokens=12, num_prompts=2),
+                         load=LoadOptions(batch_sizes=[1, 2]), engine=EngineOptions(dtype="fp64"),
+                         executor=ExecutorOptions(name="ray"))
     finished = []
 
     def stop_after_the_last(event):

@@ -93,11 +93,12 @@ def spec_decode_metrics(drafts: int, accepted_by_position: list[int]) -> str:
                                         "num_speculative_tokens": 3}),
 ])
 def test_mtp_and_eagle3_reach_the_servers_speculative_config_and_their_acceptance_is_recorded(draft, expected, tmp_path):
-    from specbench.grid import SweepConfig, base_speculative_configs, plan_cells
+    from specbench.grid import EngineOptions, GridOptions, LoadOptions, SweepConfig, base_speculative_configs, \
+        plan_cells
     from specbench.served.vllm_engine import VllmCellRun, VllmEngine, VllmStage
 
-    config = SweepConfig(engine="vllm", drafts=[draft], ks=[3], batch_sizes=[1], temperatures=[0.0],
-                         workloads=["chat"])
+    config = SweepConfig(grid=GridOptions(drafts=[draft], ks=[3], temperatures=[0.0], workloads=["chat"]),
+                         load=LoadOptions(batch_sizes=[1]), engine=EngineOptions(name="vllm"))
     config.validate()
     engine = VllmEngine(config, tmp_path)
     engine.target_dir = "/models/target"
@@ -161,20 +162,25 @@ def test_the_default_drafts_on_vllm_are_the_ones_it_runs(fake_vllm, tmp_path):
 
 def test_a_notebook_sweep_config_drafts_what_its_engine_runs():
     """SweepConfig chooses its default drafts and K once it knows the engine, as the CLI does: a
-    notebook's SweepConfig(engine="vllm") drafted smollm2-135m@bf16, which vLLM cannot run beside its
-    target, and SweepConfig(engine="endpoint") asked for K 2 and 4 of a server whose K it cannot set."""
-    from specbench.grid import SweepConfig
+    notebook's SweepConfig on engine "vllm" drafted smollm2-135m@bf16, which vLLM cannot run beside
+    its target, and one on engine "endpoint" asked for K 2 and 4 of a server whose K it cannot set."""
+    from specbench.grid import EndpointOptions, EngineOptions, GridOptions, SweepConfig
 
-    assert SweepConfig().drafts == ["ngram", "smollm2-135m@bf16"]
-    assert SweepConfig(engine="vllm").drafts == ["ngram", "smollm2-135m"]
-    assert SweepConfig(engine="endpoint", endpoint="http://127.0.0.1:8000").drafts == ["endpoint"]
-    assert SweepConfig(engine="endpoint", baseline_endpoint="http://127.0.0.1:8001").drafts == []
-    assert SweepConfig(engine="vllm", drafts=["1b"]).drafts == ["1b"]
-    assert SweepConfig().ks == SweepConfig(engine="vllm").ks == [2, 4]
-    endpoint = SweepConfig(engine="endpoint", endpoint="http://127.0.0.1:8000")
-    assert endpoint.ks == [0]
-    endpoint.validate()  # K 0: the server's own, unknown here
-    assert SweepConfig(engine="endpoint", ks=[3]).ks == [3]
+    vllm = EngineOptions(name="vllm")
+    endpoint = EngineOptions(name="endpoint", endpoint=EndpointOptions(urls="http://127.0.0.1:8000"))
+    baseline = EngineOptions(name="endpoint", endpoint=EndpointOptions(baseline_urls="http://127.0.0.1:8001"))
+    assert SweepConfig().grid.drafts == ["ngram", "smollm2-135m@bf16"]
+    assert SweepConfig(engine=vllm).grid.drafts == ["ngram", "smollm2-135m"]
+    assert SweepConfig(engine=endpoint).grid.drafts == ["endpoint"]
+    assert SweepConfig(engine=baseline).grid.drafts == []
+    assert SweepConfig(grid=GridOptions(drafts=["1b"]), engine=vllm).grid.drafts == ["1b"]
+    assert SweepConfig().grid.ks == SweepConfig(engine=vllm).grid.ks == [2, 4]
+    config = SweepConfig(engine=endpoint)
+    assert config.grid.ks == [0]
+    config.validate()  # K 0: the server's own, unknown here
+    assert SweepConfig(grid=GridOptions(ks=[3]), engine=EngineOptions(name="endpoint")).grid.ks == [3]
+    grid = GridOptions()  # one grid, two engines: each config its own default drafts
+    assert SweepConfig(grid=grid, engine=vllm).grid.drafts != SweepConfig(grid=grid).grid.drafts
 
 
 def test_json_drafts_keep_their_commas():

@@ -50,7 +50,7 @@ def test_sweep_writes_every_table_with_documented_columns(finished_run):
     meta = json.loads((output / "run.json").read_text())
     assert meta["status"] == "complete"
     assert {"python", "torch", "transformers", "specbench", "specbench_git"} <= set(meta["versions"])
-    assert meta["hardware"]["cpu"] and meta["config"]["seed"] == 0
+    assert meta["hardware"]["cpu"] and meta["config"]["grid"]["seed"] == 0
     # the vector extensions a CPU run's speed turns on, as /proc/cpuinfo and torch's dispatch say them
     from specbench.results import SIMD_FLAGS
 
@@ -84,7 +84,7 @@ def test_report_on_a_run_without_speed_ups_says_what_it_could_not_draw(finished_
 
 
 def tiny_model_dirs_draft(meta: dict) -> str:
-    return next(d for d in meta["config"]["drafts"] if not d.startswith("ngram"))
+    return next(d for d in meta["config"]["grid"]["drafts"] if not d.startswith("ngram"))
 
 
 def test_sweep_log_has_a_plain_line_per_cell(finished_run):
@@ -251,7 +251,7 @@ def test_a_16_bit_model_on_a_cpu_without_bf16_instructions_is_said_before_it_is_
     line before it runs (the dry run too); a CPU with AVX512-BF16 or AMX, fp32 models, n-grams and
     served engines are not told."""
     import specbench.sweep as sweep_module
-    from specbench.grid import SweepConfig
+    from specbench.grid import EngineOptions, GridOptions, SweepConfig
 
     default = SweepConfig()  # ngram and smollm2-135m@bf16, fp32 target, native, CPU
     note = sweep_module.slow_bf16_note(default, ["avx2"])
@@ -259,9 +259,10 @@ def test_a_16_bit_model_on_a_cpu_without_bf16_instructions_is_said_before_it_is_
     assert "it lists avx2" in note and "smollm2-135m " not in note  # the fp32 target is not named
     assert sweep_module.slow_bf16_note(default, ["avx2", "avx512f", "avx512_bf16"]) is None
     assert sweep_module.slow_bf16_note(default, ["avx2", "amx_bf16", "amx_tile"]) is None
-    assert sweep_module.slow_bf16_note(SweepConfig(drafts=["ngram", "smollm2-135m"]), []) is None
-    assert "smollm2-135m, smollm2-135m@bf16" in sweep_module.slow_bf16_note(SweepConfig(dtype="bf16"), [])
-    assert sweep_module.slow_bf16_note(SweepConfig(engine="vllm"), []) is None
+    assert sweep_module.slow_bf16_note(SweepConfig(grid=GridOptions(drafts=["ngram", "smollm2-135m"])), []) is None
+    bf16 = SweepConfig(engine=EngineOptions(dtype="bf16"))
+    assert "smollm2-135m, smollm2-135m@bf16" in sweep_module.slow_bf16_note(bf16, [])
+    assert sweep_module.slow_bf16_note(SweepConfig(engine=EngineOptions(name="vllm")), []) is None
     monkeypatch.setattr(sweep_module, "cpu_flags", lambda: ["avx2"])
     args = sweep_args(tiny_model_dirs, tmp_path / "x", ["--dry-run"])
     args[args.index("--drafts") + 1] = f"{tiny_model_dirs['draft']}@bf16,ngram:2"
@@ -288,7 +289,7 @@ def test_the_sweep_states_its_time_and_fits_a_default_run_to_a_slow_cpu(monkeypa
     minutes; options given are never changed: the header says which cells are slow and the
     options that cut them."""
     import specbench.sweep as sweep_module
-    from specbench.grid import SweepConfig
+    from specbench.grid import EngineOptions, SweepConfig
     from specbench.native.estimate import Rates
     from specbench.sweep import DEFAULT_RUN_BUDGET_S, plan_time
     from specbench.workloads import load_workload
@@ -298,24 +299,24 @@ def test_the_sweep_states_its_time_and_fits_a_default_run_to_a_slow_cpu(monkeypa
     slow = Rates({"float32": 30e9, "bfloat16": 0.5e9}, 10e9)
     monkeypatch.setattr(sweep_module, "cpu_flags", lambda: ["avx2"])
     here = plan_time(SweepConfig(), workloads, set(), rates=fast)
-    assert here.config.drafts == ["ngram", "smollm2-135m@bf16"] and not here.chosen
+    assert here.config.grid.drafts == ["ngram", "smollm2-135m@bf16"] and not here.chosen
     assert len(here.estimate.cells) == 60 and here.estimate.seconds < DEFAULT_RUN_BUDGET_S
     assert here.lines == [here.lines[-1]] and here.lines[-1].startswith("estimate: about ")
     fitted = plan_time(SweepConfig(), workloads, set(), rates=slow)
-    assert fitted.config.drafts == ["ngram", "smollm2-135m@fp32"] and fitted.config.temperatures == [0.0]
+    assert fitted.config.grid.drafts == ["ngram", "smollm2-135m@fp32"] and fitted.config.grid.temperatures == [0.0]
     assert fitted.chosen == ["--drafts ngram,smollm2-135m@fp32", "--temperatures 0"]
     assert fitted.estimate.seconds <= DEFAULT_RUN_BUDGET_S
     assert "it has no bf16 instructions" in fitted.lines[0] and fitted.lines[1].startswith("estimate: about ")
     assert fitted.record()["defaults_chosen"] == fitted.chosen
     assert fitted.record()["time_estimate"]["seconds"] == round(fitted.estimate.seconds, 1)
-    given = plan_time(SweepConfig(), workloads, {"drafts"}, rates=slow)
+    given = plan_time(SweepConfig(), workloads, {"grid.drafts"}, rates=slow)
     assert given.config == SweepConfig() and not given.chosen and given.estimate.seconds > DEFAULT_RUN_BUDGET_S
     assert given.lines[-1].startswith("slow: the 24 smollm2-135m@bf16 cells take about ")
     assert "bf16 products run at 0.5 GFLOP/s on this CPU against fp32's 30" in given.lines[-1]
     assert "cut it with --drafts ngram,smollm2-135m@fp32 (about " in given.lines[-1]
     assert "--drafts ngram (about " in given.lines[-1]
     assert plan_time(SweepConfig(), workloads, None, rates=slow).chosen == []  # a resume runs the run's own
-    assert plan_time(SweepConfig(engine="vllm"), workloads, set(), rates=slow).estimate is None
+    assert plan_time(SweepConfig(engine=EngineOptions(name="vllm")), workloads, set(), rates=slow).estimate is None
     # the command line, its rates injected
     monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=30e9,bfloat16=0.5e9,bandwidth=10e9")
     result = runner.invoke(app, ["sweep", "--dry-run"])
@@ -332,6 +333,70 @@ def test_the_sweep_states_its_time_and_fits_a_default_run_to_a_slow_cpu(monkeypa
     monkeypatch.setenv("SPECBENCH_PROBE_RATES", "float32=fast")
     bad = runner.invoke(app, ["sweep", "--dry-run"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "SPECBENCH_PROBE_RATES" in bad.output
+
+
+def test_a_flat_run_config_loads_into_the_groups():
+    """run.json keeps SweepConfig's groups; a flat config (every setting at the top level) loads
+    into the same groups, and the flat keys are the settings, each in one place."""
+    from dataclasses import asdict, fields, is_dataclass
+
+    from specbench.grid import EndpointOptions, EngineOptions, GateOptions, GridOptions, LoadOptions, SweepConfig
+    from specbench.results import CONFIG_GROUPS, FLAT_CONFIG, nested_config
+
+    def leaves(cls, prefix=()):
+        for item in fields(cls):
+            group = item.default_factory
+            if is_dataclass(group) and group.__name__ != "VllmOptions":  # vLLM's options are one setting
+                yield from leaves(group, (*prefix, item.name))
+            else:
+                yield (*prefix, item.name)
+
+    assert sorted(FLAT_CONFIG.values()) == sorted(leaves(SweepConfig))
+    assert tuple(item.name for item in fields(SweepConfig)) == CONFIG_GROUPS
+    config = SweepConfig(
+        grid=GridOptions(target="llama3-8b", drafts=["ngram"], ks=[3], max_new_tokens=64),
+        load=LoadOptions(batch_sizes=[], request_rates=[2.0]),
+        engine=EngineOptions(name="endpoint", endpoint=EndpointOptions(urls="http://a:8000", router="round-robin")),
+        gate=GateOptions(slo="ttft=1.0"))
+    nested = asdict(config)
+    flat = {key: nested[path[0]][path[1]] if len(path) == 2 else nested[path[0]][path[1]][path[2]]
+            for key, path in FLAT_CONFIG.items()}
+    assert flat["engine"] == "endpoint" and flat["endpoint"] == "http://a:8000" and flat["vllm"]["pairing"] == "auto"
+    assert nested_config(flat) == nested_config(nested) == nested
+    assert SweepConfig.from_dict(flat) == SweepConfig.from_dict(nested) == config
+    # a setting it does not know is left out; one it lacks takes its default
+    assert SweepConfig.from_dict({"target": "llama3-8b", "retired_option": 1}) == SweepConfig(
+        grid=GridOptions(target="llama3-8b"))
+    assert nested_config({}) == {group: {} for group in CONFIG_GROUPS}
+
+
+def test_a_resume_of_a_flat_run_keeps_its_settings_and_names_the_options():
+    from specbench.grid import EngineOptions, GridOptions, LoadOptions, SweepConfig
+    from specbench.sweep import resumed_config
+
+    flat = {"target": "smollm2-135m", "drafts": ["ngram"], "ks": [2], "batch_sizes": [1], "temperatures": [0.0],
+            "workloads": ["chat"], "seed": 0, "dtype": "fp64", "vllm": {"pairing": "auto"}}
+    asked = SweepConfig(grid=GridOptions(ks=[2, 4], seed=3), load=LoadOptions(batch_sizes=[1, 4]),
+                        engine=EngineOptions(dtype="fp64"))
+    config, notes = resumed_config(flat, asked, {"grid.ks", "load.batch_sizes"})
+    assert config.grid.drafts == ["ngram"] and config.grid.ks == [2, 4] and config.load.batch_sizes == [1, 4]
+    assert config.grid.seed == 0 and config.engine.dtype == "fp64" and config.grid.workloads == ["chat"]
+    assert notes == ["--k 2,4 replaces the run's 2: its cells already measured are kept",
+                     "--batch-sizes 1,4 replaces the run's 1: its cells already measured are kept"]
+    with pytest.raises(ValueError, match=r"--seed 3 \(the run: 0\)"):
+        resumed_config(flat, asked, {"grid.seed"})
+
+
+def test_every_stored_run_reads_its_config_in_groups():
+    from specbench.grid import SweepConfig
+    from specbench.results import CONFIG_GROUPS, read_meta
+
+    stored = sorted({path.parent for root in ("tests/fixtures", "benchmarks") for path in Path(root).rglob("run.json")})
+    assert stored
+    for run in stored:
+        meta = read_meta(run)
+        assert set(CONFIG_GROUPS) <= set(meta["config"]), run
+        assert SweepConfig.from_dict(meta["config"]).grid.target == meta["config"]["grid"]["target"], run
 
 
 def test_the_run_header_and_run_json_carry_the_estimate(finished_run):
@@ -504,16 +569,17 @@ def test_repeats_take_turns_within_a_group(tiny_model_dirs, tmp_path, monkeypatc
 def test_sweep_with_fixed_shape_steps(tiny_model_dirs, tmp_path, monkeypatch):
     """--cuda-graphs' code path on CPU (steps at fixed shapes, run eagerly): still lossless, and the
     full-length warm-up builds every shape the measured repeats use."""
-    from dataclasses import replace
-
     import specbench.native.runner as native_runner
+    from specbench.grid import EngineOptions, GridOptions, LoadOptions, with_setting
     from specbench.sweep import SweepConfig, run_sweep
 
     validate = native_runner.validate_native  # the native engine's check refuses --cuda-graphs on a CPU
-    monkeypatch.setattr(native_runner, "validate_native", lambda config: validate(replace(config, cuda_graphs=False)))
-    config = SweepConfig(target=tiny_model_dirs["target"], drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2],
-                         batch_sizes=[3], temperatures=[0.0], workloads=["chat"], max_new_tokens=10, num_prompts=3,
-                         repeats=2, dtype="fp64", cuda_graphs=True)
+    monkeypatch.setattr(native_runner, "validate_native",
+                        lambda config: validate(with_setting(config, "engine.cuda_graphs", False)))
+    config = SweepConfig(grid=GridOptions(target=tiny_model_dirs["target"],
+                                          drafts=[tiny_model_dirs["draft"], "ngram:2"], ks=[2], temperatures=[0.0],
+                                          workloads=["chat"], max_new_tokens=10, num_prompts=3, repeats=2),
+                         load=LoadOptions(batch_sizes=[3]), engine=EngineOptions(dtype="fp64", cuda_graphs=True))
     cells = load_run(run_sweep(config, tmp_path)).cells
     assert (cells["status"] == "ok").all() and cells["cuda_graphs"].all()
     assert (cells.loc[cells["mode"] == "speculative", "lossless"] == "exact").all()
@@ -579,10 +645,12 @@ def test_report_compares_the_baseline_with_a_reference_run(finished_run, tmp_pat
 
 def test_pairing_groups_keep_each_speed_up_beside_its_baseline():
     from specbench.executors.groups import WorkEstimate, pairing_groups
+    from specbench.grid import EngineOptions, GridOptions, LoadOptions
     from specbench.sweep import SweepConfig, plan_cells
 
-    config = SweepConfig(drafts=["ngram", "ngram:3", "smollm2-135m"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0],
-                         workloads=["chat"], engine="vllm")
+    config = SweepConfig(grid=GridOptions(drafts=["ngram", "ngram:3", "smollm2-135m"], ks=[2], temperatures=[0.0],
+                                          workloads=["chat"]),
+                         load=LoadOptions(batch_sizes=[1, 4]), engine=EngineOptions(name="vllm"))
     cells = plan_cells(config)
     groups = pairing_groups(cells, cells, 2, WorkEstimate.of(config))
     assert len(groups) == 2
@@ -596,7 +664,8 @@ def test_pairing_groups_keep_each_speed_up_beside_its_baseline():
     assert {("smollm2-135m", 2)} in configs
     assert abs(sum(g.share for g in groups) - 1) < 1e-9 and all(0.3 < g.share < 0.7 for g in groups)
     # fewer configurations than slots: split by pairing group, which measures no baseline twice
-    one = SweepConfig(drafts=["ngram"], ks=[2], batch_sizes=[1, 4], temperatures=[0.0, 0.7], workloads=["chat"])
+    one = SweepConfig(grid=GridOptions(drafts=["ngram"], ks=[2], temperatures=[0.0, 0.7], workloads=["chat"]),
+                      load=LoadOptions(batch_sizes=[1, 4]))
     cells = plan_cells(one)
     groups = pairing_groups(cells, cells, 4, WorkEstimate.of(one))
     assert len(groups) == 4 and sum(len(g.cells) for g in groups) == len(cells)
@@ -609,11 +678,13 @@ def test_pairing_groups_keep_each_speed_up_beside_its_baseline():
 
 def test_pairing_groups_are_balanced_by_estimated_work_not_cell_count():
     from specbench.executors.groups import WorkEstimate, pairing_groups
+    from specbench.grid import EngineOptions, GridOptions, LoadOptions
     from specbench.sweep import SweepConfig, plan_cells
 
     # native: no server to start, so a baseline measured twice is the only price of a cut
-    config = SweepConfig(drafts=["ngram", "smollm2-135m@bf16"], ks=[2, 4], batch_sizes=[1, 4], temperatures=[0.0],
-                         workloads=["chat"], max_new_tokens=32)
+    config = SweepConfig(grid=GridOptions(drafts=["ngram", "smollm2-135m@bf16"], ks=[2, 4], temperatures=[0.0],
+                                          workloads=["chat"], max_new_tokens=32),
+                         load=LoadOptions(batch_sizes=[1, 4]))
     estimate = WorkEstimate.of(config)
     cells = {cell.id: cell for cell in plan_cells(config)}
     ngram, model = cells["chat|B1|T0|ngram|K2"], cells["chat|B1|T0|smollm2-135m@bf16|K2"]
@@ -624,8 +695,9 @@ def test_pairing_groups_are_balanced_by_estimated_work_not_cell_count():
     assert work[1] / work[0] < 1.3, work
     assert all({c.baseline_id for c in g.speculative} <= {c.id for c in g.cells} for g in groups)
     # vLLM: a server start is dear, so configurations stay whole and each group starts few servers
-    served = SweepConfig(drafts=["ngram", "smollm2-135m"], ks=[2, 4], batch_sizes=[1, 4, 16], temperatures=[0.0],
-                         workloads=["chat"], engine="vllm")
+    served = SweepConfig(grid=GridOptions(drafts=["ngram", "smollm2-135m"], ks=[2, 4], temperatures=[0.0],
+                                          workloads=["chat"]),
+                         load=LoadOptions(batch_sizes=[1, 4, 16]), engine=EngineOptions(name="vllm"))
     cells = plan_cells(served)
     groups = pairing_groups(cells, cells, 2, WorkEstimate.of(served))
     whole = [{(c.draft, c.k) for c in g.speculative} for g in groups]

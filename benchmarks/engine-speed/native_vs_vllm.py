@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pandas as pd  # noqa: E402
 
-from specbench.grid import SweepConfig, VllmOptions  # noqa: E402
+from specbench.grid import EngineOptions, GridOptions, LoadOptions, SweepConfig, VllmOptions  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
 from specbench.sweep import run_sweep  # noqa: E402
 
@@ -46,12 +46,13 @@ def progress(message: str) -> None:
 
 
 def sweep_config(args, engine: str) -> SweepConfig:
-    return SweepConfig(
-        target=args.target, drafts=[args.draft], ks=[args.k], batch_sizes=args.batch_sizes,
-        temperatures=args.temperatures, workloads=[args.workload], max_new_tokens=args.max_new_tokens,
-        num_prompts=args.num_prompts, repeats=args.repeats, dtype=args.dtype, seed=args.seed, engine=engine,
-        vllm=VllmOptions(enforce_eager=args.enforce_eager),
-    )
+    return SweepConfig(grid=GridOptions(target=args.target, drafts=[args.draft], ks=[args.k],
+                                        temperatures=args.temperatures, workloads=[args.workload],
+                                        max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
+                                        repeats=args.repeats, seed=args.seed),
+                       load=LoadOptions(batch_sizes=args.batch_sizes),
+                       engine=EngineOptions(name=engine, dtype=args.dtype,
+                                            vllm=VllmOptions(enforce_eager=args.enforce_eager)))
 
 
 def measured_run(args, engine: str, reuse: Path | None) -> Path:

@@ -42,11 +42,11 @@ def main() -> None:
     for path in RUNS + H200_RUNS:
         run = load_run(path)
         system = run_system(run.meta)
-        target_alias, target_config = shipped_config(run.meta["config"]["target"])
+        target_alias, target_config = shipped_config(run.meta["config"]["grid"]["target"])
         family = lookup_alias(target_alias).family
         target = kernel_tables.Forward(target_config, system, "vllm", 1)
         cells, steps = run.cells[run.cells["status"] == "ok"], run.steps
-        for draft_label in run.meta["config"]["drafts"]:
+        for draft_label in run.meta["config"]["grid"]["drafts"]:
             draft = kernel_tables.Forward(shipped_config(draft_label, family)[1], system, "vllm", 1)
             for b in sorted(set(cells["batch_size"])):
                 here = cells[cells["batch_size"] == b]

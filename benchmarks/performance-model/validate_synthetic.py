@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import pandas as pd  # noqa: E402
 
 from specbench.native.measure import acceptance_summary  # noqa: E402
 from specbench.results import hardware_info, versions  # noqa: E402
-from specbench.grid import Cell, SweepConfig  # noqa: E402
+from specbench.grid import Cell, GridOptions, LoadOptions, SweepConfig  # noqa: E402
 from specbench.native.runner import CellRun, _prompt_ids, load_models, load_random_models  # noqa: E402
 from specbench.workloads import load_workload  # noqa: E402
 
@@ -72,15 +73,16 @@ def main() -> int:
     temperatures = [float(t) for t in args.temperatures.split(",")]
 
     started = time.perf_counter()
-    grid = dict(drafts=[DRAFT], ks=ks, batch_sizes=batch_sizes, temperatures=temperatures, workloads=["chat"],
-                max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, repeats=args.repeats)
-    real_config = SweepConfig(**grid)
+    grid = GridOptions(drafts=[DRAFT], ks=ks, temperatures=temperatures, workloads=["chat"],
+                       max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, repeats=args.repeats)
+    load = LoadOptions(batch_sizes=batch_sizes)
+    real_config = SweepConfig(grid=grid, load=load)
     real_models = load_models(real_config)
     workload = load_workload("chat")
     rows = []
     for temperature in temperatures:
         for batch_size in batch_sizes:
-            records = workload.sample(args.num_prompts * batch_size, real_config.seed)
+            records = workload.sample(args.num_prompts * batch_size, real_config.grid.seed)
             ids = [r.id for r in records]
             real_prompts = [_prompt_ids(r, real_models, real_config) for r in records]
             # The profile each synthetic cell simulates: what its real twin accepts. Generation is
@@ -93,7 +95,8 @@ def main() -> int:
                 for repeat in range(args.repeats):
                     calibration.measure(repeat)
                 profiles[k] = conditional_profile(acceptance_summary(calibration.results, k).by_position)
-            synthetic_config = SweepConfig(**grid, weights="random", alphas=list(dict.fromkeys(profiles.values())))
+            synthetic_config = SweepConfig(grid=replace(grid, weights="random",
+                                                        alphas=list(dict.fromkeys(profiles.values()))), load=load)
             random_models = load_random_models(synthetic_config)
             random_prompts = [_prompt_ids(r, random_models, synthetic_config) for r in records]
             # Real and random cells, all taking turns repeat by repeat in this one process.

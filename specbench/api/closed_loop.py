@@ -134,6 +134,7 @@ def closed_loop_on_run(run: Path | str | None, *, concurrency: Sequence[int], in
     from specbench.fit.slo import parse_slo
     from specbench.fleet.plan import CLIENTS, closed_loop_rows, row_label
     from specbench.fleet.served import beyond_measured, measured_reach, out_of_reach, served_context
+    from specbench.results import recorded_config
     from specbench.fleet.sizing import Objective
 
     started = time.perf_counter()
@@ -148,7 +149,7 @@ def closed_loop_on_run(run: Path | str | None, *, concurrency: Sequence[int], in
     chart = check_chart(chart)
 
     def within_reach(measured) -> None:
-        check_fits_context(str((measured.meta.get("config") or {}).get("target", "the target")),
+        check_fits_context(str(recorded_config(measured.meta)["grid"].get("target", "the target")),
                            {"max_position_embeddings": served_context(measured.meta)}, input_len, output_len,
                            f"--input-len {input_len} + --output-len {output_len}")
         past = out_of_reach(measured_reach(measured.cells, measured.requests), measured.meta, np.array([input_len]),

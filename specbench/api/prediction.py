@@ -72,7 +72,7 @@ def predict(run: Path | str | None = None, *, timings: Path | str | Run | None =
 
     from specbench import fit
     from specbench.fit.noise import run_noise
-    from specbench.results import Run, load_run
+    from specbench.results import Run, load_run, recorded_config
 
     ks, sizes, contexts = list(ks), list(batch_sizes), list(context_lengths)
     check_grid(ks, sizes, contexts, max_new_tokens)
@@ -81,14 +81,14 @@ def predict(run: Path | str | None = None, *, timings: Path | str | Run | None =
     timings = timings if isinstance(timings, Run) else load_run(timings or run)
     if device is not None and device.lower() not in fit.DEVICES:
         raise UsageError(f"--device must be one of {', '.join(fit.DEVICES)}, got {device!r}")
-    run_tokens = int((timings.meta.get("config") or {}).get("max_new_tokens", 1))
+    recorded = recorded_config(timings.meta)["grid"]
+    run_tokens = int(recorded.get("max_new_tokens", 1))
     output_tokens = max_new_tokens or run_tokens
     if contexts or max_new_tokens:  # as the sweep would refuse them: prompts of that length plus the run's output must fit
-        from specbench.grid import SweepConfig, check_context_limit, target_shape
+        from specbench.grid import GridOptions, SweepConfig, check_context_limit, target_shape
 
-        recorded = timings.meta.get("config") or {}
-        asked = SweepConfig(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,
-                            max_new_tokens=output_tokens)
+        asked = SweepConfig(grid=GridOptions(target=recorded.get("target", ""), ks=ks, context_lengths=contexts,
+                                             max_new_tokens=output_tokens))
         check_context_limit(asked, target_shape(asked))
     accept_run = load_run(acceptance or run) if (acceptance or run) else timings
     models = fit.cost_models(timings.cells, timings.steps, timings.requests, timings.meta)
@@ -164,8 +164,10 @@ def _drafts_left_out(models: dict, alphas, alpha: float | None, planned: list[st
 def _transferred(timings, acceptance) -> str:
     """The label of acceptance measured with another target than the step times' (or a timing-only
     run's simulated α on a real run's times): a transfer, never silent."""
-    theirs = (acceptance.meta.get("config") or {}).get("target", "?")
-    ours = (timings.meta.get("config") or {}).get("target", "?")
+    from specbench.results import recorded_config
+
+    theirs = recorded_config(acceptance.meta)["grid"].get("target", "?")
+    ours = recorded_config(timings.meta)["grid"].get("target", "?")
     if acceptance.path == timings.path or theirs == ours:
         return ""
     return (f"the α was measured with target {theirs} ({acceptance.path}) and is applied to {ours}'s step times "

@@ -110,7 +110,7 @@ def served_run(run: Path | str | None, prefix_caching: bool | None, held: bool =
     specbench's servers run, not caching), the price, and the head --json and the header print.
     `check(run)` raises before the fit where the ask is out of the run's reach."""
     from specbench.fleet.served import replay_check, served_configurations
-    from specbench.results import load_run
+    from specbench.results import load_run, recorded_config
 
     run = load_run(run)
     engine = (run.meta.get("engine") or {}).get("name", "native")
@@ -120,13 +120,14 @@ def served_run(run: Path | str | None, prefix_caching: bool | None, held: bool =
                          f"with --target MODEL")
     if check is not None:
         check(run)
-    config = run.meta.get("config") or {}
+    config = recorded_config(run.meta)
     found, price = served_configurations(run.cells, run.requests, run.meta, str(run.path), held)
     if prefix_caching is not None:
         found = [dataclasses.replace(c, spec=dataclasses.replace(c.spec, prefix_caching=prefix_caching))
                  for c in found]
-    head = {"estimate": f"SIMULATED on steps fitted on {run.path}", "target": str(config.get("target", "the target")),
-            "device": "as measured", "backend": "vllm", "dtype": config.get("dtype") or "as measured",
+    head = {"estimate": f"SIMULATED on steps fitted on {run.path}",
+            "target": str(config["grid"].get("target", "the target")),
+            "device": "as measured", "backend": "vllm", "dtype": config["engine"].get("dtype") or "as measured",
             "alpha_from": f"{run.path} (each draft's measured acceptance per position)", "acceptance_transferred": None,
             "step_fitted": {**{name: float(getattr(price, name)) for name in (
                 "floor_s", "fixed_s", "per_token_s", "per_context_token_s", "per_prefill_pair_s", "overhead_s",

@@ -60,9 +60,11 @@ def measured_batch_sizes(cells) -> list[int]:
 def runnable_advice(result, run) -> None:
     """A verdict's advice made runnable as printed: the run's own path for RUN, and where
     --until-decided already spent its budget, a bigger budget instead of the same again."""
+    from specbench.results import recorded_config
+
     result.advice = result.advice.replace("--output RUN", f"--output {run.path}")
     if str(run.meta.get("until_decided") or "").startswith("budget spent") and "--until-decided" in result.advice:
-        max_repeats = (run.meta.get("config") or {}).get("max_repeats", "?")
+        max_repeats = recorded_config(run.meta)["gate"].get("max_repeats", "?")
         result.advice = (f"--until-decided already spent its budget here ({max_repeats} repeats): "
                          f"`specbench sweep --resume --output {run.path} --until-decided --max-repeats "
                          f"{2 * max_repeats if isinstance(max_repeats, int) else 'N'}` adds more, or "

@@ -316,10 +316,10 @@ def gather_acceptance(drafters: list, alpha: str | float | None, acceptance: Pat
         accepted += _published(drafters, str(acceptance), target_name, left_out)
         sources.append(preset(str(acceptance)).describe())
     elif acceptance is not None:
-        from specbench.results import load_run
+        from specbench.results import load_run, recorded_config
 
         run = load_run(acceptance)
-        run_target = (run.meta.get("config") or {}).get("target", "?")
+        run_target = recorded_config(run.meta)["grid"].get("target", "?")
         measured, missing = tp_plan.run_acceptance(run.cells, run.steps, run_target, drafters, family, str(run.path),
                                                    run.requests)
         accepted += measured

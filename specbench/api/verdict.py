@@ -49,7 +49,7 @@ def check(run_dir: Path | str | None = None, *, batch_sizes: list[int] | None = 
     from specbench.fit import completeness, open_loop, parse_slo
     from specbench.gate import evaluate, evaluate_slo
     from specbench.grid import base_speculative_configs
-    from specbench.results import load_run
+    from specbench.results import load_run, recorded_config
 
     bar_given, min_speedup = min_speedup is not None, 1.0 if min_speedup is None else min_speedup
     if not (math.isfinite(min_speedup) and min_speedup > 0):
@@ -58,7 +58,7 @@ def check(run_dir: Path | str | None = None, *, batch_sizes: list[int] | None = 
     state = completeness(run.meta, run.cells)  # of the whole run, before any filter
     if context_length is not None:
         run, state = at_context(run, context_length), state.at_context(context_length)
-    recorded = (run.meta.get("config") or {}).get("slo") or ""
+    recorded = recorded_config(run.meta)["gate"].get("slo") or ""
     if slo or not open_loop(run.cells).empty:
         if not (slo or recorded):
             kind = "a trace replay" if run.meta.get("trace") else "a request-rate run"

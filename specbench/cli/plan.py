@@ -315,11 +315,12 @@ def _cpu_run_on_tables(run, acceptance: Path | None, device: str, ks: list[int],
 
     from specbench import api
     from specbench.fit.calibration import run_configs
+    from specbench.results import recorded_config
 
     if gpus != 1:
         raise UsageError("--gpus: a CPU run planned on a GPU's kernel tables is priced per replica at TP1; for "
                          "other TP sizes use --target with --tp")
-    config = run.meta.get("config") or {}
+    config = recorded_config(run.meta)["grid"]
     target, _, model_drafts = run_configs(run.meta)
     drafts = list(dict.fromkeys([name for name, _ in model_drafts.values()]
                                 + ["ngram" for label in config.get("drafts", []) if str(label).startswith("ngram")]))

@@ -29,7 +29,7 @@ def report(
     from specbench.fit import completeness, parse_slo
     from specbench.gate import evaluate, evaluate_slo
     from specbench.report import write_report
-    from specbench.results import load_run
+    from specbench.results import load_run, recorded_config
     from specbench.grid import base_speculative_configs
 
     try:
@@ -46,7 +46,7 @@ def report(
             runnable_advice(verdict, run)
         verdict_text = gate_text(verdict) if verdict else ""
         sections = {"rollout check at every measured batch size": verdict_text} if verdict_text else {}
-        slo_text = slo or (run.meta.get("config") or {}).get("slo") or ""
+        slo_text = slo or recorded_config(run.meta)["gate"].get("slo") or ""
         if slo_text:
             slo_result = evaluate_slo(run.cells, run.requests, parse_slo(slo_text), state=state,
                                       allow_incomplete=True)

@@ -133,7 +133,10 @@ def sweep(
                                                     "fit: CPU memory, or --gpu-memory-utilization <= 0.5)."),
 ) -> None:
     """Run the measured grid: speculative against autoregressive, same engine, same prompts."""
-    from specbench.grid import SweepConfig, VllmOptions
+    from specbench.grid import (
+        EndpointOptions, EngineOptions, ExecutorOptions, GateOptions, GridOptions, LoadOptions, SweepConfig,
+        VllmOptions,
+    )
 
     try:
         if batch_sizes is not None and request_rates is not None:
@@ -161,27 +164,33 @@ def sweep(
                            startup_timeout_s=server_timeout, pairing=served_pairing,
                            distributed_executor_backend=distributed_executor_backend,
                            allow_pp_speculation=allow_pp_speculation)
-        config = SweepConfig(
-            target=target,
-            drafts=split_drafts(drafts) if drafts is not None else None,  # the engine's own (SweepConfig)
-            ks=split_list(k, int, "--k") if k is not None else None,
+        # parsed in this order (drafts, K, the load, the grid's other lists): of two bad lists the first is named
+        draft_list = split_drafts(drafts) if drafts is not None else None  # None: the engine's own (SweepConfig)
+        ks = split_list(k, int, "--k") if k is not None else None
+        load = LoadOptions(
             batch_sizes=split_list(batch_sizes, int, "--batch-sizes") if batch_sizes is not None
             else ([] if request_rates is not None or trace else [1, 4, 16]),
             request_rates=split_list(request_rates, float, "--request-rates") if request_rates is not None else [],
-            burstiness=burstiness, slo=slo or "", endpoint=endpoint or "", baseline_endpoint=baseline_endpoint or "",
-            api_key_env=api_key_env, router=router,
-            temperatures=split_list(temperatures, float, "--temperatures"),
+            burstiness=burstiness, trace=trace or "", trace_window=trace_window, trace_speedup=trace_speedup,
+            trace_max_requests=trace_max_requests)
+        grid = GridOptions(
+            target=target, drafts=draft_list, ks=ks, temperatures=split_list(temperatures, float, "--temperatures"),
             workloads=split_list(workloads, str, "--workloads") if workloads is not None
-            else ([trace_workload(trace)] if trace else ["chat", "code"]), max_new_tokens=max_new_tokens,
-            num_prompts=num_prompts, repeats=repeats, seed=seed, dtype=dtype, device=device, top_p=top_p,
-            top_k=top_k, chat_template=chat_template, allow_download=download, trust_remote_code=trust_remote_code,
-            weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
-            target_layers=target_layers, cuda_graphs=cuda_graphs, engine=engine, vllm=vllm,
-            context_lengths=token_counts(context_lengths, "--context-lengths") if context_lengths else [],
-            until_decided=until_decided, max_repeats=12 if max_repeats is None else max_repeats,
-            min_speedup=min_speedup, executor=executor, trace=trace or "", trace_window=trace_window,
-            trace_speedup=trace_speedup, trace_max_requests=trace_max_requests,
-            ray_address=ray_address or "")
+            else ([trace_workload(trace)] if trace else ["chat", "code"]),
+            max_new_tokens=max_new_tokens, num_prompts=num_prompts, repeats=repeats, seed=seed, top_p=top_p,
+            top_k=top_k, weights=weights, alphas=split_list(alpha, str, "--alpha") if alpha is not None else [],
+            target_layers=target_layers,
+            context_lengths=token_counts(context_lengths, "--context-lengths") if context_lengths else [])
+        endpoints = EndpointOptions(urls=endpoint or "", baseline_urls=baseline_endpoint or "",
+                                    api_key_env=api_key_env, router=router)
+        config = SweepConfig(
+            grid=grid, load=load,
+            engine=EngineOptions(name=engine, dtype=dtype, device=device, chat_template=chat_template,
+                                 allow_download=download, trust_remote_code=trust_remote_code, cuda_graphs=cuda_graphs,
+                                 vllm=vllm, endpoint=endpoints),
+            executor=ExecutorOptions(name=executor, ray_address=ray_address or ""),
+            gate=GateOptions(slo=slo or "", until_decided=until_decided,
+                             max_repeats=12 if max_repeats is None else max_repeats, min_speedup=min_speedup))
         config.validate()  # the grid's values, refused before the engines are imported (seconds on a slow CPU)
         from specbench.sweep import check_config
 
@@ -259,9 +268,9 @@ APPLIES: dict[str, tuple[frozenset, str, str]] = {
 
 def sweep_mode(config) -> str:
     """The mode (a key of MODES) a sweep config runs in."""
-    if config.engine in ("vllm", "endpoint"):
-        return config.engine + ("-trace" if config.trace else "-rates" if config.request_rates else "")
-    return "random" if config.synthetic else "native"
+    if config.engine.name in ("vllm", "endpoint"):
+        return config.engine.name + ("-trace" if config.load.trace else "-rates" if config.load.request_rates else "")
+    return "random" if config.grid.synthetic else "native"
 
 
 def refuse_what_does_not_apply(ctx: typer.Context, mode: str) -> None:
@@ -290,17 +299,18 @@ def trace_line(replay) -> str:
 
 
 def _given_fields(ctx: typer.Context) -> set[str]:
-    """SweepConfig fields set by an option on the command line (not left at its default)."""
+    """SweepConfig settings (their paths: "grid.ks") set by an option on the command line (not left
+    at its default)."""
     from specbench.sweep import OPTION_NAMES
 
-    # sweep options -> the SweepConfig fields they set (the rest have the same name)
-    fields_of = {option: {field} for field, option in OPTION_NAMES.items()}
-    fields_of["endpoint"] = {"endpoint", "engine"}
-    fields_of["baseline_endpoint"] = {"baseline_endpoint", "engine"}
-    fields_of.update({name: {"vllm"} for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
-                                                  "gpu_memory_utilization", "enforce_eager", "vllm_args",
-                                                  "vllm_python", "server_timeout", "served_pairing",
-                                                  "distributed_executor_backend", "allow_pp_speculation")})
+    # sweep options -> the SweepConfig settings they set
+    fields_of = {option: {path} for path, option in OPTION_NAMES.items()}
+    fields_of["endpoint"] = {"engine.endpoint.urls", "engine.name"}
+    fields_of["baseline_endpoint"] = {"engine.endpoint.baseline_urls", "engine.name"}
+    fields_of.update({name: {"engine.vllm"} for name in (
+        "tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "gpu_memory_utilization", "enforce_eager",
+        "vllm_args", "vllm_python", "server_timeout", "served_pairing", "distributed_executor_backend",
+        "allow_pp_speculation")})
     return {field for name in typed_options(ctx) for field in fields_of.get(name, {name})}
 
 
@@ -310,7 +320,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     from specbench.results import DEFAULT_RESULTS_DIR, check_writable, latest_run, prepare_output, read_table
     from specbench.sweep import check_config, plan_time, preflight, resumed_config, run_sweep
 
-    quiet_libraries(config.allow_download)
+    quiet_libraries(config.engine.allow_download)
     resume_dir, finished, status = None, set(), ""
     try:  # what the real run would refuse, refused first (the dry run too): then the plan
         if resume:
@@ -336,13 +346,13 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
             resume_dir = output
         else:
             check_writable(DEFAULT_RESULTS_DIR, " (use --output DIR)")
-        if dry_run or config.engine == "native":  # the estimate needs the workloads; run_sweep checks the rest
+        if dry_run or config.engine.name == "native":  # the estimate needs the workloads; run_sweep checks the rest
             workloads, replay = preflight(config, replay)
         else:
             workloads, replay = {}, check_config(config, replay)  # a resumed trace's replay, for its cells
         planned = plan_cells(config, replay)
         left = [cell for cell in planned if cell.id not in finished]
-        if resume and not left and status == "complete" and not config.until_decided:
+        if resume and not left and status == "complete" and not config.gate.until_decided:
             console.print(f"--resume: all {len(planned)} cells of {resume_dir} are finished: nothing to do",
                           highlight=False, soft_wrap=True)
             if not dry_run:  # its table is the run's own: report and check read it
@@ -366,7 +376,7 @@ def _run_sweep(config, output: Path | None, resume: bool, dry_run: bool, given: 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
     # the plan's size, told again by the sweep once it has planned (a trace's cells need its replay)
-    total = [len(plan_cells(config)) if not config.trace else None]
+    total = [len(plan_cells(config)) if not config.load.trace else None]
     task = progress.add_task("loading models", total=total[0])
     finished: list[dict] = []
     completed = [0]  # cells finished, earlier runs' included (a served engine runs them out of plan order)
@@ -433,10 +443,10 @@ def _print_plan(config, replay, cells: list, finished: int, time_lines: list[str
     for cell in cells:
         groups.setdefault((cell.traffic, cell.batch_size, cell.request_rate, cell.temperature), []).append(cell)
     # --max-new-tokens per request, or the trace's mean
-    per_request = replay.output_tokens_mean if config.trace and replay is not None else config.max_new_tokens
+    per_request = replay.output_tokens_mean if config.load.trace and replay is not None else config.grid.max_new_tokens
     requests = outputs = 0
     for (workload, batch, rate, temperature), group in groups.items():
-        each = requests_per_cell(config, batch, replay) * config.repeats
+        each = requests_per_cell(config, batch, replay) * config.grid.repeats
         requests += each * len(group)
         outputs += round(each * per_request) * len(group)
         baselines = sum(not c.is_speculative for c in group)
@@ -450,15 +460,17 @@ def _print_plan(config, replay, cells: list, finished: int, time_lines: list[str
     done = f" left to run ({finished} finished already)" if finished else ""
     console.print(f"{len(cells)} cells{done} ({baselines} autoregressive, {len(cells) - baselines} "
                   f"speculative), {requests} requests, {outputs} output tokens; "
-                  f"target {config.target}, drafts {', '.join(config.drafts)}", highlight=False, soft_wrap=True)
+                  f"target {config.grid.target}, drafts {', '.join(config.grid.drafts)}", highlight=False,
+                  soft_wrap=True)
     for line in time_lines:
         console.print(escape(line), highlight=False, soft_wrap=True)
     if note := slow_bf16_note(config):
         console.print(note, highlight=False, soft_wrap=True)
-    if config.until_decided and config.max_repeats > config.repeats:  # the worst case: every cell undecided
-        most = requests // config.repeats * config.max_repeats
-        console.print(f"--until-decided: at most {most} requests, {most * config.max_new_tokens} output tokens, "
-                      f"if every cell stays undecided up to --max-repeats {config.max_repeats}")
+    # the worst case: every cell undecided
+    if config.gate.until_decided and config.gate.max_repeats > config.grid.repeats:
+        most = requests // config.grid.repeats * config.gate.max_repeats
+        console.print(f"--until-decided: at most {most} requests, {most * config.grid.max_new_tokens} output tokens, "
+                      f"if every cell stays undecided up to --max-repeats {config.gate.max_repeats}")
 
 
 def print_summary(run_dir: Path) -> None:

@@ -43,16 +43,16 @@ class LocalExecutor(Executor):
 
 def validate_executor(config: "SweepConfig") -> None:
     """One-line errors for --executor and what it cannot do."""
-    if config.executor not in EXECUTORS:
-        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {config.executor!r}")
-    if config.ray_address and config.executor != "ray":
+    if config.executor.name not in EXECUTORS:
+        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {config.executor.name!r}")
+    if config.executor.ray_address and config.executor.name != "ray":
         raise ValueError("--ray-address needs --executor ray")
-    if config.executor != "ray":
+    if config.executor.name != "ray":
         return
-    if config.engine == "endpoint":
+    if config.engine.name == "endpoint":
         raise ValueError("--executor ray places engines on a cluster's nodes; an --endpoint is already running "
                          "somewhere: leave out --executor")
-    if config.until_decided:
+    if config.gate.until_decided:
         raise ValueError("--until-decided adds repeats on the local executor only: leave out --executor ray, or "
                          "give the cluster run more --repeats")
     import importlib.util
@@ -62,8 +62,8 @@ def validate_executor(config: "SweepConfig") -> None:
 
 
 def open_executor(config: "SweepConfig") -> Executor:
-    if config.executor == "ray":
+    if config.executor.name == "ray":
         from specbench.executors.ray_cluster import RayExecutor
 
-        return RayExecutor(config.ray_address)
+        return RayExecutor(config.executor.ray_address)
     return LocalExecutor()

@@ -80,20 +80,20 @@ class WorkEstimate:
 
     @classmethod
     def of(cls, config: SweepConfig, replay: ReplayShape | None = None) -> WorkEstimate:
-        return cls(config, SERVER_START_STEPS if config.engine == "vllm" else 0.0, _draft_costs(config), replay)
+        return cls(config, SERVER_START_STEPS if config.engine.name == "vllm" else 0.0, _draft_costs(config), replay)
 
     def cell(self, cell: Cell) -> float:
         if cell not in self._cells:
             batch = cell.batch_size or 4  # open loop: a few requests in flight
             requests = requests_per_cell(self.config, cell.batch_size, self.replay)
-            steps = math.ceil(requests / batch) * self.config.max_new_tokens
+            steps = math.ceil(requests / batch) * self.config.grid.max_new_tokens
             steps *= (1 + STEP_GROWTH_PER_SEQUENCE * (batch - 1)) * (1 + cell.context_length / 8192)
             if cell.is_speculative:
                 alpha, ratio = self.draft_cost(split_schedule(cell.draft)[0])
                 k = max(cell.k, 1)
                 tau = (1 - alpha ** (k + 1)) / (1 - alpha)
                 steps = steps / tau * (1 + VERIFY_GROWTH_PER_TOKEN * k + k * ratio)
-            self._cells[cell] = steps * self.config.repeats
+            self._cells[cell] = steps * self.config.grid.repeats
         return self._cells[cell]
 
     def group(self, cells: list[Cell]) -> float:
@@ -104,9 +104,9 @@ class WorkEstimate:
 def _draft_costs(config: SweepConfig) -> Callable[[str], tuple[float, float]]:
     """A draft's assumed α, and its forward's cost over the target's: their weights' bytes (a
     decode step reads every weight once) where the registry knows both models' sizes."""
-    target = lookup_alias(config.target)
+    target = lookup_alias(config.grid.target)
     try:
-        layers = int(shipped_config(config.target)[1]["num_hidden_layers"])
+        layers = int(shipped_config(config.grid.target)[1]["num_hidden_layers"])
     except Exception:  # not a registry model: its depth is not known without loading it
         layers = 0
 
@@ -118,8 +118,8 @@ def _draft_costs(config: SweepConfig) -> Callable[[str], tuple[float, float]]:
             return min(1.0, spec.layers / layers) if layers else 0.5
         if not kind.separate_model:
             return UNKNOWN_DRAFT_RATIO  # a head (EAGLE, MTP) or a config passed through
-        width = parse_dtype(spec.dtype).itemsize / config.torch_dtype.itemsize if spec.dtype else 1.0
-        if spec.model == config.target:
+        width = parse_dtype(spec.dtype).itemsize / config.engine.torch_dtype.itemsize if spec.dtype else 1.0
+        if spec.model == config.grid.target:
             return width
         draft_model = lookup_alias(spec.model, target.family if target else None)
         if target and draft_model:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specbench.executors import RAY_INSTALL, Executor
 from specbench.executors.groups import PairingGroup, WorkEstimate, pairing_groups
-from specbench.grid import SweepConfig, plan_cells
+from specbench.grid import SweepConfig, plan_cells, with_setting
 from specbench.measuring import SweepEvent, SweepTables, SweepWork, measure_here
 from specbench.results import hardware_info, versions
 from specbench.schema import grid_columns
@@ -77,30 +77,31 @@ class GroupNeeds:
 
 
 def group_needs(config: SweepConfig, nodes: list[dict]) -> GroupNeeds:
-    if config.device == "cpu":
+    if config.engine.device == "cpu":
         return GroupNeeds(cpus=1, cores=1)
-    if config.engine == "vllm":
-        gpus = config.vllm.tensor_parallel_size * config.vllm.pipeline_parallel_size
+    if config.engine.name == "vllm":
+        gpus = config.engine.vllm.tensor_parallel_size * config.engine.vllm.pipeline_parallel_size
         largest = max((node["Resources"].get("GPU", 0) for node in nodes), default=0)
         if gpus > largest:
             return GroupNeeds(cpus=1, gpus=0, spans_nodes=True)
         return GroupNeeds(cpus=1, gpus=gpus)
     from specbench.native.placement import parse_devices
 
-    return GroupNeeds(cpus=1, gpus=len(parse_devices(config.device)))
+    return GroupNeeds(cpus=1, gpus=len(parse_devices(config.engine.device)))
 
 
 def config_on_node(config: SweepConfig, needs: GroupNeeds, gpus: int) -> SweepConfig:
     """The config a task runs: devices renumbered to those Ray gave it (CUDA_VISIBLE_DEVICES), and
     a server bigger than a node on vLLM's Ray backend."""
-    if config.device == "cpu":
+    if config.engine.device == "cpu":
         return config
     if needs.spans_nodes:
-        backend = config.vllm.distributed_executor_backend or "ray"
-        return replace(config, device="cuda", vllm=replace(config.vllm, distributed_executor_backend=backend))
-    if config.engine == "vllm":
-        return replace(config, device="cuda")  # the server sees the task's GPUs only
-    return replace(config, device=",".join(f"cuda:{i}" for i in range(gpus)) if gpus > 1 else "cuda:0")
+        backend = config.engine.vllm.distributed_executor_backend or "ray"
+        vllm = replace(config.engine.vllm, distributed_executor_backend=backend)
+        return replace(config, engine=replace(config.engine, device="cuda", vllm=vllm))
+    if config.engine.name == "vllm":
+        return with_setting(config, "engine.device", "cuda")  # the server sees the task's GPUs only
+    return with_setting(config, "engine.device", ",".join(f"cuda:{i}" for i in range(gpus)) if gpus > 1 else "cuda:0")
 
 
 @contextlib.contextmanager
@@ -227,7 +228,7 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
                                                           f"other groups' work")))
         planned = plan_cells(config, replay)
         by_id = {cell.id: cell for cell in planned}
-        meta = {"versions": versions(), "hardware": hardware_info(), "engine": {"name": config.engine}}
+        meta = {"versions": versions(), "hardware": hardware_info(), "engine": {"name": config.engine.name}}
 
         def send(event: SweepEvent) -> None:
             if event.kind == "start":
@@ -236,7 +237,7 @@ def measure_group(config: SweepConfig, cell_ids: list[str], group: int, queue, r
 
         tables = ForwardedTables(scratch, send)
         work = SweepWork(config, planned, [by_id[i] for i in cell_ids], tables,
-                         {name: load_workload(name) for name in config.workloads}, send, meta, node_id=node_id,
+                         {name: load_workload(name) for name in config.grid.workloads}, send, meta, node_id=node_id,
                          replay=replay)
         try:
             measure_here(work)
@@ -311,8 +312,8 @@ class RayExecutor(Executor):
 
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         needs = group_needs(work.config, nodes)
-        slots = needs.cluster_slots(nodes, work.config.vllm.tensor_parallel_size
-                                    * work.config.vllm.pipeline_parallel_size)
+        slots = needs.cluster_slots(nodes, work.config.engine.vllm.tensor_parallel_size
+                                    * work.config.engine.vllm.pipeline_parallel_size)
         if slots < 1:
             raise ValueError(f"no node of the cluster ({joined}) has what a pairing group asks for "
                              f"({needs.cpus:g} CPU, {needs.gpus:g} GPU)")
@@ -375,12 +376,12 @@ class RayExecutor(Executor):
         """vLLM's auto pairing, decided once for every group before any starts: side by side where a
         node's free memory (this machine's, read now) holds two servers per group it runs at once.
         Decided in each group instead, the first group's servers would shrink what the next sees."""
-        if config.engine != "vllm" or config.vllm.pairing != "auto":
+        if config.engine.name != "vllm" or config.engine.vllm.pairing != "auto":
             return config, ""
         from specbench.served.vllm_engine import served_pairing
 
         pairing, why = served_pairing(config, share=1 / max(1, groups_per_node))
-        return replace(config, vllm=replace(config.vllm, pairing=pairing)), f"{pairing} in every group ({why})"
+        return with_setting(config, "engine.vllm.pairing", pairing), f"{pairing} in every group ({why})"
 
     def drain(self) -> None:
         """Every event the tasks sent: finished cells written at once."""

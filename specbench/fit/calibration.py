@@ -32,6 +32,7 @@ from specbench.drafter_kinds import drafter_kind
 from specbench.fit import kernel_tables
 from specbench.fit.cells import ok_closed_loop
 from specbench.models import lookup_alias, model_family, parse_draft_spec
+from specbench.results import recorded_config
 from specbench.schema import AR
 from specbench.synthetic import config_parameters, shipped_config
 
@@ -194,7 +195,7 @@ def nearest_measured(models: list[MeasuredModel], parameters: float) -> Measured
 def run_configs(meta: dict) -> tuple[str, dict, dict[str, tuple[str, dict]]]:
     """(target name, its config, {draft label: (name, config)}) of a run: the shipped configs of its
     registry aliases (what a timing-only run built, and what a real one loaded)."""
-    config = meta.get("config") or {}
+    config = recorded_config(meta)["grid"]
     name, target = shipped_config(config.get("target", ""))
     family = model_family(name)
     drafts = {}
@@ -333,7 +334,7 @@ def calibrate_served(cells: pd.DataFrame, meta: dict, system: str, backend: str 
     and the prefill (the mean TTFT of a batch sent at once)."""
     target_name, target_config, draft_configs = run_configs(meta)
     cells = ok_closed_loop(cells)
-    tp = int(((meta.get("config") or {}).get("vllm") or {}).get("tensor_parallel_size") or 1)
+    tp = int((recorded_config(meta)["engine"].get("vllm") or {}).get("tensor_parallel_size") or 1)
     target = kernel_tables.Forward(target_config, system, backend, tp, name=target_name)
     drafts = {label: kernel_tables.Forward(config, system, backend, tp, name=name)  # vLLM's default draft TP
               for label, (name, config) in draft_configs.items()}

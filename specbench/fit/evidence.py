@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.fit.cells import label_cells
-from specbench.grid import SweepConfig, VllmOptions, plan_cells
+from specbench.grid import SweepConfig, plan_cells
 from specbench.schema import grid_columns
 from specbench.traces import ReplayRecord
 
@@ -229,17 +229,13 @@ def completeness(meta: dict, cells: pd.DataFrame) -> Completeness:
 
 def _planned_cells(meta: dict):
     """The run's planned cells, rebuilt from its recorded config; None when it cannot be."""
-    from dataclasses import fields
-
     recorded = meta.get("config")
     if not recorded:
         return None
     try:
-        known = {f.name for f in fields(SweepConfig)}
-        config = {key: value for key, value in recorded.items() if key in known}
-        config["vllm"] = VllmOptions(**(config.get("vllm") or {}))
+        config = SweepConfig.from_dict(recorded)
         # a trace run's cells from the replay run.json kept, not the trace read again
-        replay = ReplayRecord.from_dict(meta["trace"]) if config.get("trace") else None
-        return plan_cells(SweepConfig(**config), replay)
+        replay = ReplayRecord.from_dict(meta["trace"]) if config.load.trace else None
+        return plan_cells(config, replay)
     except Exception:  # a run.json from an older version, or edited by hand
         return None

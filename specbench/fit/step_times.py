@@ -17,6 +17,7 @@ from specbench.fit.roofline import (
     DEVICES, Architecture, ForwardProfile, ForwardTimeModel, device_key, fit_forward_time, peak_flops,
 )
 from specbench.models import model_family, parse_draft_spec
+from specbench.results import recorded_config
 from specbench.schema import AR
 from specbench.shapes import recorded_shapes
 from specbench.synthetic import shipped_config
@@ -35,7 +36,7 @@ def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None,
         drafts = {label: Architecture.from_dict(values) for label, values in (recorded.get("drafts") or {}).items()}
         return target, drafts
     dtype = run_dtype(cells)
-    name = (meta.get("config") or {}).get("target", "")
+    name = recorded_config(meta)["grid"].get("target", "")
     try:
         alias, config = shipped_config(name)
     except Exception:
@@ -43,7 +44,7 @@ def architectures(meta: dict, cells: pd.DataFrame) -> tuple[Architecture | None,
     target = Architecture.from_config(config, dtype)
     family = model_family(alias)
     drafts = {}
-    for label in (meta.get("config") or {}).get("drafts", []):
+    for label in recorded_config(meta)["grid"].get("drafts", []):
         try:
             spec = parse_draft_spec(label)
             if drafter_kind(spec.kind).separate_model:

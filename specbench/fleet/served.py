@@ -39,6 +39,7 @@ from specbench.fleet.replica import ReplicaSpec, Speculation, simulate
 from specbench.fleet.router import simulate_fleet
 from specbench.fleet.sizing import COMMON_SEED, Configuration
 from specbench.measured import validation
+from specbench.results import recorded_config
 from specbench.schema import AR
 from specbench.shapes import Architecture
 from specbench.synthetic import shipped_config
@@ -142,12 +143,12 @@ def served_context(meta: dict) -> int:
     servers said they serve (their /v1/models max_model_len), a vLLM run's --max-model-len, else the
     target's max_position_embeddings (vLLM's default) where the target is a registry model; 0 where
     none is known (a local path's model, an endpoint that did not say)."""
-    config = meta.get("config") or {}
-    limit = (meta.get("engine") or {}).get("context_limit") or (config.get("vllm") or {}).get("max_model_len")
+    config = recorded_config(meta)
+    limit = (meta.get("engine") or {}).get("context_limit") or (config["engine"].get("vllm") or {}).get("max_model_len")
     if limit:
         return int(limit)
     try:
-        return int(shipped_config(str(config.get("target")))[1].get("max_position_embeddings") or 0)
+        return int(shipped_config(str(config["grid"].get("target")))[1].get("max_position_embeddings") or 0)
     except Exception:  # noqa: BLE001 - not a registry alias: its context is not known here
         return 0
 
@@ -195,7 +196,7 @@ def cell_loads(cells: pd.DataFrame, requests: pd.DataFrame, repeat: int = 0,
     replica its server was; a load spread over several servers, an --endpoint list, on as many
     replicas behind the run's router)."""
     loads = []
-    router = str(((meta or {}).get("config") or {}).get("router") or "least-outstanding")
+    router = str((recorded_config(meta or {})["engine"].get("endpoint") or {}).get("router") or "least-outstanding")
     for cell in cells[cells["status"] == "ok"].to_dict("records"):
         mine = requests[(requests["cell_id"] == cell["cell_id"]) & (requests["repeat"] == repeat)]
         mine = mine[mine["output_tokens"] >= 1].sort_values("arrival_s")
@@ -426,7 +427,7 @@ def out_of_reach(reach: dict[str, MeasuredReach], meta: dict, prompts: np.ndarra
         past.append(f"{concurrency} requests at once (the run's most: {rows})")
     if not past:
         return ""
-    config = meta.get("config") or {}
+    config = recorded_config(meta)["grid"]
     drafts = ",".join(str(d) for d in config.get("drafts") or [])
     lengths = 1 << max(int(wanted) - 1, 1).bit_length() if wanted > REACH_FACTOR * longest else max(longest, 1)
     batches = sorted({1, 4, max(rows, 1), *([concurrency] if concurrency > REACH_FACTOR * rows else [])})
@@ -496,7 +497,7 @@ def served_configurations(cells: pd.DataFrame, requests: pd.DataFrame, meta: dic
     measured (its longest prompts' cell; per decoding row-step, `row_step_acceptance`). One replica
     is one server (`tp` 1). A draft that is the run's target model is a self draft (its prefill
     costs the target's). `held`: the price held past what the run measured (`held_price`)."""
-    target = str((meta.get("config") or {}).get("target", ""))
+    target = str(recorded_config(meta)["grid"].get("target", ""))
     drafts = tuple(d for d in cells["draft"].unique() if d != AR and target and d == target)
     price, spec = fit_served(cells, requests, meta, source, drafts)
     if held:

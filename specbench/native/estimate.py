@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from specbench.drafter_kinds import drafter_kind
-from specbench.grid import Cell, SweepConfig, plan_cells, requests_per_cell, split_schedule, target_shape
+from specbench.grid import Cell, GridOptions, SweepConfig, plan_cells, requests_per_cell, split_schedule, target_shape
 from specbench.models import dtype_name, lookup_alias, parse_draft_spec
 from specbench.shapes import Architecture
 from specbench.synthetic import shipped_config
@@ -95,7 +95,7 @@ def prompt_tokens(config: SweepConfig, workloads: dict) -> dict[str, float]:
     for name, workload in workloads.items():
         records = getattr(workload, "records", None) or []
         chars = sum(len(r.text) for r in records) / len(records) if records else 400
-        lengths[name] = chars / CHARS_PER_TOKEN + (TEMPLATE_TOKENS if config.chat_template else 0)
+        lengths[name] = chars / CHARS_PER_TOKEN + (TEMPLATE_TOKENS if config.engine.chat_template else 0)
     return lengths
 
 
@@ -104,7 +104,7 @@ def _architecture(reference: str, family: str | None, dtype: str) -> Architectur
         return Architecture.from_config(shipped_config(reference, family)[1], dtype)
     except Exception:
         pass
-    shape = target_shape(SweepConfig(target=reference))  # a local model's config.json
+    shape = target_shape(SweepConfig(grid=GridOptions(target=reference)))  # a local model's config.json
     try:
         return Architecture.from_config(shape, dtype) if shape else None
     except Exception:
@@ -113,9 +113,9 @@ def _architecture(reference: str, family: str | None, dtype: str) -> Architectur
 
 def native_dtypes(config: SweepConfig) -> dict[str, str]:
     """The dtype (torch name) each model of a native CPU sweep runs in: "target" and each model draft."""
-    target = dtype_name(config.dtype) if config.dtype else "float32"
+    target = dtype_name(config.engine.dtype) if config.engine.dtype else "float32"
     dtypes = {"target": target}
-    for draft in config.drafts:
+    for draft in config.grid.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
         if drafter_kind(spec.kind).separate_model:
             dtypes[draft] = dtype_name(spec.dtype) if spec.dtype else target
@@ -126,16 +126,17 @@ def estimate_native(config: SweepConfig, rates: Rates, tokens: dict[str, float],
                     cells: list[Cell] | None = None) -> Estimate | None:
     """The estimate of `cells` (default: the whole plan) of a native CPU sweep with real weights;
     None where it does not apply or a model's shape is not known without loading it."""
-    if config.engine != "native" or not config.device.startswith("cpu") or config.synthetic or config.trace:
+    if config.engine.name != "native" or not config.engine.device.startswith("cpu") or config.grid.synthetic \
+            or config.load.trace:
         return None
     dtypes = native_dtypes(config)
-    target_entry = lookup_alias(config.target)
+    target_entry = lookup_alias(config.grid.target)
     family = target_entry.family if target_entry else None
-    target = _architecture(config.target, None, dtypes["target"])
+    target = _architecture(config.grid.target, None, dtypes["target"])
     if target is None:
         return None
     drafts: dict[str, tuple[Architecture, str]] = {}
-    for draft in config.drafts:
+    for draft in config.grid.drafts:
         spec = parse_draft_spec(split_schedule(draft)[0])
         kind = drafter_kind(spec.kind)
         if kind.separate_model:
@@ -179,23 +180,24 @@ def estimate_native(config: SweepConfig, rates: Rates, tokens: dict[str, float],
         prompt = cell.context_length or tokens.get(cell.workload, 100.0)
         requests = requests_per_cell(config, cell.batch_size)
         batch = cell.batch_size or 1
-        seconds = config.repeats * generation(cell, batch, requests, config.max_new_tokens, prompt)
-        if config.warmup:
-            seconds += generation(cell, batch, batch, min(WARMUP_TOKENS, config.max_new_tokens), prompt)
+        seconds = config.grid.repeats * generation(cell, batch, requests, config.grid.max_new_tokens, prompt)
+        if config.engine.warmup:
+            seconds += generation(cell, batch, batch, min(WARMUP_TOKENS, config.grid.max_new_tokens), prompt)
         if cell.is_speculative and cell.temperature > 0:  # the sampled check: top-ups, then every output scored
-            short = max(0, PROBE_MIN_TOKENS - requests * config.max_new_tokens)
-            extra = math.ceil(short / min(PROBE_TOKENS, config.max_new_tokens))
+            short = max(0, PROBE_MIN_TOKENS - requests * config.grid.max_new_tokens)
+            extra = math.ceil(short / min(PROBE_TOKENS, config.grid.max_new_tokens))
             if extra:
-                seconds += generation(cell, batch, extra, min(PROBE_TOKENS, config.max_new_tokens), prompt)
+                seconds += generation(cell, batch, extra, min(PROBE_TOKENS, config.grid.max_new_tokens), prompt)
             scored = requests + extra
-            seconds += forward(target, dtypes["target"], scored, scored * (prompt + config.max_new_tokens), prompt)
+            seconds += forward(target, dtypes["target"], scored, scored * (prompt + config.grid.max_new_tokens), prompt)
         estimated[cell] = seconds
     # the start: each model's forward profile (runner.measured_profiles: sizes up to twice the
     # widest step, 6 forwards each) and the probes
-    widest = max(config.batch_sizes or [1]) * (max(config.ks or [0]) + 1)
+    widest = max(config.load.batch_sizes or [1]) * (max(config.grid.ks or [0]) + 1)
     sizes = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256) if s <= 2 * widest]
     start = sum(forward(target, dtypes["target"], 6, 6 * s, 16) for s in sizes)
     for label, (shape, dtype) in drafts.items():
         if drafter_kind(parse_draft_spec(split_schedule(label)[0]).kind).separate_model:
-            start += sum(forward(shape, dtype, 6, 6 * s, 16) for s in sizes if s <= 2 * max(config.batch_sizes or [1]))
+            start += sum(forward(shape, dtype, 6, 6 * s, 16) for s in sizes
+                         if s <= 2 * max(config.load.batch_sizes or [1]))
     return Estimate(estimated, start + 2.0, rates, dtypes)

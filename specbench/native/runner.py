@@ -42,18 +42,18 @@ from specbench.workloads import encode_prompt
 
 def validate_native(config: SweepConfig) -> None:
     """The native engine's own checks of a config: devices, CUDA graphs, draft kinds."""
-    devices = parse_devices(config.device)
+    devices = parse_devices(config.engine.device)
     if devices[0].startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {config.device}: CUDA is not available on this machine")
+        raise ValueError(f"--device {config.engine.device}: CUDA is not available on this machine")
     for name in devices:
         if ":" in name and int(name.split(":")[1]) >= torch.cuda.device_count():
             raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
-    if config.cuda_graphs and (not devices[0].startswith("cuda") or len(devices) > 1):
-        raise ValueError(f"--cuda-graphs needs the models on one CUDA device, got --device {config.device}")
-    if config.synthetic:
-        target_alias, target_config = shipped_config(config.target)
+    if config.engine.cuda_graphs and (not devices[0].startswith("cuda") or len(devices) > 1):
+        raise ValueError(f"--cuda-graphs needs the models on one CUDA device, got --device {config.engine.device}")
+    if config.grid.synthetic:
+        target_alias, target_config = shipped_config(config.grid.target)
         models = [(target_alias, target_config)]
-        for label in config.drafts:
+        for label in config.grid.drafts:
             spec = parse_draft_spec(label)
             if drafter_kind(spec.kind).separate_model:
                 models.append(shipped_config(spec.model, model_family(target_alias)))
@@ -73,12 +73,12 @@ class NativeEngine(Engine):
     def open(self) -> str:
         config = self.config
         models = self.models = load_models(config)
-        if config.cuda_graphs:
+        if config.engine.cuda_graphs:
             for model in [models.target.model] + [loaded.model for loaded in models.draft_models.values()]:
                 model.use_static_steps()  # CUDA graphs (validate() checked the device)
         message = f"target {models.target.name} from {models.target.resolved.source} ({models.target.load_s:.1f}s)"
         if models.synthetic:
-            message += ("; TIMING-ONLY: random weights, synthetic acceptance at α = " + ", ".join(config.alphas))
+            message += ("; TIMING-ONLY: random weights, synthetic acceptance at α = " + ", ".join(config.grid.alphas))
             scaled = [f"target {models.target_scaler.built_layers}/{models.target_scaler.full_layers} layers"] \
                 if models.target_scaler else []
             scaled += [f"{label} {s.built_layers}/{s.full_layers} layers" for label, s in models.draft_scalers.items()]
@@ -191,7 +191,7 @@ class Models:
 
 
 def _context_estimate(config: SweepConfig) -> int:
-    return 96 + config.max_new_tokens // 2
+    return 96 + config.grid.max_new_tokens // 2
 
 
 def measured_matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
@@ -206,11 +206,11 @@ def measured_profiles(models: Models, config: SweepConfig) -> dict:
     """Each model's bare forward over the sizes the run's steps will have (`forward_profile`); none
     where the steps are not the profile's forwards: CUDA graphs replay fixed shapes, and a model
     built with only its first layers is timed scaled."""
-    if config.cuda_graphs or models.target_scaler is not None or models.draft_scalers:
+    if config.engine.cuda_graphs or models.target_scaler is not None or models.draft_scalers:
         return {}
-    widest = max(config.batch_sizes) * (max(config.ks, default=0) + 1)
+    widest = max(config.load.batch_sizes) * (max(config.grid.ks, default=0) + 1)
     profiles = {"target": forward_profile(models.target.model, 2 * widest)}
-    profiles["drafts"] = {label: forward_profile(loaded.model, 2 * max(config.batch_sizes))
+    profiles["drafts"] = {label: forward_profile(loaded.model, 2 * max(config.load.batch_sizes))
                           for label, loaded in models.draft_models.items()}
     return profiles
 
@@ -231,12 +231,12 @@ def load_random_models(config: SweepConfig) -> Models:
     import time
 
     started = time.perf_counter()
-    dtype = config.torch_dtype
-    target_alias, target_config = shipped_config(config.target)
+    dtype = config.engine.torch_dtype
+    target_alias, target_config = shipped_config(config.grid.target)
     family = model_family(target_alias)
     bytes_per = torch.finfo(dtype).bits // 8
     drafts, draft_sizes = {}, {}
-    for label in config.drafts:
+    for label in config.grid.drafts:
         spec = parse_draft_spec(label)
         drafts[label] = spec
         if drafter_kind(spec.kind).separate_model:
@@ -246,12 +246,12 @@ def load_random_models(config: SweepConfig) -> Models:
                                   config_parameters(draft_config) * (torch.finfo(draft_dtype).bits // 8))
     draft_budget = sum(size for *_, size in draft_sizes.values())
     needed = config_parameters(target_config) * bytes_per + draft_budget
-    target_devices = placement_devices(config.device, needed)
+    target_devices = placement_devices(config.engine.device, needed)
     budget = sum(memory_budget(device) for device in target_devices)
-    layers = config.target_layers
+    layers = config.grid.target_layers
     if layers is None and needed > budget:
         layers = layers_that_fit(target_config, dtype, max(budget - min(draft_budget, budget * 0.4), 0))
-    target = build_random_model(target_alias, dtype, target_devices, num_layers=layers, seed=config.seed)
+    target = build_random_model(target_alias, dtype, target_devices, num_layers=layers, seed=config.grid.seed)
     try:
         tokenizer = load_tokenizer(DEFAULT_TARGET)  # a proxy for prompt lengths; the ids are timing-only
     except Exception:
@@ -265,7 +265,7 @@ def load_random_models(config: SweepConfig) -> Models:
     for seed, (label, (alias, draft_config, draft_dtype, size)) in enumerate(draft_sizes.items(), start=1):
         draft_layers = None if size <= share else layers_that_fit(draft_config, draft_dtype, share)
         built = build_random_model(alias, draft_dtype, target_devices[0], num_layers=draft_layers,
-                                   seed=config.seed + seed)
+                                   seed=config.grid.seed + seed)
         if built.is_subset:
             draft_scalers[label] = LayerScaler(built.model, built.full_layers, context)
         draft_models[label] = LoadedModel(built.model, tokenizer, ResolvedModel(label, lookup_alias(alias), "", None,
@@ -275,28 +275,29 @@ def load_random_models(config: SweepConfig) -> Models:
                "drafts": {label: random_model_record(alias, draft_config, draft_models[label].model.config.num_hidden_layers)
                           for label, (alias, draft_config, *_) in draft_sizes.items()}}
     loaded = LoadedModel(target.model, tokenizer,
-                         ResolvedModel(config.target, lookup_alias(target_alias), "", None, "random weights"),
+                         ResolvedModel(config.grid.target, lookup_alias(target_alias), "", None, "random weights"),
                          time.perf_counter() - started)
     return Models(loaded, drafts, draft_models, synthetic=True, target_scaler=target_scaler,
                   draft_scalers=draft_scalers, random_records=records)
 
 
 def load_models(config: SweepConfig) -> Models:
-    if config.synthetic:
+    if config.grid.synthetic:
         return load_random_models(config)
-    dtype = config.torch_dtype
-    target = load_model(config.target, config.device, dtype, allow_download=config.allow_download,
-                        trust_remote_code=config.trust_remote_code)
+    dtype = config.engine.torch_dtype
+    target = load_model(config.grid.target, config.engine.device, dtype, allow_download=config.engine.allow_download,
+                        trust_remote_code=config.engine.trust_remote_code)
     family = family_of(target)
     drafts, models = {}, {}
-    for label in config.drafts:
+    for label in config.grid.drafts:
         spec = parse_draft_spec(label)
         drafts[label] = spec
         if not drafter_kind(spec.kind).separate_model:
             continue
         draft_dtype = parse_dtype(spec.dtype) if spec.dtype else dtype
         loaded = load_model(spec.model, str(target.model.devices()[0]), draft_dtype, family=family,
-                            allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
+                            allow_download=config.engine.allow_download,
+                            trust_remote_code=config.engine.trust_remote_code)
         check_tokenizers_compatible(target, loaded)
         models[label] = loaded
     return Models(target, drafts, models)
@@ -372,8 +373,8 @@ class CellRun:
                  config: SweepConfig) -> None:
         self.models, self.cell, self.prompts, self.prompt_ids, self.config = models, cell, prompts, prompt_ids, config
         self.drafter = models.drafter(cell.draft) if cell.is_speculative else None
-        self.sampling = SamplingParams(cell.temperature, config.top_p if cell.temperature else 1.0,
-                                       config.top_k if cell.temperature else 0)
+        self.sampling = SamplingParams(cell.temperature, config.grid.top_p if cell.temperature else 1.0,
+                                       config.grid.top_k if cell.temperature else 0)
         self.batches = [list(range(i, i + cell.batch_size)) for i in range(0, len(prompts), cell.batch_size)]
         self.results: list[GenerationResult] = []
         self.request_table: list[dict] = []
@@ -392,9 +393,10 @@ class CellRun:
     def warm_up(self) -> None:
         """Excluded from every figure. With CUDA graphs it runs at full length, so that the
         graphs the measured runs replay are captured here."""
-        if self.config.warmup:
-            length = self.config.max_new_tokens if self.config.cuda_graphs else min(8, self.config.max_new_tokens)
-            warm = GenerationConfig(max_new_tokens=length, sampling=self.sampling, seed=self.config.seed)
+        if self.config.engine.warmup:
+            tokens = self.config.grid.max_new_tokens
+            length = tokens if self.config.engine.cuda_graphs else min(8, tokens)
+            warm = GenerationConfig(max_new_tokens=length, sampling=self.sampling, seed=self.config.grid.seed)
             _generate(self.models, self.cell, self.drafter, [self.prompts[i] for i in self.batches[0]], warm)
 
     def measure(self, repeat: int) -> None:
@@ -404,8 +406,8 @@ class CellRun:
         captures_before = self._graph_captures()
         with self.own_cpu, PeakMemory(self.models.target.model.devices()) as memory:
             for batch_index, rows in enumerate(self.batches):
-                generation = GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=self.sampling,
-                                              seed=config.seed + 1000 * repeat + batch_index)
+                generation = GenerationConfig(max_new_tokens=config.grid.max_new_tokens, sampling=self.sampling,
+                                              seed=config.grid.seed + 1000 * repeat + batch_index)
                 result = _generate(self.models, cell, self.drafter, [self.prompts[i] for i in rows], generation)
                 self.results.append(result)
                 ids = [self.prompt_ids[i] for i in rows]
@@ -429,7 +431,7 @@ class CellRun:
         outputs = []
         for start in range(0, len(prompts), self.cell.batch_size):
             generation = GenerationConfig(max_new_tokens=max_tokens, sampling=self.sampling,
-                                          seed=self.config.seed + 500_000 + start)
+                                          seed=self.config.grid.seed + 500_000 + start)
             chunk = prompts[start:start + self.cell.batch_size]
             outputs.extend(_generate(self.models, self.cell, self.drafter, chunk, generation).tokens)
         return outputs
@@ -441,7 +443,7 @@ class CellRun:
         phases = phase_times(results)
         row = {
             **measured_columns(cell, "native", request_table, [len(p) for p in prompts], throughput_per_repeat,
-                               sum(r.total_s for r in results), config.max_new_tokens, config.repeats),
+                               sum(r.total_s for r in results), config.grid.max_new_tokens, config.grid.repeats),
             **phases,
             # Measured peak (process RSS on CPU; device memory on CUDA) covers every model loaded
             # for the sweep; the analytic parts below separate the target from the draft.
@@ -456,7 +458,7 @@ class CellRun:
             "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
             "synthetic": models.synthetic, "synthetic_alpha": cell.alpha,
             # CUDA graphs captured inside measured runs (their capture time is in the figures).
-            "cuda_graphs": config.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,
+            "cuda_graphs": config.engine.cuda_graphs, "graph_captures_timed": self.timed_graph_captures,
             "estimated": models.target_scaler is not None or cell.draft in models.draft_scalers,
             "target_layers_built": models.target.model.config.num_hidden_layers,
             "target_layers_full": models.target_scaler.full_layers if models.target_scaler else
@@ -465,7 +467,7 @@ class CellRun:
         if drafter is None and not row["estimated"] and math.isfinite(models.copy_bandwidth):
             # How close the baseline's decode steps come to reading the weights and KV cache at
             # the measured memory bandwidth: far below 1 means the baseline itself is slow.
-            context = int(row["prompt_tokens_mean"] + config.max_new_tokens / 2)
+            context = int(row["prompt_tokens_mean"] + config.grid.max_new_tokens / 2)
             roofline = decode_step_bytes(models.target.model, cell.batch_size, context) / models.copy_bandwidth
             row["roofline_step_s"] = roofline
             row["roofline_fraction"] = roofline / (row["step_verify_s"] + row["step_overhead_s"])
@@ -490,7 +492,7 @@ def _prompt_ids(record, models: Models, config: SweepConfig) -> list[int]:
     measures it, or 4 characters a token), and they are kept inside the target's vocabulary."""
     tokenizer = models.target.tokenizer
     if tokenizer is not None:
-        ids = encode_prompt(record, tokenizer, config.chat_template)
+        ids = encode_prompt(record, tokenizer, config.engine.chat_template)
     else:
         ids = [ord(c) for c in record.text[::4]]
     if models.synthetic:

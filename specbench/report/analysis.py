@@ -20,7 +20,7 @@ from specbench.fit.noise import run_noise
 from specbench.fit.physics import with_bounds
 from specbench.fit.replay import replay_answer, replay_table, send_lag_summary
 from specbench.gate import slo_judged_draft
-from specbench.results import Run
+from specbench.results import Run, recorded_config
 
 ALPHA_NOTE = ("alpha_iid: the per-token acceptance probability fitted under the i.i.d. model (accepted / "
               "(accepted + rejections)), what τ(α, K) and the performance model use; acceptance_rate: accepted / "
@@ -78,7 +78,7 @@ def analyse(run: Run, gpu_price: float | None = None, gpus: int = 1, slo: str | 
     slow = slow_baseline_warning(a.baseline, a.reference)
     if slow:
         a.warnings = [slow] + a.warnings
-    text = slo or (run.meta.get("config") or {}).get("slo") or ""
+    text = slo or recorded_config(run.meta)["gate"].get("slo") or ""
     if text:
         a.slo = parse_slo(text)
         a.goodput = slo_table(run.cells, run.requests, a.slo)

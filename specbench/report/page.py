@@ -17,7 +17,7 @@ import pandas as pd
 from specbench.fit import load_label
 from specbench.report.analysis import TABLE_NOTES, Analysis, analyse, answer, summary_tables
 from specbench.report.charts import CHART_NOTES, CHARTS, NothingToDraw, drawers
-from specbench.results import Run
+from specbench.results import Run, recorded_config
 from specbench.synthetic import random_model_lines
 
 TRUST_SECTION = "how far the performance model's predictions can be trusted"
@@ -108,14 +108,14 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
         tables[f"capacity: the highest {load_label(a.load)} meeting the SLO, and the cost there ({a.cost_unit})"] = \
             a.capacity
     meta = run.meta
-    config = meta.get("config", {})
+    config = recorded_config(meta)
     hardware = meta.get("hardware", {})
     gpu = ", ".join(g["name"] for g in hardware.get("gpus", []))
     flags = ", ".join(hardware.get("cpu_flags") or [])  # runs before cpu_flags was recorded lack it
     where = gpu if gpu else f"{hardware.get('cpu', '?')} ({flags + '; ' if flags else ''}CPU only)"
     if (meta.get("engine") or {}).get("name") == "endpoint":
         where = f"the endpoint {(meta.get('engine') or {}).get('endpoint', '?')}"
-    title = f"specbench: {config.get('target', '?')} on {where}"
+    title = f"specbench: {config['grid'].get('target', '?')} on {where}"
     if meta.get("synthetic"):
         title += " — TIMING-ONLY (random weights, synthetic acceptance" + (", layer-subset ESTIMATE)" if meta.get("estimated") else ")")
     engine = meta.get("engine") or {"name": "native"}
@@ -124,8 +124,8 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
         loop = f"trace replay: each request at its time in {trace.get('describe', '?')}, {trace.get('requests')} requests"
     elif a.load == "request_rate":
         loop = ("open loop: requests arrive at Poisson/gamma times, rates "
-                + ", ".join(map(str, config.get("request_rates") or [])) + f" req/s, burstiness "
-                f"{config.get('burstiness', 1)}")
+                + ", ".join(map(str, config["load"].get("request_rates") or [])) + f" req/s, burstiness "
+                f"{config['load'].get('burstiness', 1)}")
     else:
         loop = "batch size = requests in flight (closed loop)"
     if engine.get("name") == "vllm":
@@ -134,7 +134,7 @@ def _write_report(run: Run, out_dir: Path, gpu_price: float | None, gpus: int, e
         how = (f"endpoint {engine.get('endpoint')} (model {engine.get('served_model')}), baseline "
                f"{engine.get('baseline_endpoint') or 'none'}; {loop}")
     else:
-        how = f"native engine, decode steps {'replayed from CUDA graphs' if config.get('cuda_graphs') else 'eager'}"
+        how = f"native engine, decode steps {'replayed from CUDA graphs' if config['engine'].get('cuda_graphs') else 'eager'}"
     provenance = (f"run {run.path.name} · started {meta.get('started')} · status {meta.get('status')} · "
                   f"specbench {meta.get('versions', {}).get('specbench_git', '?')} · torch "
                   f"{meta.get('versions', {}).get('torch', '?')} · transformers {meta.get('versions', {}).get('transformers', '?')}"

@@ -47,31 +47,32 @@ def endpoint_urls(text: str) -> list[str]:
 
 
 def validate_endpoint(config: SweepConfig) -> None:
-    if not config.endpoint and not config.baseline_endpoint:
+    endpoints = config.engine.endpoint
+    if not endpoints.urls and not endpoints.baseline_urls:
         raise ValueError("the endpoint engine needs --endpoint URL (a running OpenAI-compatible server)")
-    for name, text in (("--endpoint", config.endpoint), ("--baseline-endpoint", config.baseline_endpoint)):
+    for name, text in (("--endpoint", endpoints.urls), ("--baseline-endpoint", endpoints.baseline_urls)):
         urls = endpoint_urls(text)
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{name} must be http(s) URLs, got {url!r}")
         if len({base_url(url) for url in urls}) != len(urls):
             raise ValueError(f"{name} names a server twice: {text}")
-    if config.synthetic:
+    if config.grid.synthetic:
         raise ValueError("--weights random starts its own servers: it needs --engine vllm, not --endpoint")
-    if config.baseline_only:
-        if config.drafts:
+    if config.engine.baseline_only:
+        if config.grid.drafts:
             raise ValueError("--drafts names what --endpoint runs: --baseline-endpoint alone measures the baseline")
         return
-    if len(config.drafts) != 1 or len(config.ks) != 1:
+    if len(config.grid.drafts) != 1 or len(config.grid.ks) != 1:
         raise ValueError("--endpoint measures one server: --drafts and --k name what it runs (one label and "
                          "one K, 0 for unknown; default: endpoint, 0)")
-    if split_schedule(config.drafts[0])[1] is not None:
-        raise ValueError(f"draft {config.drafts[0]!r}: an endpoint runs the schedule its server was started with; "
+    if split_schedule(config.grid.drafts[0])[1] is not None:
+        raise ValueError(f"draft {config.grid.drafts[0]!r}: an endpoint runs the schedule its server was started with; "
                          f"name the draft without @schedule")
 
 
 def api_headers(config: SweepConfig) -> dict | None:
-    key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+    key = os.environ.get(config.engine.endpoint.api_key_env, "") if config.engine.endpoint.api_key_env else ""
     return {"Authorization": f"Bearer {key}"} if key else None
 
 
@@ -80,12 +81,12 @@ def served_context_limit(config: SweepConfig) -> int:
     rows past it would be refused (HTTP 400), so the replay leaves them out, as it does past the
     target's context on servers specbench starts."""
     return smallest_known(RemoteFleet(endpoint_urls(text), api_headers(config)).context_limit()
-                     for text in filter(None, (config.endpoint, config.baseline_endpoint)))
+                     for text in filter(None, (config.engine.endpoint.urls, config.engine.endpoint.baseline_urls)))
 
 
 def check_reachable(config: SweepConfig) -> None:
     """A one-line error when an endpoint does not list a model (unreachable, refused, empty)."""
-    for text in filter(None, (config.endpoint, config.baseline_endpoint)):
+    for text in filter(None, (config.engine.endpoint.urls, config.engine.endpoint.baseline_urls)):
         RemoteFleet(endpoint_urls(text), api_headers(config)).model_id()
 
 
@@ -204,9 +205,10 @@ class EndpointEngine(ServedEngine):
     def __init__(self, config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> None:
         super().__init__(config, run_dir, replay)
         self.headers = api_headers(config)
-        self.endpoint = RemoteFleet(endpoint_urls(config.endpoint), self.headers) if config.endpoint else None
-        self.baseline = RemoteFleet(endpoint_urls(config.baseline_endpoint), self.headers) \
-            if config.baseline_endpoint else None
+        endpoints = config.engine.endpoint
+        self.endpoint = RemoteFleet(endpoint_urls(endpoints.urls), self.headers) if endpoints.urls else None
+        self.baseline = RemoteFleet(endpoint_urls(endpoints.baseline_urls), self.headers) \
+            if endpoints.baseline_urls else None
         self.served_names: dict[str, str] = {}
 
     def open(self) -> str:
@@ -220,11 +222,11 @@ class EndpointEngine(ServedEngine):
                              f"must serve the target the speculative server verifies with")
         self.served_name = names.pop()
         try:  # the target's tokenizer gives the prompts' token ids (and the chat template)
-            self.target_dir = model_path(config.target, config)  # resolves it; a one-line error if missing
-            self.tokenizer = load_tokenizer(self.target_dir, allow_download=config.allow_download,
-                                            trust_remote_code=config.trust_remote_code)
+            self.target_dir = model_path(config.grid.target, config)  # resolves it; a one-line error if missing
+            self.tokenizer = load_tokenizer(self.target_dir, allow_download=config.engine.allow_download,
+                                            trust_remote_code=config.engine.trust_remote_code)
         except ModelNotAvailable as error:
-            raise ModelNotAvailable(f"--target {config.target}: the endpoint's tokenizer is needed to send every "
+            raise ModelNotAvailable(f"--target {config.grid.target}: the endpoint's tokenizer is needed to send every "
                                     f"server the same token ids ({error})") from None
         self._probe_scoring()
         if self.baseline:
@@ -236,9 +238,9 @@ class EndpointEngine(ServedEngine):
         else:
             pair = "; no --baseline-endpoint: no speed-ups"
         several = any(len(fleet.servers) > 1 for fleet in (self.endpoint, self.baseline) if fleet is not None)
-        routed = f"; each load spread over its servers ({config.router})" if several else ""
+        routed = f"; each load spread over its servers ({config.engine.endpoint.router})" if several else ""
         return (f"endpoint {(self.endpoint or self.baseline).label} serving {self.served_name!r}{pair}; prompts "
-                f"tokenized with {config.target}; sampled check: "
+                f"tokenized with {config.grid.target}; sampled check: "
                 f"{'on' if self.scores_samples else self.scores_samples_note}{routed}")
 
     def _probe_scoring(self) -> None:
@@ -274,8 +276,8 @@ class EndpointEngine(ServedEngine):
         meta["engine"] = {"name": self.name, "endpoint": self.endpoint.label if self.endpoint else "",
                           "served_model": self.served_name, "context_limit": context,
                           "baseline_endpoint": self.baseline.label if self.baseline else "", "pairing": self.pairing,
-                          "router": self.config.router, "servers": servers,
-                          "api_key_env": self.config.api_key_env, "api_key_sent": bool(self.headers)}
+                          "router": self.config.engine.endpoint.router, "servers": servers,
+                          "api_key_env": self.config.engine.endpoint.api_key_env, "api_key_sent": bool(self.headers)}
         shapes = self.architectures()
         if shapes:
             meta["architectures"] = shapes

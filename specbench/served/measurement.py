@@ -56,7 +56,7 @@ def kv_cache_labels(snapshot: Snapshot) -> dict:
 
 def dtype_name(config: SweepConfig) -> str:
     """--dtype, else bf16 on a GPU and fp32 on a CPU, as vLLM's --dtype spells it."""
-    return str(config.torch_dtype).replace("torch.", "")
+    return str(config.engine.torch_dtype).replace("torch.", "")
 
 
 def server_k(draft: str, k: int) -> int:
@@ -88,8 +88,8 @@ class ServedEngine(Engine):
         if self.tokenizer is None:
             ids = [ord(c) for c in record.text[::4]]
         else:
-            ids = encode_prompt(record, self.tokenizer, self.config.chat_template)
-        if self.config.synthetic:
+            ids = encode_prompt(record, self.tokenizer, self.config.engine.chat_template)
+        if self.config.grid.synthetic:
             ids = [i % self._vocab_size for i in ids]
         return ids
 
@@ -229,14 +229,14 @@ class ServedCellRun:
         cell, config = self.cell, self.config
         payload = {"model": self.stage.engine.served_name, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                    "ignore_eos": True, "return_token_ids": True, "temperature": cell.temperature}
-        if config.trace:  # the trace's output length exactly, whatever the model would stop at
+        if config.load.trace:  # the trace's output length exactly, whatever the model would stop at
             payload["min_tokens"] = max_tokens
         if cell.temperature > 0:
-            payload["seed"] = config.seed + 1000 * repeat + index
-            if config.top_p < 1:
-                payload["top_p"] = config.top_p
-            if config.top_k > 0:
-                payload["top_k"] = config.top_k
+            payload["seed"] = config.grid.seed + 1000 * repeat + index
+            if config.grid.top_p < 1:
+                payload["top_p"] = config.grid.top_p
+            if config.grid.top_k > 0:
+                payload["top_k"] = config.grid.top_k
         return payload
 
     @property
@@ -260,8 +260,8 @@ class ServedCellRun:
         run after run."""
         if self.replay is not None:
             return [request.arrival_s for request in self.replay.requests][:count]
-        seed = [self.config.seed, repeat, 7]
-        return arrival_times(count, self.cell.request_rate, self.config.burstiness, seed=seed)
+        seed = [self.config.grid.seed, repeat, 7]
+        return arrival_times(count, self.cell.request_rate, self.config.load.burstiness, seed=seed)
 
     def _load(self, prompts: list[list[int]], repeat: int, max_tokens: int | list[int],
               arrivals_s: list[float] | None = None) -> LoadRun:
@@ -273,11 +273,11 @@ class ServedCellRun:
         lengths = [len(p) for p in prompts]
         if arrivals_s is not None:
             run = run_open_loop(self.urls, payloads, arrivals_s, lengths, headers=self.headers,
-                                router=self.config.router)
+                                router=self.config.engine.endpoint.router)
         else:
             concurrency = self.cell.batch_size or len(prompts)
             run = run_closed_loop(self.urls, payloads, concurrency, lengths, headers=self.headers,
-                                  router=self.config.router)
+                                  router=self.config.engine.endpoint.router)
         if run.errors:
             raise RuntimeError(f"{len(run.errors)} of {len(prompts)} requests failed ({self.stage.failure_note()}): "
                                + run.errors[0])
@@ -287,9 +287,9 @@ class ServedCellRun:
         """One round of B requests, excluded from every figure (first-use compilation, caches)."""
         if self.companion is not None:
             self.companion.warm_up()
-        if self.config.warmup:
+        if self.config.engine.warmup:
             count = min(self.cell.batch_size or 4, len(self.prompts))
-            self._load(self.prompts[:count], repeat=-1, max_tokens=min(16, self.config.max_new_tokens))
+            self._load(self.prompts[:count], repeat=-1, max_tokens=min(16, self.config.grid.max_new_tokens))
 
     def sample(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Untimed outputs at the cell's settings and concurrency (seeds apart from the measured)."""
@@ -312,9 +312,9 @@ class ServedCellRun:
         first = not self.throughput_per_repeat  # its outputs are the ones checked
         server = self.stage.server
         before = self.stage.scrape()
-        cuda = self.config.device.startswith("cuda")
+        cuda = self.config.engine.device.startswith("cuda")
         replay = self.replay
-        outputs = [r.output_tokens for r in replay.requests] if replay is not None else self.config.max_new_tokens
+        outputs = [r.output_tokens for r in replay.requests] if replay is not None else self.config.grid.max_new_tokens
         # Every cell runs the same instruments, a closed loop as a trace replay: on a server that
         # shares its core with them (a one-core CPU server) they cost it a few per cent, and a step
         # price fitted on closed-loop cells must carry that cost to the replays it predicts.
@@ -384,18 +384,18 @@ class ServedCellRun:
         client_cpu = sum(run.client_cpu_s for run in self.runs)
         row = {
             **measured_columns(cell, engine.name, requests, [len(p) for p in self.prompts], self.throughput_per_repeat,
-                               sum(run.wall_s for run in self.runs), config.max_new_tokens, config.repeats),
+                               sum(run.wall_s for run in self.runs), config.grid.max_new_tokens, config.grid.repeats),
             # The server's own view, to cross-check the client's (its ITL is per engine step).
             "server_ttft_mean_s": _mean(self.server_ttft), "server_itl_mean_s": _mean(self.server_itl),
             "server_queue_mean_s": _mean(self.server_queue),
-            "burstiness": config.burstiness if cell.request_rate else float("nan"),
+            "burstiness": config.load.burstiness if cell.request_rate else float("nan"),
             "achieved_request_rate": float(np.median(self.request_rate_per_repeat)),
             "send_lag_max_s": max((r["send_lag_s"] for r in requests), default=0.0),
             "k_schedule": _schedule_text(cell.draft),
             "client_cpu_per_token_s": client_cpu / output_tokens if output_tokens else float("nan"),
-            "device": config.device, "dtype": engine.dtype,
+            "device": config.engine.device, "dtype": engine.dtype,
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
-            "synthetic": config.synthetic, "synthetic_alpha": cell.alpha,
+            "synthetic": config.grid.synthetic, "synthetic_alpha": cell.alpha,
             "graph_captures_timed": 0, "estimated": False,
             "own_cpu_cores": self.own_cpu.cores, "other_cpu_cores": self.own_cpu.other_cores,
             **self.engine_columns(),

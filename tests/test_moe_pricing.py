@@ -81,3 +81,34 @@ def test_a_verify_routes_its_positions_through_the_experts():
     one = forward.verify_ms(1, 1024, 4) / forward.decode_ms(1, 1024)
     many = forward.verify_ms(128, 1024, 4) / forward.decode_ms(128, 1024)
     assert one > 1.3 and many < one
+
+
+def test_mtp_is_simulated_as_the_target_compiled_with_its_layers():
+    """A replica with MTP runs the target compiled with K next-token layers every step (the tables'
+    nextn), verifying K + 1 positions a row: its decode step is that forward's, with nothing added."""
+    from specbench.fleet.plan import configurations
+    from specbench.step_model import StepShape
+
+    planner = table_plan.TablePlanner(shipped_config("deepseek-v3")[1], "deepseek-v3", "h200_sxm", "vllm")
+    drafter = table_plan.Drafter("mtp:2", "mtp", label="MTP", layers=2)
+    acceptance = table_plan.Acceptance("mtp:2", "α 0.7", 0.7, (0.7,))
+    found = configurations(planner, [drafter], [acceptance], 8, None, [1, 2, 4], 1024, 256)
+    mtp = [c for c in found if c.draft == "mtp:2"]
+    assert [c.k for c in mtp] == [2]  # MTP's K is its layers
+    plain, with_mtp = found[0].cost, mtp[0].cost
+    nextn = planner.forward(planner.target, 8, 2)
+    assert with_mtp.forward is nextn and with_mtp.draft is None
+    shape = StepShape(decode_rows=16, k=2)
+    assert with_mtp.seconds(shape) > plain.seconds(StepShape(decode_rows=16))
+    kernels = nextn.mixed_ms(0, 16, 1024, 256)
+    assert with_mtp._step_parts(0, 16, 2)[0] == pytest.approx(kernels)
+    # its replica holds the MTP layers' weights beside the target's: fewer tokens of KV cache
+    assert mtp[0].spec.kv_capacity_tokens < found[0].spec.kv_capacity_tokens
+
+
+def test_a_moe_replica_says_how_its_gpu_and_model_were_checked():
+    from specbench.fleet.tables import moe_silicon_check
+
+    line = moe_silicon_check("h200_sxm", "gpt-oss-120b")
+    assert "vLLM MoE rows on h200_sxm" in line and "gpt-oss-120b's own" in line and "≤ 8 % TPOT" in line
+    assert moe_silicon_check("a100_sxm", "gpt-oss-120b").startswith("UNCHECKED")

@@ -58,9 +58,15 @@ from specbench.fit.table_plan import decoder_config  # noqa: E402
 from specbench.fleet.plan import INFERENCEMAX  # noqa: E402
 from specbench.fleet.tables import ServerFlags, replica_spec, step_cost  # noqa: E402
 from specbench.fleet.workers import in_processes  # noqa: E402
+from specbench.measured import silicon_moe_figures, write_validation  # noqa: E402
 from specbench.results import cpu_name  # noqa: E402
 
 from silicon import _median_abs, mean_latencies, shown  # noqa: E402
+
+SILICON_MOE_WHAT = ("the fleet simulator's mean TPOT and TTFT against NVIDIA's measured vLLM serving rows of "
+                    "mixture-of-experts models (every aggregated MoE row of aiconfigurator-core 0.12's "
+                    "silicon_sample.csv without data-parallel attention, nothing fitted to them), the clients as "
+                    "InferenceMAX's benchmark ran them")
 
 HERE = Path(__file__).resolve().parent
 MOE_MODELS = ("openai/gpt-oss-120b", "moonshotai/Kimi-K2.5", "MiniMaxAI/MiniMax-M2.5", "Qwen/Qwen3-235B-A22B-FP8")
@@ -330,6 +336,12 @@ def main() -> None:
     table = _errors(table)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "silicon_moe.csv", index=False)
+    if not args.limit:  # what a plan of a mixture of experts on the tables says of its check
+        write_validation("silicon_moe", silicon_moe_figures(table), what=SILICON_MOE_WHAT,
+                         source=shown(args.out / "silicon_moe.csv"),
+                         machine=f"NVIDIA's rows (H100, H200, B200, B300) simulated on {cpu_name()}, "
+                                 f"{os.cpu_count()} CPUs",
+                         command="python benchmarks/silicon-rows/silicon_moe.py")
     lines = report(table, seconds, workers, aic_note)
     (args.out / "silicon_moe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -286,7 +286,7 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
     drafter × K: latency percentiles per scale, and where speculation turns from a gain into a loss
     as the traffic rises. `slo`: judged too, where given. The other arguments as size_fleet's."""
     from specbench.api.replicas import check_chart
-    from specbench.fleet.plan import mtp_left_out, traffic_configurations
+    from specbench.fleet.plan import traffic_configurations
     from specbench.fleet.sizing import fleets_as_they_are
 
     started = time.perf_counter()
@@ -304,7 +304,7 @@ def fleet_as_is(target: str, *, trace: str, replicas: int, slo: str | None = Non
     table = fleets_as_they_are(found, traffic, scales, replicas, objective, router, price, on_progress=on_progress)
     simulated = FleetAsIs(table, replica.head, traffic, replay, parsed, scales, replicas, router, price, price_note,
                           where=replica.planner.system.split("_")[0].upper(),
-                          left_out=replica.left_out + mtp_left_out(replica.drafters),
+                          left_out=replica.left_out,
                           transferred=replica.transferred, chart=chart)
     return _drawn(simulated, started)
 

@@ -57,7 +57,7 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
     from specbench.fit import table_plan as tp_plan
     from specbench.fit.host_cost import PIECEWISE_LAYER_MS, PIECEWISE_SOURCE, VLLM_API_SERVER_REQUEST, described
     from specbench.fleet.plan import CLIENTS
-    from specbench.fleet.tables import ServerFlags, silicon_check
+    from specbench.fleet.tables import ServerFlags, moe_silicon_check, silicon_check
 
     if clients not in CLIENTS:
         raise UsageError(f"--clients must be one of {', '.join(CLIENTS)}, got {clients!r}")
@@ -91,8 +91,8 @@ def tables_replica(target: str, *, drafts: Sequence[str], alpha: str | float | N
                              "measured": PIECEWISE_SOURCE}, "api_server": described(VLLM_API_SERVER_REQUEST),
             "alpha_from": alpha_from,
             "acceptance_transferred": transferred or None,
-            "checked": silicon_check(system, backend, tuple(tp_sizes)) + (
-                "; those rows are dense models': a mixture-of-experts replica is unchecked" if layout_notes else ""),
+            "checked": moe_silicon_check(system, target_name, backend) if layout_notes else
+            silicon_check(system, backend, tuple(tp_sizes)),
             "layout": layout_notes, **({"expert_parallel": expert_parallel} if layout_notes else {})}
     return TablesReplica(planner, drafters, accepted, tp_sizes, draft_tp, target_config, server, gemm_quant, head,
                          left_out, transferred)

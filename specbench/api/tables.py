@@ -35,7 +35,7 @@ class TablePrice:
     price: float | None  # $ per GPU-hour; None: costs are in GPU-hours
     price_note: str
     drafters: dict[str, str]  # name -> what it is ('llama3-8b, fp8', 'EAGLE head', ...)
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # --dtype's; "checkpoint" for a mixture of experts at its checkpoint's precisions
     draft_dtype: str = "bf16"
     kv_cache_dtype: str = "auto"
     precision: str = ""  # ' (fp8, fp8 KV cache)' after the target's name where either is not 16-bit
@@ -183,7 +183,8 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
     return TablePrice(table, tp_plan.decisions(table), tp_plan.slo_choices(table, tpot) if tpot is not None else None,
                       kernel_tables.label(system, backend), target_name, system, backend, tp_sizes, output_tokens,
                       alpha_from, price_per_hour, price_note,
-                      {d.name: drafter_label(d, draft_gemm_quant) for d in drafters}, DTYPE_OF[gemm_quant],
+                      {d.name: drafter_label(d, draft_gemm_quant) for d in drafters},
+                      "checkpoint" if layout_notes and gemm_quant is None else DTYPE_OF[gemm_quant],
                       DTYPE_OF[draft_gemm_quant], kv_cache_dtype, precision_label(gemm_quant, kv_cache_dtype),
                       transferred, left_out, corrected, layout_notes, step_notes, planner.described_host(),
                       time.perf_counter() - started,
@@ -213,10 +214,15 @@ def check_layout(name: str, config: dict, dp: int, expert_parallel: bool, gemm_q
     spread = "whole experts on each GPU (EP)" if expert_parallel else "each expert split over the GPUs"
     gpus = f"all TP × {dp} GPUs, the attention split over TP in each of {dp} data-parallel ranks (a batch split " \
         f"evenly over them)" if dp > 1 else "its TP's GPUs"
-    return [f"{name} is a mixture of experts ({moe.describe()}): its experts at {quants['moe']} and its other "
-            f"weights at {quants['gemm']} ({'--dtype' if gemm_quant else 'its checkpoint'}'s), {spread}, over "
-            f"{gpus}; a step's expert GEMMs priced at the tokens it routes (a verify's K + 1 a row), on the "
-            f"tables' MoE timings, which NVIDIA measured with power-law expert popularity"]
+    notes = [f"{name} is a mixture of experts ({moe.describe()}): its experts at {quants['moe']} and its other "
+             f"weights at {quants['gemm']} ({'--dtype' if gemm_quant else 'its checkpoint'}'s), {spread}, over "
+             f"{gpus}; a step's expert GEMMs priced at the tokens it routes (a verify's K + 1 a row), on the "
+             f"tables' MoE timings, which NVIDIA measured with power-law expert popularity"]
+    if quants["gemm"] == "fp8_block":
+        notes.append("the tables' fp8_block GEMM timings are flat in the batch, several times their fp8 and 16-bit "
+                     "ones at small batches (docs/validation.md, section 7): a decode step here may be priced too "
+                     "dear, and speculation's gain with it")
+    return notes
 
 
 def parse_alphas(text: str) -> list[tuple[float, ...]]:

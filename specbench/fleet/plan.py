@@ -137,7 +137,7 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
                    draft_tp: int | None, ks: list[int], isl: int, osl: int,
                    gemm_quant: str | None = None, schedules: bool = False,
                    server: ServerFlags = ServerFlags()) -> list[Configuration]:
-    """The baseline, then each drafter × acceptance × K the tables price (not MTP), at `tp`; steps
+    """The baseline, then each drafter × acceptance × K the tables price, at `tp`; steps
     priced for requests of `isl` tokens in and `osl` out, each replica a vLLM server with `server`'s
     flags (its KV cache at `--kv-cache-dtype`, a draft model's too, as vLLM's). `schedules`: each
     drafter × acceptance's K schedule too (`_scheduled`)."""
@@ -152,9 +152,19 @@ def configurations(planner: TablePlanner, drafters: list[Drafter], accepted: lis
                            spec, None)]
     for acceptance in accepted:
         drafter = next((d for d in drafters if d.name == acceptance.draft), None)
-        if drafter is None or drafter.draft_kind.in_target_forward:
+        if drafter is None:
             continue
         kind = drafter.draft_kind
+        if kind.in_target_forward:  # MTP: the target compiled with its K layers, each K a forward of its own
+            mtp_spec = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant,
+                                                   kv_cache_dtype=kv_cache_dtype, draft_kind=drafter.kind,
+                                                   draft_layers=drafter.layers))
+            for k in kind.ks(ks, drafter.layers):
+                cost = step_cost(planner.forward(planner.target, tp, k), isl, osl,
+                                 async_scheduling=mtp_spec.async_scheduling, draft_kind=drafter.kind, **priced)
+                found.append(Configuration(tp, drafter.name, k, acceptance.key, cost, mtp_spec,
+                                           Speculation(k, acceptance.reach_at(k), seed=COMMON_SEED)))
+            continue
         size = tp if draft_tp is None else draft_tp
         draft = planner.draft_forward(drafter, size) if drafter.config else None
         with_draft = server.applied(replica_spec(planner.target, planner.system, tp, gemm_quant, drafter.config,
@@ -204,11 +214,6 @@ def _scheduled(planner: TablePlanner, drafter: Drafter, acceptance: Acceptance, 
                           schedule=format_schedule(ranges))]
 
 
-def mtp_left_out(drafters: list[Drafter]) -> list[str]:
-    return [f"{d.name}: the fleet simulator prices draft models, EAGLE heads and n-gram drafting; MTP is priced by "
-            f"`plan --target` without --concurrency or --trace" for d in drafters if d.draft_kind.in_target_forward]
-
-
 def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance], tps: list[int],
                       draft_tp: int | None, ks: list[int], concurrencies: list[int], isl: int, osl: int,
                       gemm_quant: str | None = None, clients: Clients = STEADY,
@@ -230,7 +235,7 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     for mine in found:  # each TP's counted on from the last's
         rows += closed_loop_rows(mine, concurrencies, isl, osl, clients, price_per_gpu_hour, objective, prefix_len,
                                  _counted_from(on_progress, len(rows), total))
-    return pd.DataFrame(rows), mtp_left_out(drafters)
+    return pd.DataFrame(rows), []
 
 
 def _counted_from(on_progress: Progress | None, before: int, total: int) -> Progress | None:
@@ -439,7 +444,7 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
     each configuration as it is sized."""
     found = traffic_configurations(planner, drafters, accepted, tps, draft_tp, ks, traffic, gemm_quant, server)
     return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour,
-                       on_progress=on_progress), mtp_left_out(drafters)
+                       on_progress=on_progress), []
 
 
 def traffic_configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance],

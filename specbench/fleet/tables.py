@@ -72,6 +72,25 @@ def silicon_check(system: str, backend: str = "vllm", tps: tuple[int, ...] = ())
     return found.described(system) + (f"; at {', '.join(per_tp)}" if per_tp else "")
 
 
+def moe_silicon_check(system: str, target: str, backend: str = "vllm") -> str:
+    """One line on how far to trust a simulation of a mixture-of-experts `target` (an alias) on
+    `system`'s tables: the check against NVIDIA's measured vLLM MoE rows on that GPU, the target's
+    own where they hold it (validation.json's "silicon_moe")."""
+    try:
+        found = validation("silicon_moe")
+    except KeyError:
+        found = {}
+    on_gpu = found.get("by_system", {}).get(system) if backend == "vllm" else None
+    if not on_gpu:
+        return (f"UNCHECKED for a mixture of experts on {system}'s {backend} tables: no measured MoE rows there "
+                f"were simulated")
+    line = SiliconCheck(**on_gpu).described(system).replace("vLLM rows", "vLLM MoE rows", 1)
+    own = found.get("by_system_model", {}).get(system, {}).get(target)
+    if own:
+        line += f"; {target}'s own {own['rows']} rows: {SiliconCheck(**own).brief()}"
+    return line + " (targets ≤ 8 % TPOT, ≤ 20 % TTFT)"
+
+
 @dataclass(frozen=True)
 class ServerFlags:
     """The `vllm serve` flags of the same names a simulated replica runs with; None keeps vLLM's
@@ -157,7 +176,7 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
                  async_scheduling: bool = True, draft_gemm_quant: str | None = None,
                  prefix_caching: bool = True,
                  api_server: ApiServerCost | None = VLLM_API_SERVER_REQUEST,
-                 draft_kind: str = "model") -> ReplicaSpec:
+                 draft_kind: str = "model", draft_layers: int = 0) -> ReplicaSpec:
     """The replica vLLM would run: its default budget and sequence limit, async scheduling (its
     default on a GPU since v0.14; vLLM turns it off for n-gram drafting), prefix caching (its
     default in v1: what a request finds cached it does not compute), and the KV cache in
@@ -168,7 +187,8 @@ def replica_spec(config: dict, system: str, tp: int, gemm_quant: str | None = No
     TTFT and E2E hold its API server's time (`api_server`, measured on vLLM's CPU build; None: none)."""
     if kv_cache_dtype not in KV_BYTES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_BYTES)}")
-    drafter = Drafter("draft", draft_kind, draft) if draft is not None else None
+    drafter = Drafter("draft", draft_kind, draft) if draft is not None else \
+        Drafter("draft", draft_kind, layers=draft_layers) if draft_layers else None  # MTP: its layers
     need = memory(config, drafter, tp, draft_tp or tp, 1, kernel_tables.device(system), gemm_quant, kv_cache_dtype,
                   draft_gemm_quant)
     if need.usable - need.weights - need.reserved <= 0:

@@ -20,7 +20,9 @@ class MixedTablesStep:
     (`DrafterKind.draft_ms`): its first runs over `first_draft_positions` a row, which adds
     `Forward.extra_positions_ms` to its K decodes, and an EAGLE-3 head adds its fusing GEMM. A
     draft model also runs over every prompt chunk a step carries (its KV cache needs the prompt,
-    and it proposes from the prompt's last token).
+    and it proposes from the prompt's last token). A drafter whose layers run in the target's
+    forward (MTP) is priced as the tables price it: `forward` is the target compiled with its K
+    layers (`nextn`), whose every step carries them and verifies K + 1 positions a decoding row.
 
     The `overheads` are added as `Overheads` composes them: a step's prompt tokens count as
     ceil(tokens / isl) requests, each new and running; a host-drafting kind's proposer works at the
@@ -50,7 +52,7 @@ class MixedTablesStep:
             ms = forward.mixed_ms(prefill_tokens, decode_rows, isl, osl)
             if draft is not None and prefill_tokens > 0:
                 ms += draft.mixed_ms(prefill_tokens, 0, isl, osl)
-            if k > 0 and decode_rows > 0:
+            if k > 0 and decode_rows > 0 and not kind.in_target_forward:
                 ms += forward.verify_ms(decode_rows, self.context, k + 1) - forward.decode_ms(decode_rows, self.context)
                 if draft is not None:
                     ms += kind.draft_ms(draft, k, draft.mixed_ms(0, decode_rows, isl, osl), decode_rows, self.context,

@@ -112,3 +112,35 @@ def test_a_moe_replica_says_how_its_gpu_and_model_were_checked():
     line = moe_silicon_check("h200_sxm", "gpt-oss-120b")
     assert "vLLM MoE rows on h200_sxm" in line and "gpt-oss-120b's own" in line and "≤ 8 % TPOT" in line
     assert moe_silicon_check("a100_sxm", "gpt-oss-120b").startswith("UNCHECKED")
+
+
+def test_a_plan_says_where_steps_sit_at_the_launch_floor_and_lays_out_its_titles():
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "gpt-oss-120b", "--drafts", "eagle3", "--alpha", "0.7",
+                                      "--device", "h200", "--tp", "8", "--ep", "--k", "4,8",
+                                      "--batch-sizes", "128,256"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "TP8 with EP, 1024-token prompts" in said
+    assert "speculative steps are priced at the launch floor" in said and "passes 512" in said
+    assert "checked on" in said and "vLLM MoE rows on h200_sxm" in said
+    data_parallel = CliRunner().invoke(app, ["plan", "--target", "gpt-oss-120b", "--drafts", "eagle3", "--alpha",
+                                             "0.7", "--device", "h200", "--tp", "1", "--dp", "2", "--ep",
+                                             "--batch-sizes", "8"])
+    assert data_parallel.exit_code == 0 and "TP1 × DP2 with EP, 1024-token prompts" in data_parallel.output
+
+
+def test_batches_too_large_to_fit_are_an_answer_not_an_error():
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--target", "llama3-70b", "--drafts", "1b", "--tp", "4", "--alpha",
+                                      "0.7", "--batch-sizes", "512,1024"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("ESTIMATE on the h100_sxm kernel tables: no batch size asked fits (the largest "
+                                    "that does: B = 401, without speculation).")
+    assert "the largest batch that fits is 356 to 358, by K" in result.output

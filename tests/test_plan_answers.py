@@ -173,7 +173,7 @@ def test_where_it_pays_words_each_drafter_over_its_cases():
     found = where_it_pays({"1b": [([1, 8, 64], [2.0, 1.5, 1.1])],
                            "8b": [([1, 8, 64], [1.5, 1.2, 0.8]), ([1, 8, 64], [1.6, 1.3, 1.1])],
                            "70b": [([1, 8], [0.9, 0.7])]})
-    assert found == ("1b still pays at B = 64, the largest asked (up to 2.00×); 8b stops paying at B ≈ 23 in 1 of 2 cases; "
+    assert found == ("1b still pays at B = 64, the largest asked (up to 2.00× at B = 1); 8b stops paying at B ≈ 23 in 1 of 2 cases; "
                      "70b never pays (at best 0.90×)"), found
     assert where_it_pays({"1b": [([4, 16], [1.2, 0.8])]}, at="{} clients", near="≈ {} clients") == \
         "1b stops paying at ≈ 8.0 clients"

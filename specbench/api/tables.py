@@ -67,6 +67,9 @@ class TablePrice:
             group = group.sort_values("batch_size")
             cases.setdefault(draft, []).append((group["batch_size"].tolist(), group["highest_speedup"].tolist(),
                                                 group["speedup"].tolist()))
+        if not cases and not self.table["fits"].any():
+            largest = int(self.table["largest_batch"].max())
+            return f"{label}: no batch size asked fits (the largest that does: B = {largest}, without speculation)."
         return f"{label}: {where_it_pays(cases) or 'no drafter priced'}."
 
     def to_dict(self) -> dict:
@@ -168,7 +171,7 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
     table, unpriced = tp_plan.plan_on_tables(planner, drafters, accepted, ks, sizes, contexts, tp_sizes,
                                              output_tokens, price_per_hour, draft_tp)
     left_out += unpriced
-    if not table.empty and not table["fits"].any():
+    if not table.empty and not (table["largest_batch"] > 0).any():  # the weights alone fill the GPUs
         largest = max(tp_sizes)
         need = planner.memory(None, largest, largest, min(contexts) + output_tokens)
         more = " or more --dp with --ep" if layout_notes else ""
@@ -176,6 +179,12 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
                          f"its weights alone take {need.weights / 2 ** 30:.0f} GiB of each GPU's "
                          f"{need.usable / 2 ** 30:.0f} GiB (with the runtime's {need.reserved / 2 ** 30:.1f} GiB); "
                          f"give a larger --tp{more}, or a GPU with more memory (--device)")
+    moe = bool(layout_notes)  # check_layout's notes are a mixture of experts' alone
+    if moe:  # how the simulator did on NVIDIA's measured MoE serving
+        from specbench.fleet.tables import moe_silicon_check
+
+        layout_notes.append(moe_silicon_check(system, target_name, backend))
+    layout_notes += tp_plan.launch_floor_notes(planner, table, drafters)
     table, step_notes = tp_plan.flag_steps(table)
     if not (table["draft"] != tp_plan.AR).any():  # the baseline alone answers nothing of speculation
         raise UsageError(f"no draft could be priced, so there is nothing to set beside the baseline: "
@@ -184,11 +193,11 @@ def price(target: str, *, drafts: Sequence[str] = ("1b", "8b"), alpha: str | flo
                       kernel_tables.label(system, backend), target_name, system, backend, tp_sizes, output_tokens,
                       alpha_from, price_per_hour, price_note,
                       {d.name: drafter_label(d, draft_gemm_quant) for d in drafters},
-                      "checkpoint" if layout_notes and gemm_quant is None else DTYPE_OF[gemm_quant],
+                      "checkpoint" if moe and gemm_quant is None else DTYPE_OF[gemm_quant],
                       DTYPE_OF[draft_gemm_quant], kv_cache_dtype, precision_label(gemm_quant, kv_cache_dtype),
                       transferred, left_out, corrected, layout_notes, step_notes, planner.described_host(),
                       time.perf_counter() - started,
-                      {"dp": dp, "expert_parallel": expert_parallel} if layout_notes else {})
+                      {"dp": dp, "expert_parallel": expert_parallel} if moe else {})
 
 
 def check_layout(name: str, config: dict, dp: int, expert_parallel: bool, gemm_quant: str | None,

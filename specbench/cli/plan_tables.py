@@ -22,7 +22,10 @@ def print_price(priced) -> None:
     """api.TablePrice as the command prints it: the answer, a table per TP, prompt length and
     acceptance, the SLO's choice, then notes: what it rests on and the step notes."""
     console.print(f"[bold]{priced.answer}[/]", highlight=False, soft_wrap=True)
-    print_table_plan(priced.table, priced.decisions, priced.unit)
+    layout = priced.layout
+    print_table_plan(priced.table, priced.decisions, priced.unit,
+                     (f" × DP{layout['dp']}" if layout.get("dp", 1) > 1 else "")
+                     + (" with EP" if layout.get("expert_parallel") else ""))
     if priced.slo_choices is not None:
         print_slo(priced.slo_choices, priced.unit)
     source = (f"[bold red]ESTIMATE[/] from {priced.tables}: {priced.target}{priced.precision} with "
@@ -39,14 +42,15 @@ def print_price(priced) -> None:
     print_notes(notes)
 
 
-def print_table_plan(table, decided, unit: str) -> None:
+def print_table_plan(table, decided, unit: str, layout: str = "") -> None:
+    """`layout`: what follows each TP in the titles (" × DP8 with EP")."""
     from specbench.fit import AR
     from specbench.fit.table_plan import best_k
 
     best = best_k(table)
     ar = table[table["draft"] == AR].set_index(["tp", "context_length", "batch_size"])
     for (tp, context, acceptance), group in best.groupby(["tp", "context_length", "acceptance"]):
-        shown = Table(title=f"TP{tp}, {context}-token prompts, {acceptance}: best K per batch size",
+        shown = Table(title=f"TP{tp}{layout}, {context}-token prompts, {acceptance}: best K per batch size",
                       title_justify="left", header_style="bold")
         for column in ("draft", "B", "K", "τ", "AR step ms", "SD step ms", "AR tok/s/GPU", "SD tok/s/GPU",
                        "tok/s/user", "speed-up", f"AR {unit}", f"SD {unit}", "GiB/GPU"):
@@ -66,10 +70,11 @@ def print_table_plan(table, decided, unit: str) -> None:
                           soft_wrap=True)
     unfit = table[~table["fits"]]
     for (tp, context, draft), group in unfit.groupby(["tp", "context_length", "draft"]):
-        largest = int(group["largest_batch"].iloc[0])
-        console.print(f"  does not fit: TP{tp}, {context}-token prompts, {draft}: B = "
+        largests = sorted({int(b) for b in group["largest_batch"]})  # a deeper K holds more KV a row
+        largest = str(largests[0]) if len(largests) == 1 else f"{largests[0]} to {largests[-1]}, by K"
+        console.print(f"  does not fit: TP{tp}{layout}, {context}-token prompts, {draft}: B = "
                       f"{', '.join(str(b) for b in sorted(set(group['batch_size'])))} "
-                      + (f"(the largest batch that fits is {largest})" if largest else
+                      + (f"(the largest batch that fits is {largest})" if largests[-1] else
                          "(no batch fits: the weights alone exceed the GPUs' memory)"),
                       highlight=False, soft_wrap=True)
 

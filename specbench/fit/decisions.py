@@ -74,13 +74,14 @@ def where_it_pays(points: dict[str, list[tuple]], at: str = "B = {}", near: str 
     paying at B ≈ 24"
     (the lowest B* of its cases), or "8b never pays"; joined by "; ". A case is (sizes, best
     speed-ups) or (sizes, best speed-ups, the speed-ups shown beside them), the "up to" figure the
-    largest shown. `at` and `near` word a size exactly and approximately ("{} clients")."""
+    largest shown, and the size where it is. `at` and `near` word a size exactly and approximately ("{} clients")."""
     clauses: list = []
     paying: dict[str, list[tuple[str, float]]] = {}  # the largest size asked -> the drafts still paying there
     for draft, cases in points.items():
         found = [crossover(case[0], case[1], threshold) for case in cases if case[0]]
         falls = [c.batch_size for c in found if c.batch_size is not None]
-        best = max((max(case[-1]) for case in cases if case[-1]), default=float("nan"))
+        best, best_at = max(((value, size) for case in cases for size, value in zip(case[0], case[-1])),
+                            default=(float("nan"), None))
         largest = max((max(case[0]) for case in cases if case[0]), default=0)
         within = f" in {len(falls)} of {len(found)} cases" if 0 < len(falls) < len(found) else ""
         if falls:
@@ -91,11 +92,12 @@ def where_it_pays(points: dict[str, list[tuple]], at: str = "B = {}", near: str 
             size = at.format(f"{largest:g}")
             if size not in paying:
                 clauses.append(size)  # its place, filled below with every draft paying there
-            paying.setdefault(size, []).append((draft, best))
+            where = at.format(f"{best_at:g}")
+            paying.setdefault(size, []).append((draft, best, "1 client" if where == "1 clients" else where))
         else:  # below the bar at small sizes, above it later (a compute-bound CPU)
             clauses.append(f"{draft}: {found[0].text}")
     for size, drafts in paying.items():
-        names, bests = " and ".join(d for d, _ in drafts), ", ".join(f"{b:.2f}×" for _, b in drafts)
+        names, bests = " and ".join(d for d, *_ in drafts), ", ".join(f"{b:.2f}× at {where}" for _, b, where in drafts)
         said = f"{names} still {'pays' if len(drafts) == 1 else 'pay'} at {size}, the largest asked (up to {bests})"
         clauses[clauses.index(size)] = said
     return "; ".join(clauses)

@@ -37,6 +37,7 @@ from specbench.fit.acceptance import acceptance_by_position, alpha_table
 from specbench.fit.cells import base_draft, label_synthetic
 from specbench.fit.host_cost import (
     COMPILED_LAUNCH,
+    GRAPH_CAPTURE_TOKENS,
     MULTIPROC_EXECUTOR_STEP,
     NGRAM_HOST_STEP,
     VLLM_HOST_STEP,
@@ -337,6 +338,29 @@ class TablePlanner:
             total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
         return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
                             tp=tp, draft_tp=draft_tp)
+
+
+def launch_floor_notes(planner: TablePlanner, table: pd.DataFrame, drafters: list[Drafter]) -> list[str]:
+    """A line where speculative steps are priced at the launch floor (`graph_bound_ms`: a step of
+    over GRAPH_CAPTURE_TOKENS tokens runs outside CUDA graphs and lasts at least the host's launch
+    of its kernels), which makes K and batch choices jump around that many tokens a step."""
+    if planner.launch is None or planner.corrections or "step_ms" not in table:
+        return []
+    layers = int((planner.target.get("text_config") or planner.target)["num_hidden_layers"])
+    floored: dict[int, tuple[float, int]] = {}
+    for drafter in drafters:
+        extra = int(drafter.config["num_hidden_layers"]) if drafter.draft_kind.separate_model and drafter.config else 0
+        for tp in sorted(set(table["tp"])):
+            floor = planner.overheads.launch_ms([(layers, tp)] + ([(extra, tp)] if extra else []))
+            rows = table[(table["draft"] == drafter.name) & (table["tp"] == tp)]
+            at = int(((rows["step_ms"] - floor).abs() <= 1e-9 * floor).sum())
+            if at:
+                floored[tp] = (floor, floored.get(tp, (floor, 0))[1] + at)
+    return [f"at TP{tp}, {count} speculative steps are priced at the launch floor, {floor:.1f} ms whatever their "
+            f"tokens: a step of over {GRAPH_CAPTURE_TOKENS} tokens runs outside CUDA graphs and lasts at least the "
+            f"host's launch of its kernels ({planner.launch.ms(1, tp):.3g} ms a layer, measured for a dense layer "
+            f"on an H100 host), so the best K and the speed-up jump where B × (K + 1) passes {GRAPH_CAPTURE_TOKENS}"
+            for tp, (floor, count) in floored.items()]
 
 
 def first_draft_positions(kind: str | DrafterKind, k: int) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specbench.drafter_kinds import KINDS, BYTES_PER_VALUE, drafter_kind
-from specbench.step_model import StepShape
+from specbench.step_model import StaticTablesStep, StepShape
 
 
 def at(model, prefill_tokens: int, decode_rows: int, k: int = 0) -> float:
@@ -72,10 +72,11 @@ def test_an_eagle3_step_costs_an_eagle_step_and_the_gemm_fusing_three_layers(hea
     for batch, k in ((1, 3), (64, 4)):
         fused = planner.draft_forward(eagle3, 4).gemm_ms(batch * (k + 1), hidden, 3 * hidden)
         assert fused > 0
-        assert planner.step_ms(eagle3, k, batch, 2048, 4, 4) - planner.step_ms(eagle, k, batch, 2048, 4, 4) == \
-            pytest.approx(fused, rel=1e-9)
+        assert StaticTablesStep(planner, 4, eagle3, 4).step_ms(k, batch, 2048) \
+            - StaticTablesStep(planner, 4, eagle, 4).step_ms(k, batch, 2048) == pytest.approx(fused, rel=1e-9)
     # its prefill is the target's alone, as an EAGLE head's
-    assert planner.prefill_ms(eagle3, 8, 1024, 4, 4) == planner.prefill_ms(eagle, 8, 1024, 4, 4)
+    assert StaticTablesStep(planner, 4, eagle3, 4).prefill_ms(8, 1024) == \
+        StaticTablesStep(planner, 4, eagle, 4).prefill_ms(8, 1024)
 
 
 def test_eagle3_memory_holds_the_fusing_weights_whole_on_each_gpu(heads):

@@ -50,9 +50,11 @@ def test_data_parallel_ranks_split_the_batch_and_the_gpus():
                                       dp=2, expert_parallel=True)
     table, _ = table_plan.plan_on_tables(planner, [], [], [1], [64], [1024], [1], 128, None)
     row = table.iloc[0]
-    rank_step = planner.decode_ms(32, 1024 + 64, 1)  # 32 rows a rank, at the mean context
+    from specbench.step_model import StaticTablesStep
+
+    rank_step = StaticTablesStep(planner, 1).decode_ms(32, 1024 + 64)  # 32 rows a rank, at the mean context
     assert row["ar_step_ms"] == pytest.approx(rank_step)
-    prefill = planner.prefill_ms(None, 32, 1024, 1, 1)
+    prefill = StaticTablesStep(planner, 1).prefill_ms(32, 1024)
     assert row["tokens_per_s_per_gpu"] == pytest.approx(64 * 128 / (prefill + 127 * rank_step) * 1000 / 2)
     memory = planner.memory(None, 1, 1, 1024 + 128)
     assert memory.need(64) == pytest.approx(memory.weights + memory.reserved + 32 * memory.kv_per_row)

@@ -15,11 +15,25 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.fit import kernel_tables
 from specbench.fit.table_plan import Acceptance
+from specbench.step_model import StaticTablesStep
 from specbench.synthetic import shipped_config
 
 runner = CliRunner()
 CPU_RUN = "tests/fixtures/cpu/default-grid"  # smollm2-135m with ngram and its bf16 copy
 GPU_RUN = "tests/fixtures/gpu/h100-2026-11-23/synthetic-llama3-8b-1b-graphs"  # llama3-8b, 1b at a simulated α 0.8
+
+
+def step_ms(planner, drafter, k: int, rows: int, context: int, tp: int, draft_tp: int) -> float:
+    """A speculative step on the static planner's step model (`StaticTablesStep`)."""
+    return StaticTablesStep(planner, tp, drafter, draft_tp).step_ms(k, rows, context)
+
+
+def decode_ms(planner, rows: int, context: int, tp: int) -> float:
+    return StaticTablesStep(planner, tp).decode_ms(rows, context)
+
+
+def prefill_ms(planner, drafter, rows: int, prompt: int, tp: int, draft_tp: int) -> float:
+    return StaticTablesStep(planner, tp, drafter, draft_tp).prefill_ms(rows, prompt)
 
 
 def plan_json(*args: str) -> dict:
@@ -97,7 +111,7 @@ def test_the_first_draft_forward_runs_over_the_verified_tokens_as_vllms_proposer
         forward = bare.forward(drafter.config, draft_tp, name=drafter.label)
         extra = forward.extra_positions_ms(64, 2048, first_draft_positions(drafter.kind, 3))
         assert extra > 0, drafter.name
-        assert bare.step_ms(drafter, 3, 64, 2048, 4, 1) - native.step_ms(drafter, 3, 64, 2048, 4, 1) == \
+        assert step_ms(bare, drafter, 3, 64, 2048, 4, 1) - step_ms(native, drafter, 3, 64, 2048, 4, 1) == \
             pytest.approx(extra, rel=1e-9), drafter.name
 
 
@@ -293,8 +307,8 @@ def test_a_run_on_the_same_gpu_corrects_the_tables_kind_by_kind(tmp_path):
                            found.measured_models())
     for alias, kind in (("llama3-8b", "decode"), ("llama3.2-1b", "draft")):
         drafter = Drafter(alias, "model", shipped_config(alias)[1], alias)
-        assert planner._draft_scale(drafter, "draft", 32) == pytest.approx(float(kinds[kind](32)))
-    assert planner._draft_scale(Drafter("8b", "model", shipped_config("llama3-8b")[1]), "draft prefill", 32) \
+        assert planner.draft_scale(drafter, "draft", 32) == pytest.approx(float(kinds[kind](32)))
+    assert planner.draft_scale(Drafter("8b", "model", shipped_config("llama3-8b")[1]), "draft prefill", 32) \
         == pytest.approx(float(kinds["prefill"](32)))
     cpu = runner.invoke(app, ["plan", "--target", "llama3-70b", "--alpha", "0.7", "--tp", "4", "--calibrate", CPU_RUN])
     assert cpu.exit_code == 2 and "needs a run measured on a GPU" in cpu.output
@@ -575,14 +589,14 @@ def test_the_hosts_step_time_slows_synchronously_scheduled_ngram_and_hides_besid
     served, kernels = (TablePlanner(config, name, "h100_sxm", "vllm", host=host) for host in (VLLM_HOST_STEP, None))
     for b in (1, 64, 256):
         host_ms = VLLM_HOST_STEP.ms(b) + MULTIPROC_EXECUTOR_STEP.ms(b)  # TP4: worker processes
-        assert served.step_ms(ngram, 2, b, 1536, 4, 4) == pytest.approx(
-            kernels.step_ms(ngram, 2, b, 1536, 4, 4) + host_ms + NGRAM_HOST_STEP.ms(b, 1536), rel=1e-9)
-        assert served.step_ms(draft, 2, b, 1536, 4, 4) == pytest.approx(kernels.step_ms(draft, 2, b, 1536, 4, 4))
-        assert served.decode_ms(b, 1536, 4) == pytest.approx(max(kernels.decode_ms(b, 1536, 4), host_ms))
+        assert step_ms(served, ngram, 2, b, 1536, 4, 4) == pytest.approx(
+            step_ms(kernels, ngram, 2, b, 1536, 4, 4) + host_ms + NGRAM_HOST_STEP.ms(b, 1536), rel=1e-9)
+        assert step_ms(served, draft, 2, b, 1536, 4, 4) == pytest.approx(step_ms(kernels, draft, 2, b, 1536, 4, 4))
+        assert decode_ms(served, b, 1536, 4) == pytest.approx(max(decode_ms(kernels, b, 1536, 4), host_ms))
     slow = TablePlanner(config, name, "h100_sxm", "vllm", host=HostCost(500.0, 0, 0, 0), executor=None)
-    assert slow.decode_ms(8, 1536, 4) == pytest.approx(500.0)
+    assert decode_ms(slow, 8, 1536, 4) == pytest.approx(500.0)
     corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
-    assert corrected.step_ms(ngram, 2, 64, 1536, 4, 4) == pytest.approx(kernels.step_ms(ngram, 2, 64, 1536, 4, 4))
+    assert step_ms(corrected, ngram, 2, 64, 1536, 4, 4) == pytest.approx(step_ms(kernels, ngram, 2, 64, 1536, 4, 4))
     plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
     assert plan["host_step"]["intercept_ms"] == VLLM_HOST_STEP.intercept_ms
     assert "host_step.md" in plan["host_step"]["measured"]
@@ -603,15 +617,15 @@ def test_a_static_step_outside_cuda_graphs_lasts_at_least_its_kernel_launches():
                      for launch in (COMPILED_LAUNCH, None))
     floor_ms = COMPILED_LAUNCH.ms(80, 4)
     assert floor_ms == pytest.approx(80 * COMPILED_LAUNCH.per_layer_tp_ms)
-    assert floored.step_ms(ngram, 3, 128, 1536, 4, 4) == bare.step_ms(ngram, 3, 128, 1536, 4, 4)  # 512 positions
-    assert floored.decode_ms(256, 1536, 4) == bare.decode_ms(256, 1536, 4)
-    over = bare.step_ms(ngram, 3, 256, 1536, 4, 4)  # 1,024 positions
-    assert floored.step_ms(ngram, 3, 256, 1536, 4, 4) == pytest.approx(max(over, floor_ms))
+    assert step_ms(floored, ngram, 3, 128, 1536, 4, 4) == step_ms(bare, ngram, 3, 128, 1536, 4, 4)  # 512 positions
+    assert decode_ms(floored, 256, 1536, 4) == decode_ms(bare, 256, 1536, 4)
+    over = step_ms(bare, ngram, 3, 256, 1536, 4, 4)  # 1,024 positions
+    assert step_ms(floored, ngram, 3, 256, 1536, 4, 4) == pytest.approx(max(over, floor_ms))
     # where the kernels are quicker than the launches it binds: K = 8 at B = 64 on TP8, 576 positions
-    assert bare.step_ms(ngram, 8, 64, 1536, 8, 8) < floor_ms
-    assert floored.step_ms(ngram, 8, 64, 1536, 8, 8) == pytest.approx(COMPILED_LAUNCH.ms(80, 8))
+    assert step_ms(bare, ngram, 8, 64, 1536, 8, 8) < floor_ms
+    assert step_ms(floored, ngram, 8, 64, 1536, 8, 8) == pytest.approx(COMPILED_LAUNCH.ms(80, 8))
     corrected = TablePlanner(config, name, "h100_sxm", "vllm", corrections={"decode": lambda b: 1.0})
-    assert corrected.step_ms(ngram, 3, 256, 1536, 4, 4) == pytest.approx(over)
+    assert step_ms(corrected, ngram, 3, 256, 1536, 4, 4) == pytest.approx(over)
     plan = plan_json("--drafts", "1b", "--device", "h100", "--tp", "4", "--alpha", "0.7", "--k", "2", "--batch-sizes", "8")
     assert plan["launch_without_graph"]["per_layer_tp_ms"] == COMPILED_LAUNCH.per_layer_tp_ms
     assert "h100-2026-11-27" in plan["launch_without_graph"]["measured"]
@@ -630,11 +644,11 @@ def test_a_static_prefill_of_up_to_512_tokens_replays_graph_pieces_as_the_fleets
     draft = Drafter("1b", "model", model_config("llama3.2-1b")[1], "llama3.2-1b")
     bare = TablePlanner(config, name, "h100_sxm", "vllm", host=None, launch=None)
     target, small = bare.forward(config, 4), bare.forward(draft.config, 4, name=draft.label)
-    assert bare.prefill_ms(None, 1, 256, 4, 4) == pytest.approx(target.prefill_ms(1, 256) + 80 * PIECEWISE_LAYER_MS)
-    assert bare.prefill_ms(draft, 2, 256, 4, 4) == pytest.approx(
+    assert prefill_ms(bare, None, 1, 256, 4, 4) == pytest.approx(target.prefill_ms(1, 256) + 80 * PIECEWISE_LAYER_MS)
+    assert prefill_ms(bare, draft, 2, 256, 4, 4) == pytest.approx(
         target.prefill_ms(2, 256) + small.prefill_ms(2, 256) + (80 + 16) * PIECEWISE_LAYER_MS)
-    assert bare.prefill_ms(None, 1, 1024, 4, 4) == pytest.approx(target.prefill_ms(1, 1024))
-    assert bare.decode_ms(64, 1536, 4) == pytest.approx(target.decode_ms(64, 1536))
+    assert prefill_ms(bare, None, 1, 1024, 4, 4) == pytest.approx(target.prefill_ms(1, 1024))
+    assert decode_ms(bare, 64, 1536, 4) == pytest.approx(target.decode_ms(64, 1536))
 
 
 def test_an_isolated_spike_in_a_gemm_table_takes_its_dearer_neighbours_time():

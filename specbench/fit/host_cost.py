@@ -167,7 +167,7 @@ def graph_bound_ms(kernels_ms: float, tokens: int, prefill_tokens: int, layers: 
     """A step's kernel time as vLLM's CUDA-graph handling makes it: a step replayed as graph pieces
     (`runs_piecewise`) adds `piecewise_layer_ms` for each of the `layers` its forwards run; a step
     outside graphs (`runs_without_graph`) lasts at least `launch_ms`, the host's launch of its
-    kernels. `fleet.tables.step_cost` and `table_plan.TablePlanner` price their steps through it."""
+    kernels. `step_model.Overheads` composes every step's through it."""
     if piecewise_layer_ms and runs_piecewise(tokens, prefill_tokens, cudagraph_mode):
         kernels_ms += layers * piecewise_layer_ms
     if launch_ms and runs_without_graph(tokens, prefill_tokens, cudagraph_mode):

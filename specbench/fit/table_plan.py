@@ -169,9 +169,10 @@ def memory(target: dict, drafter: Drafter | None, tp: int, draft_tp: int, tokens
 
 @dataclass
 class TablePlanner:
-    """The tables' forwards for one target on one system and backend, compiled once per TP size;
-    `corrections` (by kind: decode, verify, draft, prefill, draft prefill; from a served run decode, step and
-    prefill) scale them as a measured run did (`calibration.Calibration.by_kind`). Without
+    """The tables' forwards for one target on one system and backend, compiled once per TP size,
+    which its steps (`step_model.StaticTablesStep`) are priced on; `corrections` (by kind: decode,
+    verify, draft, prefill, draft prefill; from a served run decode, step and prefill) scale them as
+    a measured run did (`calibration.Calibration.by_kind`). Without
     corrections each step also takes vLLM's host time (`host`; None: the kernels' alone), beside the
     kernels (async scheduling, vLLM's default) or after them (n-gram drafting, which vLLM schedules
     synchronously), and a step vLLM runs outside CUDA graphs (over 512 tokens: a long prefill, a
@@ -228,26 +229,6 @@ class TablePlanner:
         return Overheads(host=self.host, launch=self.launch, speculation_host=self.speculation_host,
                          executor=self.executor)
 
-    def _served(self, kernels_ms: float, drafter: Drafter | None, rows: int, new_requests: int = 0,
-                prompt_tokens: int = 0, tokens: int = 0, tp: int = 1, draft_tp: int = 1,
-                context: float | None = None) -> float:
-        """A step's kernels as the served engine runs them (`Overheads.step_ms`): a step of `tokens`
-        (`prompt_tokens` of them a prefill's) outside CUDA graphs lasts at least the host's launch of
-        the target's kernels at `tp` and, for a draft model, its first forward's at `draft_tp`; a
-        prefill replayed as graph pieces runs the target's layers and a draft model's (its decode and
-        verify steps replay full graphs under vLLM's default FULL_AND_PIECEWISE). A host-drafting
-        step's rows (speculating, at `context`) add the proposer's host time."""
-        overheads = self.overheads
-        target_layers = int(self.target["num_hidden_layers"])
-        draft_layers = int(drafter.config["num_hidden_layers"]) if drafter is not None \
-            and drafter.draft_kind.separate_model and drafter.config else 0
-        launch_ms = overheads.launch_ms([(target_layers, tp)] + ([(draft_layers, draft_tp)] if draft_layers else []))
-        kind = drafter.draft_kind if drafter is not None else None
-        host_ms = overheads.host_ms(rows, new_requests, prompt_tokens, tp, kind, rows if context is not None else 0,
-                                    context or 0.0)
-        return overheads.step_ms(kernels_ms, tokens, prompt_tokens, target_layers + draft_layers, launch_ms, host_ms,
-                                 kind)
-
     def described_host(self) -> dict:
         """What --json says the steps were priced with beside the kernels (each cost's terms and
         where it was measured); each None where a run's corrections hold the host's own time."""
@@ -278,7 +259,8 @@ class TablePlanner:
         return self.forward(drafter.config, tp, name=drafter.label,
                             gemm_quant=self.draft_gemm_quant if drafter.draft_kind.takes_draft_dtype else None)
 
-    def _scale(self, kind: str, batch_size: int) -> float:
+    def scale(self, kind: str, batch_size: int) -> float:
+        """The run's correction of `kind` (decode, verify, prefill, step) at `batch_size`; 1 without one."""
         correction = self.corrections.get(kind)
         return float(correction(batch_size)) if correction is not None else 1.0
 
@@ -290,7 +272,7 @@ class TablePlanner:
             return None
         return nearest_measured(self.measured_models, config_parameters(drafter.config))
 
-    def _draft_scale(self, drafter: Drafter, kind: str, batch_size: int) -> float:
+    def draft_scale(self, drafter: Drafter, kind: str, batch_size: int) -> float:
         """`draft` (decode) or `draft prefill`: the nearest measured model's correction, else the
         run's draft's (`by_kind`), else, for the prefill, the target's."""
         source = self.draft_source(drafter)
@@ -299,45 +281,7 @@ class TablePlanner:
             return float(correction(batch_size))
         if kind == "draft prefill" and kind not in self.corrections:
             kind = "prefill"
-        return self._scale(kind, batch_size)
-
-    def decode_ms(self, batch_size: int, context: int, tp: int) -> float:
-        kernels = self.forward(self.target, tp).decode_ms(batch_size, context) * self._scale("decode", batch_size)
-        return self._served(kernels, None, batch_size, tokens=batch_size, tp=tp)
-
-    def step_ms(self, drafter: Drafter, k: int, batch_size: int, context: int, tp: int, draft_tp: int) -> float:
-        """One speculative step: K draft forwards (the first over `first_draft_positions`) plus the
-        verify of K + 1 positions."""
-        kind = drafter.draft_kind
-        if kind.in_target_forward:
-            kernels = self.forward(self.target, tp, drafter.layers).decode_ms(batch_size, context) \
-                * self._scale("decode", batch_size)
-            return self._served(kernels, drafter, batch_size, tokens=batch_size * (drafter.layers + 1), tp=tp)
-        whole = "step" in self.corrections  # a served run corrects the whole step, not its parts
-        verify = self.forward(self.target, tp).verify_ms(batch_size, context, k + 1)
-        verify *= 1.0 if whole else self._scale("verify", batch_size)
-        draft = 0.0
-        if kind.forwards_per_step(k):
-            draft_tp = kind.draft_tp(tp, draft_tp)
-            drafter_forward = self.draft_forward(drafter, draft_tp)
-            # vLLM's first draft forward runs over every verified token; the engine a native run's
-            # corrections describe (not a whole served step) feeds its draft only what it has not cached
-            native = bool(self.corrections) and not whole
-            positions = 1 if native else kind.first_draft_positions(k)
-            draft = kind.draft_ms(drafter_forward, k, drafter_forward.decode_ms(batch_size, context), batch_size,
-                                  context, positions)
-            draft *= 1.0 if whole else self._draft_scale(drafter, "draft", batch_size)
-        return self._served((draft + verify) * (self._scale("step", batch_size) if whole else 1.0), drafter,
-                            batch_size, tokens=batch_size * (k + 1), tp=tp, draft_tp=draft_tp, context=context)
-
-    def prefill_ms(self, drafter: Drafter | None, batch_size: int, prompt: int, tp: int, draft_tp: int) -> float:
-        """The batch's prefill: the target's, then a draft model's."""
-        total = self.forward(self.target, tp).prefill_ms(batch_size, prompt) * self._scale("prefill", batch_size)
-        if drafter is not None and drafter.draft_kind.separate_model:
-            draft = self.draft_forward(drafter, draft_tp).prefill_ms(batch_size, prompt)
-            total += draft * self._draft_scale(drafter, "draft prefill", batch_size)
-        return self._served(total, drafter, batch_size, batch_size, batch_size * prompt, tokens=batch_size * prompt,
-                            tp=tp, draft_tp=draft_tp)
+        return self.scale(kind, batch_size)
 
 
 def launch_floor_notes(planner: TablePlanner, table: pd.DataFrame, drafters: list[Drafter]) -> list[str]:

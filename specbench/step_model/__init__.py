@@ -5,8 +5,8 @@
   `StepFunction`, a plain function of (prefill tokens, decode rows, K) as one.
 - `overheads`: `Overheads`, the one place a step's host, launch, graph and executor time is
   composed with its kernels'.
-- backends: `static_tables`, the kernel tables' static-batch step (`plan --target`'s, priced by
-  fit.table_plan.TablePlanner); `mixed_tables`, the kernel tables' mixed prefill + decode step (the
+- backends: `static_tables`, the kernel tables' static-batch step (`plan --target`'s, on the
+  forwards and corrections fit.table_plan.TablePlanner holds); `mixed_tables`, the kernel tables' mixed prefill + decode step (the
   replica's, on a GPU a run did not measure); `served_fit`, a served run's fitted step
   (`ServedPrice`, fitted by `fleet.served.fit_served`); `native_fit`, a native run's fitted step
   (`NativeFitStep` on `fit.step_times.StepTimes`: a roofline over the run's forwards, or the tables

@@ -1,7 +1,7 @@
 """The one place a step's kernel time becomes a served step's: CUDA-graph handling (a launch floor
 outside graphs, graph pieces' time per layer), the host's time per step, the multiprocess
 executor's at TP > 1, and a host-drafting proposer's own work, overlapped with the kernels under
-async scheduling or after them. The static planner (`fit.table_plan.TablePlanner`) and the
+async scheduling or after them. The static planner's step (`static_tables.StaticTablesStep`) and the
 replica's tables step (`mixed_tables.MixedTablesStep`) compose them here."""
 
 from __future__ import annotations

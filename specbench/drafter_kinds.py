@@ -162,9 +162,9 @@ class Eagle(OwnForwards):
     def draft_config(self, target: dict) -> dict:
         """The head's layer: the target's own for a dense target; for a mixture-of-experts or MLA
         target, the dense layer its trained heads have (`HEAD_MLP_WIDTH`, `HEAD_VOCAB`)."""
-        text = target.get("text_config") or target
-        if routed_experts(text) is None and not text.get("kv_lora_rank"):
+        if self.uses_target_layer(target):
             return {**target, "num_hidden_layers": 1}
+        text = target.get("text_config") or target
         hidden = int(text["hidden_size"])
         mla = bool(text.get("kv_lora_rank"))  # MLA's heads have no GQA shape: the heads' Llama layer of 128
         heads = hidden // 128 if mla else int(text["num_attention_heads"])
@@ -176,10 +176,16 @@ class Eagle(OwnForwards):
                 "max_position_embeddings": int(text.get("max_position_embeddings") or 131072),
                 "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
+    @staticmethod
+    def uses_target_layer(target: dict) -> bool:
+        """Whether the head is one of the target's own layers: a dense target with grouped-query
+        attention (for an MoE or MLA target it is the dense layer its trained heads have)."""
+        text = target.get("text_config") or target
+        return routed_experts(text) is None and not text.get("kv_lora_rank")
+
     def head_layer(self, target_name: str, target: dict | None) -> str:
         """What the head's layer is, in a few words."""
-        text = (target or {}).get("text_config") or target or {}
-        if target is None or (routed_experts(text) is None and not text.get("kv_lora_rank")):
+        if target is None or self.uses_target_layer(target):
             return f"1 layer of {target_name}"
         return f"1 dense layer at {target_name}'s width, as its trained heads"
 

@@ -58,19 +58,24 @@ def _rounded(x: float) -> float:
     return round(float(x), 3)  # a tenth of a per cent, as a plan prints them
 
 
+def _simulated(table):
+    """The rows a silicon check simulated (`not_simulated` empty)."""
+    return table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
+
+
+def _error_figures(rows) -> dict:
+    """Simulated rows, and the median |error| and signed median of their mean TPOT and TTFT."""
+    errors = {metric: rows[f"sim_{metric}_error"] for metric in ("tpot", "ttft")}
+    return {"rows": len(rows), **{f"{metric}_median_abs": _rounded(errors[metric].abs().median()) for metric in errors},
+            **{f"{metric}_median": _rounded(errors[metric].median()) for metric in errors}}
+
+
 def silicon_figures(table) -> dict:
     """The silicon check from silicon.py's rows (silicon.csv): per GPU, and per GPU and TP, the
     simulated rows and the median |error| and signed median of their mean TPOT and TTFT."""
-    done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
-
-    def figures(rows) -> dict:
-        errors = {metric: rows[f"sim_{metric}_error"] for metric in ("tpot", "ttft")}
-        return {"rows": len(rows), **{f"{metric}_median_abs": _rounded(errors[metric].abs().median())
-                                      for metric in errors},
-                **{f"{metric}_median": _rounded(errors[metric].median()) for metric in errors}}
-
-    return {"by_system": {system: figures(rows) for system, rows in done.groupby("system")},
-            "by_system_tp": {system: {str(tp): figures(at) for tp, at in rows.groupby("tp")}
+    done = _simulated(table)
+    return {"by_system": {system: _error_figures(rows) for system, rows in done.groupby("system")},
+            "by_system_tp": {system: {str(tp): _error_figures(at) for tp, at in rows.groupby("tp")}
                              for system, rows in done.groupby("system")}}
 
 
@@ -80,17 +85,10 @@ def silicon_moe_figures(table) -> dict:
     median of their mean TPOT and TTFT; and the rows not simulated."""
     from specbench.models import lookup_alias
 
-    done = table[table["not_simulated"].isna() | (table["not_simulated"] == "")]
-
-    def figures(rows) -> dict:
-        errors = {metric: rows[f"sim_{metric}_error"] for metric in ("tpot", "ttft")}
-        return {"rows": len(rows), **{f"{metric}_median_abs": _rounded(errors[metric].abs().median())
-                                      for metric in errors},
-                **{f"{metric}_median": _rounded(errors[metric].median()) for metric in errors}}
-
+    done = _simulated(table)
     alias = lambda hub: (lookup_alias(hub) or lookup_alias(hub.removesuffix("-FP8"))).alias  # noqa: E731
-    return {"by_system": {system: figures(rows) for system, rows in done.groupby("system")},
-            "by_system_model": {system: {alias(model): figures(at) for model, at in rows.groupby("model")}
+    return {"by_system": {system: _error_figures(rows) for system, rows in done.groupby("system")},
+            "by_system_model": {system: {alias(model): _error_figures(at) for model, at in rows.groupby("model")}
                                 for system, rows in done.groupby("system")},
             "not_simulated": int(len(table) - len(done))}
 

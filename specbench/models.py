@@ -425,16 +425,19 @@ def routed_experts(config: dict) -> RoutedExperts | None:
     return RoutedExperts(experts, per_token, intermediate, shared, layers - len(dense & set(range(layers))))
 
 
+def expert_parameters(config: dict, moe: RoutedExperts) -> int:
+    """One routed expert's weights: its gated MLP (gpt-oss's biases counted)."""
+    hidden = int(config["hidden_size"])
+    biased = config.get("model_type") == "gpt_oss"
+    return 3 * hidden * moe.intermediate + (2 * moe.intermediate + hidden if biased else 0)
+
+
 def routed_expert_parameters(config: dict) -> int:
     """Every routed expert's weights, all MoE layers' (what expert parallelism spreads over the GPUs
     and a checkpoint's MoE precision stores); 0 for a dense model."""
     config = config.get("text_config") or config
     moe = routed_experts(config)
-    if moe is None:
-        return 0
-    hidden = int(config["hidden_size"])
-    biased = config.get("model_type") == "gpt_oss"
-    return moe.moe_layers * moe.experts * (3 * hidden * moe.intermediate + (2 * moe.intermediate + hidden if biased else 0))
+    return 0 if moe is None else moe.moe_layers * moe.experts * expert_parameters(config, moe)
 
 
 def mlp_parameters(config: dict, active: bool = False) -> int:
@@ -448,7 +451,7 @@ def mlp_parameters(config: dict, active: bool = False) -> int:
     if moe is None:
         return layers * 3 * hidden * dense_width
     biased = config.get("model_type") == "gpt_oss"
-    expert = 3 * hidden * moe.intermediate + (2 * moe.intermediate + hidden if biased else 0)
+    expert = expert_parameters(config, moe)
     router = hidden * moe.experts + (moe.experts if biased else 0)
     used = moe.per_token if active else moe.experts
     per_moe_layer = used * expert + 3 * hidden * moe.shared_intermediate + router

@@ -104,14 +104,14 @@ def closed_loop(target: str, *, concurrency: Sequence[int], input_len: int = 102
                              expert_parallel=expert_parallel)
     parsed = parse_slo(slo) if slo is not None else None
     price, price_note = tables_gpu_price(replica.planner.system, gpu_price)
-    table, unpriced = closed_loop_table(replica.planner, replica.drafters, replica.accepted, replica.tp,
+    table = closed_loop_table(replica.planner, replica.drafters, replica.accepted, replica.tp,
                                         replica.draft_tp, ks, concurrencies, input_len, output_len, replica.gemm_quant,
                                         CLIENTS[clients], replica.server, price,
                                         Objective(parsed.bounds, parsed.percentile) if parsed else None, prefix_len,
                                         on_progress)
     found = ClosedLoop(table, replica.head, concurrencies, input_len, output_len, clients, prefix_len, price,
                        price_note, parsed, "one vLLM-like replica", where=replica.planner.system,
-                       left_out=replica.left_out + unpriced, transferred=replica.transferred, chart=chart)
+                       left_out=replica.left_out, transferred=replica.transferred, chart=chart)
     return _answered(found, started)
 
 

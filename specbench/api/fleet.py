@@ -103,11 +103,11 @@ def size_fleet(target: str, *, trace: str, slo: str, trace_window: str = "", sca
         max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling,
         prefix_caching=prefix_caching, expert_parallel=expert_parallel)
     parsed = parse_slo(slo)
-    table, unpriced = traffic_table(replica.planner, replica.drafters, replica.accepted, replica.tp, replica.draft_tp,
+    table = traffic_table(replica.planner, replica.drafters, replica.accepted, replica.tp, replica.draft_tp,
                                     ks, traffic, scales, Objective(parsed.bounds, parsed.percentile), headroom,
                                     router, replica.gemm_quant, price, replica.server, on_progress)
     found = FleetSizes(table, replica.head, traffic, replay, parsed, scales, headroom, router, price, price_note,
-                       where=replica.planner.system.split("_")[0].upper(), left_out=replica.left_out + unpriced,
+                       where=replica.planner.system.split("_")[0].upper(), left_out=replica.left_out,
                        transferred=replica.transferred, chart=chart)
     return _answered(found, started)
 

@@ -219,7 +219,7 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
                       gemm_quant: str | None = None, clients: Clients = STEADY,
                       server: ServerFlags = ServerFlags(), price_per_gpu_hour: float | None = None,
                       objective: Objective | None = None, prefix_len: int = 0,
-                      on_progress: Progress | None = None) -> tuple[pd.DataFrame, list[str]]:
+                      on_progress: Progress | None = None) -> pd.DataFrame:
     """One row per TP × concurrency × configuration (the baseline; each drafter × K × acceptance,
     and each drafter's K schedule where it is not one K everywhere; `k_schedule` names it):
     TTFT, TPOT and E2E percentiles (and TTFT's and TPOT's means, as a benchmark reports them),
@@ -227,15 +227,15 @@ def closed_loop_table(planner: TablePlanner, drafters: list[Drafter], accepted: 
     the KV cache holds, TPOT's and tokens/s's speed-ups over the baseline, and GPU-hours (and $ at
     `price_per_gpu_hour`) per 1M output tokens, the clients sending as `clients` says; with an
     `objective`, the share of requests meeting it, the goodput (requests/s meeting it) and whether
-    its percentiles hold; every prompt opening with the same `prefix_len` tokens. Drafters the tables
-    cannot price here are named in the lines; `on_progress` is told of each simulation as it finishes."""
+    its percentiles hold; every prompt opening with the same `prefix_len` tokens. `on_progress` is
+    told of each simulation as it finishes."""
     found = [configurations(planner, drafters, accepted, tp, draft_tp, ks, isl, osl, gemm_quant, schedules=True,
                             server=server) for tp in tps]
     total, rows = sum(len(mine) for mine in found) * len(concurrencies), []
     for mine in found:  # each TP's counted on from the last's
         rows += closed_loop_rows(mine, concurrencies, isl, osl, clients, price_per_gpu_hour, objective, prefix_len,
                                  _counted_from(on_progress, len(rows), total))
-    return pd.DataFrame(rows), []
+    return pd.DataFrame(rows)
 
 
 def _counted_from(on_progress: Progress | None, before: int, total: int) -> Progress | None:
@@ -439,12 +439,12 @@ def traffic_table(planner: TablePlanner, drafters: list[Drafter], accepted: list
                   headroom: float, router: str, gemm_quant: str | None = None,
                   price_per_gpu_hour: float | None = None,
                   server: ServerFlags = ServerFlags(),
-                  on_progress: Progress | None = None) -> tuple[pd.DataFrame, list[str]]:
+                  on_progress: Progress | None = None) -> pd.DataFrame:
     """`size_fleets` for every configuration of `traffic_configurations`; `on_progress` told of
     each configuration as it is sized."""
     found = traffic_configurations(planner, drafters, accepted, tps, draft_tp, ks, traffic, gemm_quant, server)
     return size_fleets(found, traffic, scales, objective, headroom, router, price_per_gpu_hour,
-                       on_progress=on_progress), []
+                       on_progress=on_progress)
 
 
 def traffic_configurations(planner: TablePlanner, drafters: list[Drafter], accepted: list[Acceptance],

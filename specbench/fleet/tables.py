@@ -32,8 +32,8 @@ class SiliconCheck:
     ttft_median_abs: float
     ttft_median: float
 
-    def described(self, system: str) -> str:
-        return (f"checked on {self.rows} of NVIDIA's measured vLLM rows on {system}: median |error| TPOT "
+    def described(self, system: str, rows: str = "vLLM rows") -> str:
+        return (f"checked on {self.rows} of NVIDIA's measured {rows} on {system}: median |error| TPOT "
                 f"{self.tpot_median_abs:.1%}, TTFT {self.ttft_median_abs:.1%}; signed medians "
                 f"{self.tpot_median:+.1%} and {self.ttft_median:+.1%} (below zero: simulated faster than measured; "
                 f"docs/validation.md)")
@@ -84,7 +84,7 @@ def moe_silicon_check(system: str, target: str, backend: str = "vllm") -> str:
     if not on_gpu:
         return (f"UNCHECKED for a mixture of experts on {system}'s {backend} tables: no measured MoE rows there "
                 f"were simulated")
-    line = SiliconCheck(**on_gpu).described(system).replace("vLLM rows", "vLLM MoE rows", 1)
+    line = SiliconCheck(**on_gpu).described(system, "vLLM MoE rows")
     own = found.get("by_system_model", {}).get(system, {}).get(target)
     if own:
         line += f"; {target}'s own {own['rows']} rows: {SiliconCheck(**own).brief()}"
